@@ -1,0 +1,20 @@
+#include "base/json.h"
+
+#include <gtest/gtest.h>
+
+namespace ufab {
+namespace {
+
+TEST(JsonWriter, NestsObjectsAndArraysWithCommas) {
+  JsonWriter w;
+  w.begin_object().field("a", 1).key("list").begin_array().value("x").value(true).null().end_array();
+  w.key("o").begin_object().field("n", uint64_t{18446744073709551615ull}).end_object().end_object();
+  EXPECT_EQ(w.str(), R"({"a":1,"list":["x",true,null],"o":{"n":18446744073709551615}})");
+}
+
+TEST(JsonWriter, EscapesControlCharactersAndQuotes) {
+  EXPECT_EQ(json_escape("a\"b\\c\n\x01"), R"("a\"b\\c\n\u0001")");
+}
+
+}  // namespace
+}  // namespace ufab
