@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole ufab test suite: unit tests, then the VM tests (real VFIO behind
+# QEMU's intel-iommu, QEMU's NIC models). Installs what is missing first.
+# Ends with one line "tests: N passed, M failed" and exits non-zero on failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+
+scripts/setup.sh || exit 1
+
+passed=0
+failed=0
+failed_names=()
+record() {  # name, passed count, failed count
+  passed=$((passed + $2)); failed=$((failed + $3))
+  if [ "$3" -gt 0 ]; then failed_names+=("$1"); fi
+}
+
+echo "== unit tests (bazel test //tests/unit/...)"
+bazel test //tests/unit/... 2>&1 | grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
+bazel_rc=${PIPESTATUS[0]}
+# Count test cases, not targets, from the JUnit XML that gtest wrote.
+unit_pass=0; unit_fail=0
+while IFS= read -r xml; do
+  line=$(grep -m1 '<testsuites' "$xml" || true)
+  t=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$line"); f=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$line")
+  e=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$line")
+  t=${t:-0}; f=${f:-0}; e=${e:-0}
+  unit_pass=$((unit_pass + t - f - e)); unit_fail=$((unit_fail + f + e))
+done < <(find -L bazel-testlogs/tests/unit -name test.xml 2>/dev/null)
+if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # build break or crash
+record unit "$unit_pass" "$unit_fail"
+echo "unit: $unit_pass passed, $unit_fail failed"
+
+echo "== build for the VM tests"
+if ! bazel build //tools/ufab //tests/vm/... 2>&1 | grep -E 'ERROR|error:' ; then :; fi
+if ! bazel build //tools/ufab //tests/vm/... >/dev/null 2>&1; then
+  record build 0 1
+else
+  for suite in tests/vm/suites/*.sh; do
+    [ -x "$suite" ] || continue
+    name=$(basename "$suite" .sh)
+    echo "== VM suite $name"
+    out=$(mktemp)
+    "$suite" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    # Each suite ends with "<name>: N passed, M failed".
+    counts=$(grep -E '^[a-z_-]+: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n1)
+    p=$(sed -n 's/.*: \([0-9]*\) passed.*/\1/p' <<<"$counts"); f=$(sed -n 's/.* \([0-9]*\) failed.*/\1/p' <<<"$counts")
+    p=${p:-0}; f=${f:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    record "$name" "$p" "$f"
+    rm -f "$out"
+  done
+fi
+
+echo "== summary ($(( $(date +%s) - start )) s)"
+if [ "${#failed_names[@]}" -gt 0 ]; then echo "failing: ${failed_names[*]}"; fi
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,103 @@
+#!/bin/bash
+# Stage 2 of the ufab VM test bed: runs inside the guest, as root, chrooted
+# into the overlay over the host's /, started by the initramfs's /init.
+# run-vm copies this file into the per-run job dir (/run/ufab/job in the
+# guest) together with:
+#   vm.conf  settings from run-vm (UFAB_VM_* variables, sourced here)
+#   env.sh   exports for the command's environment
+#   cmd.sh   cd to the caller's directory and exec the command
+# Results go back through the same (writable 9p) dir:
+#   started  written when the command is about to start (uptime inside)
+#   stdout, stderr  the command's output (appended, host streams them live)
+#   status   the command's exit status, written last
+#   timedout present when the guest-side time bound killed the command
+# When this script ends, /init powers the VM off.
+set -u
+
+JOB=/run/ufab/job
+say() { printf 'ufab-stage2: %s\n' "$*" >/dev/console; }
+finish() { # status
+  printf '%s\n' "$1" >"$JOB/status.tmp" && mv -f "$JOB/status.tmp" "$JOB/status"
+  sync
+  exit 0
+}
+
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root
+# shellcheck source=/dev/null
+. "$JOB/vm.conf" || { say "cannot read $JOB/vm.conf"; finish 125; }
+
+# Load the kernel drivers of the emulated NICs (there is no udev), then name
+# the interfaces by NIC order: NIC N (PCI 00:0(N+1).0) becomes eth(N-1).
+nic_ifname() { # pci-dir -> interface name or empty
+  local n
+  for n in "$1"/net/* "$1"/virtio*/net/*; do
+    [[ -e $n ]] && { basename "$n"; return 0; }
+  done
+  return 1
+}
+if [[ ${UFAB_VM_NIC_DRIVERS:-1} == 1 && ${UFAB_VM_NIC_COUNT:-0} -gt 0 ]]; then
+  for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
+    bdf_var=UFAB_VM_NIC${i}_BDF
+    dev=/sys/bus/pci/devices/${!bdf_var}
+    [[ -e $dev ]] || { say "warning: NIC $i (${!bdf_var}) not on the PCI bus"; continue; }
+    alias=$(<"$dev/modalias")
+    if [[ $(<"$dev/vendor") == 0x1af4 ]]; then # virtio: the net driver binds the virtio child
+      for v in "$dev"/virtio*; do [[ -e $v/modalias ]] && alias=$(<"$v/modalias"); done
+    fi
+    timeout 60 modprobe -q -b "$alias" || say "warning: no driver loaded for NIC $i ($alias)"
+  done
+  names=()
+  for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
+    bdf_var=UFAB_VM_NIC${i}_BDF
+    dev=/sys/bus/pci/devices/${!bdf_var}
+    name=
+    for _ in $(seq 100); do # probe is synchronous; this is only a safety net (10 s)
+      name=$(nic_ifname "$dev") && break
+      sleep 0.1
+    done
+    names+=("$name")
+    [[ -n $name ]] || say "warning: NIC $i (${!bdf_var}) has no network interface"
+  done
+  # Two passes so that swapping names never collides.
+  for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
+    [[ -n ${names[i-1]} ]] && ip link set dev "${names[i-1]}" name "ufabtmp$i" 2>/dev/null &&
+      names[i-1]=ufabtmp$i
+  done
+  for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
+    [[ -n ${names[i-1]} ]] || continue
+    ip link set dev "${names[i-1]}" name "eth$((i - 1))" ||
+      say "warning: could not rename ${names[i-1]} to eth$((i - 1))"
+  done
+fi
+
+# The caller's environment (UFAB_*, PATH, ...), then the VM's own facts.
+# shellcheck source=/dev/null
+. "$JOB/env.sh" || { say "cannot read $JOB/env.sh"; finish 125; }
+
+# Time bound: what is left of run-vm's deadline (guest and host clocks agree
+# to about a second; the RTC is the host's), less a margin for shutdown.
+now=$(date +%s)
+left=$((UFAB_VM_DEADLINE - now - 5))
+((left > UFAB_VM_TIMEOUT)) && left=$UFAB_VM_TIMEOUT
+((left < 1)) && left=1
+
+read -r up _ </proc/uptime
+printf '%s\n' "$up" >"$JOB/started"
+
+start=$(date +%s)
+if [[ ${UFAB_VM_INTERACTIVE:-0} == 1 ]]; then
+  [[ -n ${UFAB_VM_TTY_ROWS:-} ]] && stty -F /dev/ttyS0 rows "$UFAB_VM_TTY_ROWS" cols "${UFAB_VM_TTY_COLS:-80}" 2>/dev/null
+  stty -F /dev/ttyS0 sane 2>/dev/null
+  setsid -w -c timeout --foreground -k 10 "$left" /bin/bash "$JOB/cmd.sh" \
+    </dev/ttyS0 >/dev/ttyS0 2>&1
+  rc=$?
+else
+  timeout -k 10 "$left" /bin/bash "$JOB/cmd.sh" </dev/null >>"$JOB/stdout" 2>>"$JOB/stderr"
+  rc=$?
+fi
+elapsed=$(($(date +%s) - start))
+if ((rc == 124 || (rc == 137 && elapsed >= left))); then
+  printf '%s\n' "$left" >"$JOB/timedout"
+fi
+finish "$rc"

@@ -1,0 +1,34 @@
+// Shared plumbing of the ufab subcommands.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "core/pci/host.h"
+
+namespace ufab::cli {
+
+// Exit codes: 0 success, 1 the operation failed or was refused, 2 usage error.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+
+struct Options {
+  bool json = false;
+  bool force = false;
+  pci::Host host;
+  std::vector<std::string> args;  // positional arguments after the subcommand
+};
+
+// Prints "ufab <command>: <message>" on stderr (or a JSON error object on
+// stdout with --json) and returns kExitFailed.
+int report_error(const Options& opts, const std::string& command, const Error& err);
+
+int cmd_list(const Options& opts);
+int cmd_info(const Options& opts);
+int cmd_bind(const Options& opts);
+int cmd_unbind(const Options& opts);
+int cmd_doctor(const Options& opts);
+
+}  // namespace ufab::cli

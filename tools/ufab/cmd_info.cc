@@ -1,0 +1,232 @@
+// ufab info BDF: everything ufab knows about one device. From sysfs always;
+// through VFIO (regions, IRQs, IOMMU, MAC) when the device is on vfio-pci.
+#include <cstdio>
+
+#include "core/mac_probe.h"
+#include "core/pci/details.h"
+#include "core/pci/discovery.h"
+#include "tools/ufab/cli.h"
+#include "tools/ufab/render.h"
+#include "tools/ufab/table.h"
+#include "vfio/container.h"
+#include "vfio/device.h"
+
+namespace ufab::cli {
+namespace {
+
+struct RegionView {
+  vfio::RegionInfo info;
+  std::string name;
+};
+
+struct VfioView {
+  vfio::DeviceInfo device;
+  std::vector<RegionView> regions;
+  std::vector<std::pair<std::string, uint32_t>> irqs;  // name, count
+  vfio::IommuInfo iommu;
+  std::optional<core::MacReading> mac;
+  std::string mac_error;
+};
+
+std::string region_name(uint32_t index) {
+  if (index < 6) return "BAR" + std::to_string(index);
+  if (index == vfio::kRomRegion) return "ROM";
+  if (index == vfio::kConfigRegion) return "config";
+  if (index == 8) return "VGA";
+  return "region " + std::to_string(index);
+}
+
+Result<VfioView> inspect_through_vfio(const Options& opts, const pci::DeviceInfo& d) {
+  vfio::Environment env;
+  env.sysfs_root = opts.host.paths.sysfs;
+  env.dev_root = opts.host.paths.dev;
+  env.proc_root = opts.host.paths.proc;
+  auto container = vfio::Container::open(env);
+  if (!container) return std::unexpected(container.error());
+  auto device = vfio::Device::open(*container, d.address);
+  if (!device) return std::unexpected(device.error());
+
+  VfioView view;
+  view.device = device->info();
+  for (uint32_t i = 0; i < view.device.num_regions; ++i) {
+    auto r = device->region_info(i);
+    if (r && r->size > 0) view.regions.push_back({*r, region_name(i)});
+  }
+  for (auto kind : {vfio::IrqKind::intx, vfio::IrqKind::msi, vfio::IrqKind::msix}) {
+    auto irq = device->irq_info(kind);
+    if (irq) view.irqs.emplace_back(vfio::irq_kind_name(kind), irq->count);
+  }
+  view.iommu = (*container)->info();
+  auto mac = core::read_mac(*device, d.vendor_id, d.device_id);
+  if (!mac) {
+    view.mac_error = mac.error().message();
+  } else if (!*mac) {
+    view.mac_error = "ufab does not know where this model keeps its MAC";
+  } else {
+    view.mac = **mac;
+  }
+  return view;
+}
+
+std::string region_flags(const vfio::RegionInfo& r) {
+  std::string s = r.readable() ? "r" : "-";
+  s += r.writable() ? "w" : "-";
+  s += r.mappable() ? "m" : "-";
+  return s;
+}
+
+void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& details,
+                const std::optional<Result<VfioView>>& vfio) {
+  std::printf("%s  %s [%s:%s]\n", d.address.str().c_str(), device_title(d).c_str(), hex(d.vendor_id, 4).c_str(),
+              hex(d.device_id, 4).c_str());
+  std::printf("  class         %s %s\n", hex(d.class_code, 6).c_str(), d.class_name.c_str());
+  std::printf("  driver        %s\n", d.driver.empty() ? "none" : d.driver.c_str());
+  std::printf("  ufab          %s: %s\n", pci::readiness_name(d.readiness), d.readiness_reason.c_str());
+  std::string members;
+  for (const auto& m : d.group_members) {
+    members += (members.empty() ? "" : ", ") + m.name + " (" + (m.driver.empty() ? "no driver" : m.driver) + ")";
+  }
+  std::printf("  iommu group   %s%s%s\n", group_text(d).c_str(), members.empty() ? "" : ": ", members.c_str());
+  std::printf("  numa node     %s\n", d.numa_node < 0 ? "-" : std::to_string(d.numa_node).c_str());
+  if (d.current_link_speed) {
+    std::printf("  pcie link     %s x%u (max %s x%u)\n", d.current_link_speed->c_str(), d.current_link_width.value_or(0),
+                d.max_link_speed.value_or("?").c_str(), d.max_link_width.value_or(0));
+  }
+  for (const auto& nic : d.interfaces) {
+    std::string addrs;
+    for (const auto& a : nic.addresses) addrs += " " + a.str();
+    std::printf("  netdev        %s %s mac %s%s\n", nic.name.c_str(), nic.operstate.c_str(), nic.mac.c_str(),
+                addrs.c_str());
+  }
+  if (!details) {
+    std::printf("  details       unavailable: %s\n", details.error().message().c_str());
+  } else {
+    Table bars({"  RESOURCE", "TYPE", "SIZE", "ADDRESS"});
+    for (const auto& r : details->resources) {
+      std::string type = r.io ? "I/O" : (std::string(r.is_64bit ? "mem64" : "mem32") + (r.prefetchable ? " pref" : ""));
+      bars.add({"  " + r.name(), type, human_size(r.size), "0x" + hex(r.start, 1)});
+    }
+    if (!bars.empty()) std::fputs(bars.render().c_str(), stdout);
+    std::printf("  capabilities\n");
+    for (const auto& c : details->capabilities.capabilities) {
+      std::printf("    %03x %-28s %s\n", c.offset, c.name.c_str(), c.detail.c_str());
+    }
+    if (details->capabilities.msix) std::printf("  msi-x         %u vectors\n", details->capabilities.msix->vectors);
+    for (const auto& n : details->notes) std::printf("  note          %s\n", n.c_str());
+  }
+  if (!vfio) return;
+  if (!*vfio) {
+    std::printf("  vfio          unavailable: %s\n", vfio->error().message().c_str());
+    return;
+  }
+  const VfioView& v = **vfio;
+  std::printf("  vfio          %u regions, %u irq indexes, reset %s\n", v.device.num_regions, v.device.num_irqs,
+              v.device.reset_supported() ? "supported" : "not supported");
+  Table regions({"    REGION", "SIZE", "FLAGS", "MMAP AREAS"});
+  for (const auto& r : v.regions) {
+    std::string areas;
+    if (r.info.mappable()) {
+      for (const auto& a : r.info.mappable_areas()) {
+        areas += (areas.empty() ? "" : " ") + std::string("0x") + hex(a.offset, 1) + "+" + human_size(a.size);
+      }
+    }
+    regions.add({"    " + r.name, human_size(r.info.size), region_flags(r.info), areas.empty() ? "-" : areas});
+  }
+  std::fputs(regions.render().c_str(), stdout);
+  std::string irqs;
+  for (const auto& [name, count] : v.irqs) irqs += (irqs.empty() ? "" : ", ") + name + " " + std::to_string(count);
+  std::printf("    irqs        %s\n", irqs.c_str());
+  std::string ranges;
+  for (const auto& r : v.iommu.iova_ranges) {
+    ranges += (ranges.empty() ? "" : ", ") + std::string("0x") + hex(r.first, 1) + "-0x" + hex(r.last, 1);
+  }
+  std::printf("    iommu       page sizes 0x%llx, iova %s\n", static_cast<unsigned long long>(v.iommu.page_sizes),
+              ranges.c_str());
+  if (v.mac) {
+    std::printf("    mac         %s (read from %s)\n", core::format_mac(v.mac->mac).c_str(), v.mac->source.c_str());
+  } else {
+    std::printf("    mac         unknown: %s\n", v.mac_error.c_str());
+  }
+}
+
+void write_json(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& details,
+                const std::optional<Result<VfioView>>& vfio) {
+  JsonWriter w;
+  w.begin_object().field("ok", true);
+  write_device_fields(w, d);
+  if (details) {
+    w.key("resources").begin_array();
+    for (const auto& r : details->resources) {
+      w.begin_object().field("name", r.name()).field("start", r.start).field("size", r.size);
+      w.field("io", r.io).field("is_64bit", r.is_64bit).field("prefetchable", r.prefetchable).end_object();
+    }
+    w.end_array().key("capabilities").begin_array();
+    for (const auto& c : details->capabilities.capabilities) {
+      w.begin_object().field("id", hex(c.id, 2)).field("offset", hex(c.offset, 3)).field("extended", c.extended);
+      w.field("name", c.name).field("detail", c.detail).end_object();
+    }
+    w.end_array().key("msix_vectors");
+    if (details->capabilities.msix) {
+      w.value(details->capabilities.msix->vectors);
+    } else {
+      w.null();
+    }
+  } else {
+    w.field("details_error", details.error().message());
+  }
+  w.key("vfio");
+  if (!vfio) {
+    w.null();
+  } else if (!*vfio) {
+    w.begin_object().field("error", vfio->error().message()).end_object();
+  } else {
+    const VfioView& v = **vfio;
+    w.begin_object().field("num_regions", v.device.num_regions).field("num_irqs", v.device.num_irqs);
+    w.field("reset_supported", v.device.reset_supported());
+    w.key("regions").begin_array();
+    for (const auto& r : v.regions) {
+      w.begin_object().field("index", r.info.index).field("name", r.name).field("size", r.info.size);
+      w.field("readable", r.info.readable()).field("writable", r.info.writable());
+      w.field("mappable", r.info.mappable()).key("mmap_areas").begin_array();
+      if (r.info.mappable()) {
+        for (const auto& a : r.info.mappable_areas()) {
+          w.begin_object().field("offset", a.offset).field("size", a.size).end_object();
+        }
+      }
+      w.end_array().end_object();
+    }
+    w.end_array().key("irqs").begin_object();
+    for (const auto& [name, count] : v.irqs) w.field(name, count);
+    w.end_object().key("iommu").begin_object().field("page_sizes", v.iommu.page_sizes).key("iova_ranges").begin_array();
+    for (const auto& r : v.iommu.iova_ranges) {
+      w.begin_object().field("first", r.first).field("last", r.last).end_object();
+    }
+    w.end_array().end_object();
+    if (v.mac) {
+      w.field("mac", core::format_mac(v.mac->mac)).field("mac_source", v.mac->source);
+    } else {
+      w.key("mac").null().field("mac_error", v.mac_error);
+    }
+    w.end_object();
+  }
+  w.end_object();
+  std::printf("%s\n", w.str().c_str());
+}
+
+}  // namespace
+
+int cmd_info(const Options& opts) {
+  auto d = pci::describe(opts.host, opts.args[0]);
+  if (!d) return report_error(opts, "info", d.error());
+  auto details = pci::read_details(opts.host, d->address);
+  std::optional<Result<VfioView>> vfio;
+  if (d->driver == "vfio-pci") vfio = inspect_through_vfio(opts, *d);
+  if (opts.json) {
+    write_json(*d, details, vfio);
+  } else {
+    print_text(*d, details, vfio);
+  }
+  return kExitOk;
+}
+
+}  // namespace ufab::cli

@@ -1,0 +1,111 @@
+// ufab: list, query, bind and diagnose NICs for user-space drivers over VFIO.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "base/json.h"
+#include "tools/ufab/cli.h"
+
+namespace ufab::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: ufab [--json] <command> [args]
+
+commands:
+  list                 network PCI devices: driver, IOMMU group, NUMA node,
+                       interface, readiness for ufab
+  info BDF             one device: BARs, capabilities, MSI-X, IOMMU group;
+                       through VFIO (MAC, regions, IRQs) when bound to vfio-pci
+  bind BDF [--force]   hand a NIC to vfio-pci; refuses the NIC that carries
+                       this machine's connection unless --force
+  unbind BDF           give a NIC back to the driver it had before bind
+  doctor [BDF]         check IOMMU, vfio modules, /dev/vfio, group viability,
+                       memlock and hugepages; prints the fix for each failure
+
+options:
+  --json               machine-readable output on stdout
+  --force              (bind) bind even a NIC that is up with an address
+  -h, --help           this text
+
+BDF is a PCI address such as 0000:01:00.0 or 01:00.0.
+environment: UFAB_SYSFS_ROOT, UFAB_PROC_ROOT, UFAB_DEV_ROOT, UFAB_STATE_DIR
+override /sys, /proc, /dev and /run/ufab (for tests and containers).
+exit status: 0 success, 1 failed or refused, 2 usage error.
+)";
+
+int usage_error(const std::string& msg) {
+  std::fprintf(stderr, "ufab: %s\n(run `ufab --help` for usage)\n", msg.c_str());
+  return kExitUsage;
+}
+
+void apply_env(pci::HostPaths& paths) {
+  if (const char* v = std::getenv("UFAB_SYSFS_ROOT")) paths.sysfs = v;
+  if (const char* v = std::getenv("UFAB_PROC_ROOT")) paths.proc = v;
+  if (const char* v = std::getenv("UFAB_DEV_ROOT")) paths.dev = v;
+  if (const char* v = std::getenv("UFAB_STATE_DIR")) paths.state_dir = v;
+}
+
+}  // namespace
+
+int report_error(const Options& opts, const std::string& command, const Error& err) {
+  if (opts.json) {
+    JsonWriter w;
+    w.begin_object().field("ok", false).field("command", command).field("errno", err.code());
+    w.field("error", std::string(strerrorname_np(err.code()) ? strerrorname_np(err.code()) : "EUNKNOWN"));
+    w.field("message", err.message()).end_object();
+    std::printf("%s\n", w.str().c_str());
+  }
+  std::fprintf(stderr, "ufab %s: %s\n", command.c_str(), err.message().c_str());
+  return kExitFailed;
+}
+
+int run(int argc, char** argv) {
+  Options opts;
+  apply_env(opts.host.paths);
+  std::string command;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json") {
+      opts.json = true;
+    } else if (a == "--force") {
+      opts.force = true;
+    } else if (a == "-h" || a == "--help" || a == "help") {
+      std::fputs(kUsage, stdout);
+      return kExitOk;
+    } else if (a.size() > 1 && a[0] == '-') {
+      return usage_error("unknown option '" + a + "'");
+    } else if (command.empty()) {
+      command = a;
+    } else {
+      opts.args.push_back(a);
+    }
+  }
+  if (command.empty()) return usage_error("no command given");
+
+  struct Spec {
+    int (*fn)(const Options&);
+    size_t min_args, max_args;
+    const char* synopsis;
+  };
+  static const std::map<std::string, Spec> commands = {
+      {"list", {cmd_list, 0, 0, "ufab list"}},
+      {"info", {cmd_info, 1, 1, "ufab info BDF"}},
+      {"bind", {cmd_bind, 1, 1, "ufab bind BDF [--force]"}},
+      {"unbind", {cmd_unbind, 1, 1, "ufab unbind BDF"}},
+      {"doctor", {cmd_doctor, 0, 1, "ufab doctor [BDF]"}},
+  };
+  auto it = commands.find(command);
+  if (it == commands.end()) return usage_error("unknown command '" + command + "'");
+  const Spec& spec = it->second;
+  if (opts.args.size() < spec.min_args || opts.args.size() > spec.max_args) {
+    return usage_error(std::string("wrong number of arguments; usage: ") + spec.synopsis);
+  }
+  if (opts.force && command != "bind") return usage_error("--force applies only to `ufab bind`");
+  return spec.fn(opts);
+}
+
+}  // namespace ufab::cli
+
+int main(int argc, char** argv) { return ufab::cli::run(argc, argv); }

@@ -1,0 +1,113 @@
+#include "tools/ufab/render.h"
+
+#include <cstdio>
+
+namespace ufab::cli {
+
+std::string hex(uint64_t value, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%0*llx", digits, static_cast<unsigned long long>(value));
+  return buf;
+}
+
+std::string human_size(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  return std::to_string(bytes) + " " + units[u];
+}
+
+std::string device_title(const pci::DeviceInfo& d) {
+  std::string vendor = d.vendor_name.empty() ? "vendor " + hex(d.vendor_id, 4) : d.vendor_name;
+  std::string device = d.device_name.empty() ? "device " + hex(d.device_id, 4) : d.device_name;
+  return vendor + " " + device;
+}
+
+std::string interfaces_summary(const pci::DeviceInfo& d) {
+  if (d.interfaces.empty()) return "-";
+  std::string out;
+  for (const auto& nic : d.interfaces) {
+    if (!out.empty()) out += ",";
+    out += nic.name + " (" + (nic.operstate.empty() ? "?" : nic.operstate) + ")";
+  }
+  return out;
+}
+
+std::string group_text(const pci::DeviceInfo& d) {
+  return d.iommu_group ? std::to_string(*d.iommu_group) : "-";
+}
+
+void write_device_fields(JsonWriter& w, const pci::DeviceInfo& d) {
+  w.field("address", d.address.str());
+  w.field("vendor_id", hex(d.vendor_id, 4)).field("device_id", hex(d.device_id, 4));
+  w.field("subsystem_vendor_id", hex(d.subsystem_vendor_id, 4));
+  w.field("subsystem_device_id", hex(d.subsystem_device_id, 4));
+  w.field("revision", hex(d.revision, 2)).field("class", hex(d.class_code, 6));
+  w.field("vendor_name", d.vendor_name).field("device_name", d.device_name);
+  w.field("class_name", d.class_name);
+  w.field("driver", d.driver).field("driver_override", d.driver_override);
+  w.key("iommu_group");
+  if (d.iommu_group) {
+    w.value(*d.iommu_group);
+  } else {
+    w.null();
+  }
+  w.field("group_viable", d.group_viable);
+  w.key("group_members").begin_array();
+  for (const auto& m : d.group_members) {
+    w.begin_object().field("address", m.name).field("driver", m.driver);
+    w.field("class", hex(m.class_code, 6)).field("keeps_group_viable", m.keeps_group_viable).end_object();
+  }
+  w.end_array();
+  w.field("numa_node", d.numa_node);
+  w.key("link").begin_object();
+  auto opt_str = [&](const char* k, const std::optional<std::string>& v) {
+    w.key(k);
+    if (v) {
+      w.value(*v);
+    } else {
+      w.null();
+    }
+  };
+  auto opt_uint = [&](const char* k, const std::optional<unsigned>& v) {
+    w.key(k);
+    if (v) {
+      w.value(*v);
+    } else {
+      w.null();
+    }
+  };
+  opt_str("current_speed", d.current_link_speed);
+  opt_uint("current_width", d.current_link_width);
+  opt_str("max_speed", d.max_link_speed);
+  opt_uint("max_width", d.max_link_width);
+  w.end_object();
+  w.key("interfaces").begin_array();
+  for (const auto& nic : d.interfaces) {
+    w.begin_object().field("name", nic.name).field("operstate", nic.operstate).field("mac", nic.mac);
+    w.field("admin_up", nic.admin_up);
+    w.key("addresses").begin_array();
+    for (const auto& a : nic.addresses) w.value(a.str());
+    w.end_array();
+    w.key("routes").begin_array();
+    for (const auto& r : nic.routes) w.value(r.str());
+    w.end_array();
+    w.field("carries_host_connection", nic.carries_host_connection);
+    w.field("connection_reason", nic.connection_reason).end_object();
+  }
+  w.end_array();
+  w.key("vfio_node");
+  if (d.vfio_node) {
+    w.begin_object().field("path", d.vfio_node->path).field("exists", d.vfio_node->exists);
+    w.field("mode", hex(d.vfio_node->mode, 4)).field("accessible", d.vfio_node->accessible).end_object();
+  } else {
+    w.null();
+  }
+  w.field("readiness", pci::readiness_name(d.readiness));
+  w.field("readiness_reason", d.readiness_reason);
+}
+
+}  // namespace ufab::cli
