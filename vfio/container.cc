@@ -15,6 +15,12 @@
 namespace ufab::vfio {
 namespace {
 
+// argsz values ufab sends; fixed by the uAPI since these ioctls appeared.
+static_assert(sizeof(vfio_iommu_type1_dma_map) == 32);
+static_assert(sizeof(vfio_iommu_type1_dma_unmap) == 24);
+static_assert(sizeof(vfio_iommu_type1_info) == 24);  // caps start here
+static_assert(sizeof(vfio_group_status) == 8);
+
 constexpr uint32_t kDefaultDmaEntryLimit = 65535;  // vfio_iommu_type1's default
 constexpr uint64_t kLargestMappingAlignment = 1ull << 30;
 

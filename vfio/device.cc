@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "vfio/info_caps.h"
@@ -13,6 +14,11 @@
 
 namespace ufab::vfio {
 namespace {
+
+static_assert(sizeof(vfio_region_info) == 32);  // caps start here
+static_assert(sizeof(vfio_irq_info) == 16);
+static_assert(sizeof(vfio_irq_set) == 20);      // + 4 bytes per eventfd
+static_assert(offsetof(vfio_device_info, num_irqs) + 4 == 16);
 
 uint64_t host_page_size() {
   long page = ::sysconf(_SC_PAGESIZE);
