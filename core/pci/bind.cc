@@ -80,7 +80,8 @@ std::string group_warning(const HostPaths& paths, const DeviceInfo& info) {
     text += (i ? ", " : "") + m.name + " (" + m.driver + ")";
     bool nic = (m.class_code >> 16) == 0x02;
     fixes += std::string(i ? "; " : "") +
-             (nic ? "`ufab bind " + m.name + "`" : "`echo " + m.name + " > " + paths.sysfs + "/bus/pci/devices/" + m.name + "/driver/unbind`");
+             (nic ? "`ufab bind " + m.name + "`"
+                  : "`echo " + m.name + " > " + paths.sysfs + "/bus/pci/devices/" + m.name + "/driver/unbind`");
   }
   return text + (blockers.size() == 1 ? " is" : " are") + " unbound too: " + fixes;
 }
@@ -94,8 +95,9 @@ Status check_writable(const Host& host, const std::string& verb, const PciAddres
   }
   for (const std::string& file : files) {
     if (!host.can_access(file, W_OK)) {
-      return fail(EACCES, "cannot write " + file + " although running as root: is sysfs mounted read-only "
-                          "(a container?); run ufab as root on the host itself");
+      return fail(EACCES, "cannot write " + file +
+                              " although running as root: is sysfs mounted read-only "
+                              "(a container?); run ufab as root on the host itself");
     }
   }
   return {};
@@ -158,7 +160,8 @@ std::vector<std::string> vfio_group_users(const HostPaths& paths, unsigned group
   }
   std::vector<std::string> users;
   for (const std::string& pid : list_dir(paths.proc)) {
-    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    if (pid.empty() ||
+        !std::all_of(pid.begin(), pid.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
       continue;
     }
     std::string fd_dir = paths.proc + "/" + pid + "/fd";
@@ -192,6 +195,21 @@ Result<BindReport> bind_to_vfio(const Host& host, const PciAddress& address, Bin
     return fail(EALREADY, address.str() + " is already bound to vfio-pci; nothing to do (`ufab info " + address.str() +
                               "` shows whether it is ready)");
   }
+  // The safety rule first: it is the one thing the operator must hear.
+  std::vector<std::string> warnings;
+  if (info.carries_host_connection()) {
+    std::string why;
+    for (const NetInterface& nic : info.interfaces) {
+      if (nic.carries_host_connection) why += (why.empty() ? "" : "; ") + nic.connection_reason;
+    }
+    if (!options.force) {
+      return fail(EBUSY, "refusing to bind " + address.str() + ": " + why +
+                             ". This is likely the host's own network connection and binding would cut it. "
+                             "Take the interface down or use --force if you really mean it");
+    }
+    warnings.push_back("forced: " + why + "; that connection is gone now");
+  }
+
   if (!path_exists(layout::driver_dir(paths, layout::kVfioDriver))) {
     return fail(ENOENT, "cannot bind " + address.str() + ": the vfio-pci driver is not loaded (no " +
                             layout::driver_dir(paths, layout::kVfioDriver) + "): run `modprobe vfio-pci`");
@@ -211,20 +229,6 @@ Result<BindReport> bind_to_vfio(const Host& host, const PciAddress& address, Bin
   if (!info.driver.empty()) to_write.push_back(dir + "/driver/unbind");
   if (auto allowed = check_writable(host, "bind", address, to_write); !allowed) return std::unexpected(allowed.error());
 
-  std::vector<std::string> warnings;
-  if (info.carries_host_connection()) {
-    std::string why;
-    for (const NetInterface& nic : info.interfaces) {
-      if (nic.carries_host_connection) why += (why.empty() ? "" : "; ") + nic.connection_reason;
-    }
-    if (!options.force) {
-      return fail(EBUSY, "refusing to bind " + address.str() + ": " + why +
-                             ". This is likely the host's own network connection and binding would cut it. "
-                             "Take the interface down or use --force if you really mean it");
-    }
-    warnings.push_back("forced: " + why + "; that connection is gone now");
-  }
-
   // The record goes first: if it cannot be written, nothing has changed yet.
   std::string previous_driver = info.driver;
   if (previous_driver.empty()) {
@@ -234,7 +238,8 @@ Result<BindReport> bind_to_vfio(const Host& host, const PciAddress& address, Bin
     if (earlier && *earlier) {
       previous_driver = (*earlier)->previous_driver;
       if (!previous_driver.empty()) {
-        warnings.push_back("the device had no driver; keeping the earlier record that it belongs to " + previous_driver);
+        warnings.push_back("the device had no driver; keeping the earlier record that it belongs to " +
+                           previous_driver);
       }
     }
   }
@@ -329,15 +334,18 @@ Result<UnbindReport> unbind_from_vfio(const Host& host, const PciAddress& addres
       restore_file = layout::driver_dir(paths, previous) + "/bind";
     } else {
       restore_file = probe_file;
-      report.warnings.push_back("its previous driver " + previous + " is not loaded; asked the kernel to probe it "
-                                "(run `modprobe " + previous + "` and `ufab unbind` is done, or bind it by hand)");
+      report.warnings.push_back("its previous driver " + previous +
+                                " is not loaded; asked the kernel to probe it "
+                                "(run `modprobe " +
+                                previous + "` and `ufab unbind` is done, or bind it by hand)");
     }
   }
 
   std::string vfio_unbind = layout::driver_dir(paths, layout::kVfioDriver) + "/unbind";
   std::vector<std::string> to_write = {vfio_unbind, dir + "/driver_override"};
   if (!restore_file.empty()) to_write.push_back(restore_file);
-  if (auto allowed = check_writable(host, "unbind", address, to_write); !allowed) return std::unexpected(allowed.error());
+  if (auto allowed = check_writable(host, "unbind", address, to_write); !allowed)
+    return std::unexpected(allowed.error());
 
   if (info.iommu_group) {
     auto users = vfio_group_users(paths, *info.iommu_group);
@@ -345,7 +353,8 @@ Result<UnbindReport> unbind_from_vfio(const Host& host, const PciAddress& addres
       std::string who;
       for (size_t i = 0; i < users.size(); ++i) who += (i ? ", " : "") + users[i];
       return fail(EBUSY, "cannot unbind " + address.str() + ": its VFIO group " + std::to_string(*info.iommu_group) +
-                             " is open by " + who + "; stop that first (the kernel would block the unbind until it "
+                             " is open by " + who +
+                             "; stop that first (the kernel would block the unbind until it "
                              "lets go)");
     }
   }
@@ -355,9 +364,11 @@ Result<UnbindReport> unbind_from_vfio(const Host& host, const PciAddress& addres
     return fail(s.error().code(), "cannot unbind " + address.str() + " from vfio-pci: " + s.error().message());
   }
   if (auto s = store(host, report.actions, dir + "/driver_override", "\n"); !s) {
-    return fail(s.error().code(), address.str() + " is unbound from vfio-pci but its driver_override could not be "
-                                  "cleared (" + s.error().message() + "); run `echo > " + dir +
-                                  "/driver_override` and `echo " + address.str() + " > " + probe_file + "`");
+    return fail(s.error().code(), address.str() +
+                                      " is unbound from vfio-pci but its driver_override could not be "
+                                      "cleared (" +
+                                      s.error().message() + "); run `echo > " + dir + "/driver_override` and `echo " +
+                                      address.str() + " > " + probe_file + "`");
   }
   if (!restore_file.empty()) {
     auto s = store(host, report.actions, restore_file, address.str());

@@ -48,45 +48,69 @@ class ConfigReader {
 
 std::string link_speed_text(unsigned code) {
   switch (code) {
-    case 1: return "2.5 GT/s";
-    case 2: return "5 GT/s";
-    case 3: return "8 GT/s";
-    case 4: return "16 GT/s";
-    case 5: return "32 GT/s";
-    case 6: return "64 GT/s";
+    case 1:
+      return "2.5 GT/s";
+    case 2:
+      return "5 GT/s";
+    case 3:
+      return "8 GT/s";
+    case 4:
+      return "16 GT/s";
+    case 5:
+      return "32 GT/s";
+    case 6:
+      return "64 GT/s";
   }
   return "unknown speed";
 }
 
 const char* pcie_port_type(unsigned type) {
   switch (type) {
-    case 0x0: return "Endpoint";
-    case 0x1: return "Legacy Endpoint";
-    case 0x4: return "Root Port";
-    case 0x5: return "Upstream Port";
-    case 0x6: return "Downstream Port";
-    case 0x7: return "PCIe to PCI Bridge";
-    case 0x8: return "PCI to PCIe Bridge";
-    case 0x9: return "Root Complex Integrated Endpoint";
-    case 0xa: return "Root Complex Event Collector";
+    case 0x0:
+      return "Endpoint";
+    case 0x1:
+      return "Legacy Endpoint";
+    case 0x4:
+      return "Root Port";
+    case 0x5:
+      return "Upstream Port";
+    case 0x6:
+      return "Downstream Port";
+    case 0x7:
+      return "PCIe to PCI Bridge";
+    case 0x8:
+      return "PCI to PCIe Bridge";
+    case 0x9:
+      return "Root Complex Integrated Endpoint";
+    case 0xa:
+      return "Root Complex Event Collector";
   }
   return "unknown port type";
 }
 
 const char* virtio_cfg_type(unsigned type) {
   switch (type) {
-    case 1: return "common config";
-    case 2: return "notify";
-    case 3: return "ISR";
-    case 4: return "device config";
-    case 5: return "PCI config access";
-    case 8: return "shared memory";
-    case 9: return "vendor";
+    case 1:
+      return "common config";
+    case 2:
+      return "notify";
+    case 3:
+      return "ISR";
+    case 4:
+      return "device config";
+    case 5:
+      return "PCI config access";
+    case 8:
+      return "shared memory";
+    case 9:
+      return "vendor";
   }
   return "unknown";
 }
 
-std::string bar_offset(unsigned bar, uint32_t offset) { return "BAR" + std::to_string(bar) + "+" + layout::hex(offset, 1); }
+std::string bar_offset(unsigned bar, uint32_t offset) {
+  return "BAR" + std::to_string(bar) + "+" + layout::hex(offset, 1);
+}
 
 void decode_standard(const ConfigReader& cfg, size_t at, Capability& cap, CapabilityList& list) {
   std::ostringstream d;
@@ -232,10 +256,14 @@ void walk_extended(const ConfigReader& cfg, CapabilityList& list) {
 
 std::string Resource::name() const {
   switch (kind) {
-    case ResourceKind::kBar: return "BAR" + std::to_string(index);
-    case ResourceKind::kRom: return "ROM";
-    case ResourceKind::kVfBar: return "VF BAR" + std::to_string(index);
-    case ResourceKind::kBridgeWindow: return "window " + std::to_string(index);
+    case ResourceKind::kBar:
+      return "BAR" + std::to_string(index);
+    case ResourceKind::kRom:
+      return "ROM";
+    case ResourceKind::kVfBar:
+      return "VF BAR" + std::to_string(index);
+    case ResourceKind::kBridgeWindow:
+      return "window " + std::to_string(index);
   }
   return "resource";
 }
@@ -307,76 +335,140 @@ CapabilityList parse_capabilities(const std::string& config) {
 
 const char* capability_name(uint16_t id) {
   switch (id) {
-    case 0x01: return "Power Management";
-    case 0x02: return "AGP";
-    case 0x03: return "VPD";
-    case 0x04: return "Slot Identification";
-    case 0x05: return "MSI";
-    case 0x06: return "CompactPCI Hot Swap";
-    case 0x07: return "PCI-X";
-    case 0x08: return "HyperTransport";
-    case 0x09: return "Vendor Specific";
-    case 0x0a: return "Debug Port";
-    case 0x0b: return "CompactPCI Central Resource Control";
-    case 0x0c: return "PCI Hot-Plug";
-    case 0x0d: return "Bridge Subsystem Vendor ID";
-    case 0x0e: return "AGP 8x";
-    case 0x0f: return "Secure Device";
-    case 0x10: return "PCI Express";
-    case 0x11: return "MSI-X";
-    case 0x12: return "SATA";
-    case 0x13: return "Advanced Features";
-    case 0x14: return "Enhanced Allocation";
-    case 0x15: return "Flattening Portal Bridge";
+    case 0x01:
+      return "Power Management";
+    case 0x02:
+      return "AGP";
+    case 0x03:
+      return "VPD";
+    case 0x04:
+      return "Slot Identification";
+    case 0x05:
+      return "MSI";
+    case 0x06:
+      return "CompactPCI Hot Swap";
+    case 0x07:
+      return "PCI-X";
+    case 0x08:
+      return "HyperTransport";
+    case 0x09:
+      return "Vendor Specific";
+    case 0x0a:
+      return "Debug Port";
+    case 0x0b:
+      return "CompactPCI Central Resource Control";
+    case 0x0c:
+      return "PCI Hot-Plug";
+    case 0x0d:
+      return "Bridge Subsystem Vendor ID";
+    case 0x0e:
+      return "AGP 8x";
+    case 0x0f:
+      return "Secure Device";
+    case 0x10:
+      return "PCI Express";
+    case 0x11:
+      return "MSI-X";
+    case 0x12:
+      return "SATA";
+    case 0x13:
+      return "Advanced Features";
+    case 0x14:
+      return "Enhanced Allocation";
+    case 0x15:
+      return "Flattening Portal Bridge";
   }
   return "unknown capability";
 }
 
 const char* extended_capability_name(uint16_t id) {
   switch (id) {
-    case 0x01: return "Advanced Error Reporting";
-    case 0x02: return "Virtual Channel";
-    case 0x03: return "Device Serial Number";
-    case 0x04: return "Power Budgeting";
-    case 0x05: return "Root Complex Link Declaration";
-    case 0x06: return "Root Complex Internal Link Control";
-    case 0x07: return "Root Complex Event Collector Endpoint Association";
-    case 0x08: return "Multi-Function Virtual Channel";
-    case 0x09: return "Virtual Channel (MFVC)";
-    case 0x0a: return "Root Complex Register Block";
-    case 0x0b: return "Vendor Specific Extended";
-    case 0x0c: return "Configuration Access Correlation";
-    case 0x0d: return "Access Control Services";
-    case 0x0e: return "Alternative Routing-ID Interpretation";
-    case 0x0f: return "Address Translation Services";
-    case 0x10: return "SR-IOV";
-    case 0x11: return "MR-IOV";
-    case 0x12: return "Multicast";
-    case 0x13: return "Page Request";
-    case 0x15: return "Resizable BAR";
-    case 0x16: return "Dynamic Power Allocation";
-    case 0x17: return "TPH Requester";
-    case 0x18: return "Latency Tolerance Reporting";
-    case 0x19: return "Secondary PCI Express";
-    case 0x1a: return "Protocol Multiplexing";
-    case 0x1b: return "PASID";
-    case 0x1c: return "LN Requester";
-    case 0x1d: return "Downstream Port Containment";
-    case 0x1e: return "L1 PM Substates";
-    case 0x1f: return "Precision Time Measurement";
-    case 0x20: return "M-PCIe";
-    case 0x21: return "FRS Queueing";
-    case 0x22: return "Readiness Time Reporting";
-    case 0x23: return "Designated Vendor-Specific";
-    case 0x24: return "VF Resizable BAR";
-    case 0x25: return "Data Link Feature";
-    case 0x26: return "Physical Layer 16.0 GT/s";
-    case 0x27: return "Lane Margining at the Receiver";
-    case 0x28: return "Hierarchy ID";
-    case 0x29: return "Native PCIe Enclosure Management";
-    case 0x2a: return "Physical Layer 32.0 GT/s";
-    case 0x2b: return "Alternate Protocol";
-    case 0x2c: return "System Firmware Intermediary";
+    case 0x01:
+      return "Advanced Error Reporting";
+    case 0x02:
+      return "Virtual Channel";
+    case 0x03:
+      return "Device Serial Number";
+    case 0x04:
+      return "Power Budgeting";
+    case 0x05:
+      return "Root Complex Link Declaration";
+    case 0x06:
+      return "Root Complex Internal Link Control";
+    case 0x07:
+      return "Root Complex Event Collector Endpoint Association";
+    case 0x08:
+      return "Multi-Function Virtual Channel";
+    case 0x09:
+      return "Virtual Channel (MFVC)";
+    case 0x0a:
+      return "Root Complex Register Block";
+    case 0x0b:
+      return "Vendor Specific Extended";
+    case 0x0c:
+      return "Configuration Access Correlation";
+    case 0x0d:
+      return "Access Control Services";
+    case 0x0e:
+      return "Alternative Routing-ID Interpretation";
+    case 0x0f:
+      return "Address Translation Services";
+    case 0x10:
+      return "SR-IOV";
+    case 0x11:
+      return "MR-IOV";
+    case 0x12:
+      return "Multicast";
+    case 0x13:
+      return "Page Request";
+    case 0x15:
+      return "Resizable BAR";
+    case 0x16:
+      return "Dynamic Power Allocation";
+    case 0x17:
+      return "TPH Requester";
+    case 0x18:
+      return "Latency Tolerance Reporting";
+    case 0x19:
+      return "Secondary PCI Express";
+    case 0x1a:
+      return "Protocol Multiplexing";
+    case 0x1b:
+      return "PASID";
+    case 0x1c:
+      return "LN Requester";
+    case 0x1d:
+      return "Downstream Port Containment";
+    case 0x1e:
+      return "L1 PM Substates";
+    case 0x1f:
+      return "Precision Time Measurement";
+    case 0x20:
+      return "M-PCIe";
+    case 0x21:
+      return "FRS Queueing";
+    case 0x22:
+      return "Readiness Time Reporting";
+    case 0x23:
+      return "Designated Vendor-Specific";
+    case 0x24:
+      return "VF Resizable BAR";
+    case 0x25:
+      return "Data Link Feature";
+    case 0x26:
+      return "Physical Layer 16.0 GT/s";
+    case 0x27:
+      return "Lane Margining at the Receiver";
+    case 0x28:
+      return "Hierarchy ID";
+    case 0x29:
+      return "Native PCIe Enclosure Management";
+    case 0x2a:
+      return "Physical Layer 32.0 GT/s";
+    case 0x2b:
+      return "Alternate Protocol";
+    case 0x2c:
+      return "System Firmware Intermediary";
   }
   return "unknown extended capability";
 }

@@ -1,7 +1,12 @@
 #include "core/pci/discovery.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <map>
+#include <sstream>
 
 #include "base/files.h"
 #include "core/pci/libpci_scan.h"
@@ -38,8 +43,8 @@ NetInterface read_interface(const std::string& netdev_dir, const std::string& na
   if (!network) {
     nic.carries_host_connection = nic.admin_up;
     if (nic.admin_up) {
-      nic.connection_reason = name + " is up and the host's addresses could not be read (" +
-                              network.error().message() + ")";
+      nic.connection_reason =
+          name + " is up and the host's addresses could not be read (" + network.error().message() + ")";
     }
     return nic;
   }
@@ -61,11 +66,38 @@ NetInterface read_interface(const std::string& netdev_dir, const std::string& na
   return nic;
 }
 
-std::vector<NetInterface> read_interfaces(const std::string& device_dir, const Result<HostNetworkState>& network) {
-  std::vector<NetInterface> interfaces;
-  for (const std::string& name : list_dir(device_dir + "/net")) {
-    interfaces.push_back(read_interface(device_dir + "/net/" + name, name, network));
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  if (!::realpath(path.c_str(), buf)) return "";
+  return buf;
+}
+
+// A NIC's netdevs are not always at <device>/net: virtio-net hangs them off
+// its virtio child (<device>/virtio2/net/eth0). <sysfs>/class/net lists
+// every netdev as a link into its device's directory, so any netdev whose
+// real path lies under the device's real directory belongs to it.
+std::vector<NetInterface> read_interfaces(const HostPaths& paths, const std::string& device_dir,
+                                          const Result<HostNetworkState>& network) {
+  std::map<std::string, std::string> netdev_dirs;  // name -> directory
+  for (const std::string& name : list_dir(device_dir + "/net")) netdev_dirs[name] = device_dir + "/net/" + name;
+  std::string device_real = real_path(device_dir);
+  std::string class_net = paths.sysfs + "/class/net";
+  if (!device_real.empty()) {
+    for (const std::string& name : list_dir(class_net)) {
+      std::string netdev_real = real_path(class_net + "/" + name);
+      if (!netdev_real.starts_with(device_real + "/")) continue;
+      // Below a bridge the path runs through the child's own directory
+      // (.../0000:00:1c.0/0000:02:00.0/net/eth0): that netdev is the child's.
+      bool through_other_device = false;
+      std::istringstream rest(netdev_real.substr(device_real.size() + 1));
+      for (std::string part; std::getline(rest, part, '/');) {
+        through_other_device = through_other_device || PciAddress::parse(part).has_value();
+      }
+      if (!through_other_device) netdev_dirs.emplace(name, netdev_real);
+    }
   }
+  std::vector<NetInterface> interfaces;
+  for (const auto& [name, dir] : netdev_dirs) interfaces.push_back(read_interface(dir, name, network));
   return interfaces;
 }
 
@@ -124,8 +156,8 @@ void judge_readiness(DeviceInfo& info) {
     if (!info.iommu_group) {
       info.readiness_reason = "bound to vfio-pci but has no IOMMU group (is the IOMMU on?)";
     } else if (!info.group_viable) {
-      info.readiness_reason = "bound to vfio-pci, but " + group_text + " is not viable: " +
-                              describe_members(info.group_blockers()) +
+      info.readiness_reason = "bound to vfio-pci, but " + group_text +
+                              " is not viable: " + describe_members(info.group_blockers()) +
                               " must be unbound from their drivers (or bound to vfio-pci) too";
     } else if (!info.vfio_node || !info.vfio_node->exists) {
       info.readiness_reason = "bound to vfio-pci, but " + (info.vfio_node ? info.vfio_node->path : "/dev/vfio/N") +
@@ -157,8 +189,8 @@ void judge_readiness(DeviceInfo& info) {
     return;
   }
   info.readiness = Readiness::kBindable;
-  info.readiness_reason = (info.driver.empty() ? std::string("no driver") : "driver " + info.driver) +
-                          "; `ufab bind " + info.address.str() + "` hands it to vfio-pci";
+  info.readiness_reason = (info.driver.empty() ? std::string("no driver") : "driver " + info.driver) + "; `ufab bind " +
+                          info.address.str() + "` hands it to vfio-pci";
   auto blockers = info.group_blockers();
   if (!blockers.empty()) {
     info.readiness_reason += "; " + group_text + " also needs " + describe_members(blockers) + " unbound";
@@ -200,7 +232,7 @@ DeviceInfo build_info(const Host& host, const libpci::Identity& id, const Result
   info.current_link_width = read_unsigned(dir + "/current_link_width");
   info.max_link_width = read_unsigned(dir + "/max_link_width");
 
-  info.interfaces = read_interfaces(dir, network);
+  info.interfaces = read_interfaces(host.paths, dir, network);
   if (!network && !info.interfaces.empty()) info.network_error = network.error().message();
   judge_readiness(info);
   return info;
@@ -210,12 +242,18 @@ DeviceInfo build_info(const Host& host, const libpci::Identity& id, const Result
 
 const char* readiness_name(Readiness readiness) {
   switch (readiness) {
-    case Readiness::kReady: return "ready";
-    case Readiness::kNotReady: return "not-ready";
-    case Readiness::kBindable: return "bindable";
-    case Readiness::kInUse: return "in-use";
-    case Readiness::kNoIommu: return "no-iommu";
-    case Readiness::kNotNetwork: return "not-network";
+    case Readiness::kReady:
+      return "ready";
+    case Readiness::kNotReady:
+      return "not-ready";
+    case Readiness::kBindable:
+      return "bindable";
+    case Readiness::kInUse:
+      return "in-use";
+    case Readiness::kNoIommu:
+      return "no-iommu";
+    case Readiness::kNotNetwork:
+      return "not-network";
   }
   return "unknown";
 }
@@ -255,8 +293,8 @@ Result<DeviceInfo> describe(const Host& host, const PciAddress& address) {
   for (const libpci::Identity& id : *identities) {
     if (id.address == address) return build_info(host, id, host.network_state(host.paths));
   }
-  return fail(ENODEV, "libpci does not list " + address.str() + " although " +
-                          layout::device_dir(host.paths, address) + " exists; it may be being removed");
+  return fail(ENODEV, "libpci does not list " + address.str() + " although " + layout::device_dir(host.paths, address) +
+                          " exists; it may be being removed");
 }
 
 Result<DeviceInfo> describe(const Host& host, const std::string& address) {

@@ -15,17 +15,19 @@ namespace ufab::pci {
 
 // How far a device is from being usable by ufab.
 enum class Readiness {
-  kReady,        // bound to vfio-pci, IOMMU group viable, /dev/vfio/N present
-  kNotReady,     // bound to vfio-pci, but the group is not viable or the node is missing
-  kBindable,     // has an IOMMU group and carries no host connection: `ufab bind` can take it
-  kInUse,        // one of its interfaces carries the host's connection
-  kNoIommu,      // no IOMMU group: VFIO cannot use it until the IOMMU is on
-  kNotNetwork,   // not a network device (class 0x02); ufab leaves it alone
+  kReady,       // bound to vfio-pci, IOMMU group viable, /dev/vfio/N present
+  kNotReady,    // bound to vfio-pci, but the group is not viable or the node is missing
+  kBindable,    // has an IOMMU group and carries no host connection: `ufab bind` can take it
+  kInUse,       // one of its interfaces carries the host's connection
+  kNoIommu,     // no IOMMU group: VFIO cannot use it until the IOMMU is on
+  kNotNetwork,  // not a network device (class 0x02); ufab leaves it alone
 };
 // "ready", "not-ready", "bindable", "in-use", "no-iommu", "not-network".
 const char* readiness_name(Readiness readiness);
 
-// A kernel network interface of the device (<device>/net/<name>).
+// A kernel network interface of the device: <device>/net/<name>, or any
+// <sysfs>/class/net/<name> that leads into the device (virtio-net puts it
+// under <device>/virtioN/net/<name>).
 struct NetInterface {
   std::string name;
   std::string operstate;  // "up", "down", "unknown", ... ("" when unreadable)

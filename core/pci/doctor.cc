@@ -15,7 +15,7 @@ namespace {
 
 constexpr uint64_t kMemlockWanted = 64ull << 20;  // room for rings and buffers of one NIC
 constexpr uint64_t kDefaultDmaEntryLimit = 65535;
-constexpr unsigned kCapIpcLock = 14;           // <linux/capability.h>
+constexpr unsigned kCapIpcLock = 14;                    // <linux/capability.h>
 constexpr uint64_t kIntelEcapInterruptRemap = 1u << 3;  // VT-d ECAP.IR
 
 const char* kIommuBootFix =
@@ -115,14 +115,16 @@ Check check_container(const Host& host) {
   std::string node = host.paths.dev + "/vfio/vfio";
   struct stat st;
   if (::stat(node.c_str(), &st) != 0) {
-    return make(name, CheckStatus::kFail, node + " is missing",
-                "`modprobe vfio` (if it is loaded and the node is still missing: `mknod -m 0666 " + node + " c 10 196`)");
+    return make(
+        name, CheckStatus::kFail, node + " is missing",
+        "`modprobe vfio` (if it is loaded and the node is still missing: `mknod -m 0666 " + node + " c 10 196`)");
   }
   std::string mode = mode_text(st.st_mode & 07777);
   if (!host.can_access(node, R_OK | W_OK)) {
-    return make(name, CheckStatus::kFail, node + " (mode " + mode + ") is not readable and writable by uid " +
-                                              std::to_string(host.effective_uid()),
-                "run ufab as root, or `chmod 0666 " + node + "` (it holds no device by itself)");
+    return make(
+        name, CheckStatus::kFail,
+        node + " (mode " + mode + ") is not readable and writable by uid " + std::to_string(host.effective_uid()),
+        "run ufab as root, or `chmod 0666 " + node + "` (it holds no device by itself)");
   }
   return make(name, CheckStatus::kOk, node + " present, mode " + mode);
 }
@@ -135,8 +137,10 @@ Check check_noiommu(const Host& host) {
     return make(name, CheckStatus::kWarn,
                 "vfio runs in unsafe no-IOMMU mode: devices can DMA anywhere in memory and ufab's groups are "
                 "not protected",
-                "`echo N > " + host.paths.sysfs + "/module/vfio/parameters/enable_unsafe_noiommu_mode` and enable "
-                "the IOMMU (" + kIommuBootFix + ")");
+                "`echo N > " + host.paths.sysfs +
+                    "/module/vfio/parameters/enable_unsafe_noiommu_mode` and enable "
+                    "the IOMMU (" +
+                    kIommuBootFix + ")");
   }
   return make(name, CheckStatus::kOk, "off");
 }
@@ -169,8 +173,9 @@ Check check_interrupt_remapping(const Host& host) {
                 "vfio_iommu_type1 allow_unsafe_interrupts=1`");
   }
   if (intel_units > 0) {
-    return make(name, CheckStatus::kOk, std::to_string(remapping_units) + " of " + std::to_string(intel_units) +
-                                            " IOMMU units remap interrupts; allow_unsafe_interrupts=N");
+    return make(name, CheckStatus::kOk,
+                std::to_string(remapping_units) + " of " + std::to_string(intel_units) +
+                    " IOMMU units remap interrupts; allow_unsafe_interrupts=N");
   }
   return make(name, CheckStatus::kOk, "allow_unsafe_interrupts=N (VFIO requires interrupt remapping)");
 }
@@ -241,7 +246,8 @@ Check check_hugepages(const Host& host) {
     for (const std::string& s : sizes) {
       if (s == "hugepages-2048kB") size = s;
     }
-    return make(name, CheckStatus::kWarn, "no huge pages reserved (" + detail + "); DMA buffers fall back to 4 KiB pages",
+    return make(name, CheckStatus::kWarn,
+                "no huge pages reserved (" + detail + "); DMA buffers fall back to 4 KiB pages",
                 "`echo 512 > " + dir + "/" + size + "/nr_hugepages`");
   }
   return make(name, CheckStatus::kOk, detail);
@@ -255,10 +261,9 @@ std::string unbind_fix(const HostPaths& paths, const GroupMember& m) {
 void check_device(const Host& host, const DeviceInfo& info, std::vector<Check>& checks) {
   std::string bdf = info.address.str();
   if (info.driver != layout::kVfioDriver) {
-    std::string fix = info.carries_host_connection()
-                          ? "it carries the host's connection (" + info.readiness_reason +
-                                "); pick another NIC or `ufab bind --force " + bdf + "`"
-                          : "`ufab bind " + bdf + "`";
+    std::string fix = info.carries_host_connection() ? "it carries the host's connection (" + info.readiness_reason +
+                                                           "); pick another NIC or `ufab bind --force " + bdf + "`"
+                                                     : "`ufab bind " + bdf + "`";
     checks.push_back(make(bdf + " on vfio-pci", CheckStatus::kFail,
                           bdf + " is bound to " + (info.driver.empty() ? "no driver" : info.driver), fix));
   } else {
@@ -339,10 +344,14 @@ void check_devices(const Host& host, const std::optional<PciAddress>& device, st
 
 const char* check_status_name(CheckStatus status) {
   switch (status) {
-    case CheckStatus::kOk: return "ok";
-    case CheckStatus::kWarn: return "warn";
-    case CheckStatus::kFail: return "fail";
-    case CheckStatus::kSkip: return "skip";
+    case CheckStatus::kOk:
+      return "ok";
+    case CheckStatus::kWarn:
+      return "warn";
+    case CheckStatus::kFail:
+      return "fail";
+    case CheckStatus::kSkip:
+      return "skip";
   }
   return "unknown";
 }
@@ -368,10 +377,14 @@ std::vector<Check> run_doctor(const Host& host, const std::optional<PciAddress>&
 CheckStatus worst_status(const std::vector<Check>& checks) {
   auto rank = [](CheckStatus s) {
     switch (s) {
-      case CheckStatus::kFail: return 3;
-      case CheckStatus::kWarn: return 2;
-      case CheckStatus::kOk: return 1;
-      case CheckStatus::kSkip: return 0;
+      case CheckStatus::kFail:
+        return 3;
+      case CheckStatus::kWarn:
+        return 2;
+      case CheckStatus::kOk:
+        return 1;
+      case CheckStatus::kSkip:
+        return 0;
     }
     return 0;
   };

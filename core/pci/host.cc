@@ -19,6 +19,9 @@ namespace {
 // Route flags from <linux/route.h> and <linux/ipv6_route.h>.
 constexpr unsigned kRouteUp = 0x0001;
 constexpr unsigned kRouteReject = 0x0200;
+// IPv6 local-table entry for one of the host's own addresses: it repeats
+// the address, which is listed anyway.
+constexpr unsigned long long kRouteLocal = 0x80000000;
 
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> lines;
@@ -127,7 +130,7 @@ Result<std::vector<Route>> parse_ipv6_routes(const std::string& proc_net_ipv6_ro
       return fail(EINVAL,
                   "cannot parse line " + std::to_string(i + 1) + " of /proc/net/ipv6_route: '" + lines[i] + "'");
     }
-    if (!(*flags & kRouteUp) || (*flags & kRouteReject) || f[9] == "lo") continue;
+    if (!(*flags & kRouteUp) || (*flags & kRouteReject) || (*flags & kRouteLocal) || f[9] == "lo") continue;
     if (is_ipv6_link_local(*destination) || is_ipv6_multicast(*destination)) continue;
     Route r;
     r.interface = f[9];

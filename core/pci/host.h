@@ -70,8 +70,9 @@ Result<MemlockLimit> read_memlock_limit();
 bool effective_access(const std::string& path, int mode);
 
 // Parsers of /proc/net/route and /proc/net/ipv6_route. Routes that are not
-// up, reject routes, routes through "lo", and IPv6 link-local/multicast
-// destinations are left out. A line that does not parse is an error naming it.
+// up, reject routes, routes through "lo", IPv6 local-table entries (the
+// host's own addresses) and IPv6 link-local/multicast destinations are left
+// out. A line that does not parse is an error naming it.
 Result<std::vector<Route>> parse_ipv4_routes(const std::string& proc_net_route);
 Result<std::vector<Route>> parse_ipv6_routes(const std::string& proc_net_ipv6_route);
 

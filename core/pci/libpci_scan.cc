@@ -79,8 +79,8 @@ void collect(pci_access* access, std::vector<RawIdentity>* out) {
     lookup(access, r.vendor_name, sizeof r.vendor_name, PCI_LOOKUP_VENDOR, d->vendor_id);
     lookup(access, r.device_name, sizeof r.device_name, PCI_LOOKUP_DEVICE, d->vendor_id, d->device_id);
     if (r.subsystem_vendor_id != 0 || r.subsystem_device_id != 0) {
-      lookup(access, r.subsystem_name, sizeof r.subsystem_name, PCI_LOOKUP_SUBSYSTEM | PCI_LOOKUP_DEVICE,
-             d->vendor_id, d->device_id, r.subsystem_vendor_id, r.subsystem_device_id);
+      lookup(access, r.subsystem_name, sizeof r.subsystem_name, PCI_LOOKUP_SUBSYSTEM | PCI_LOOKUP_DEVICE, d->vendor_id,
+             d->device_id, r.subsystem_vendor_id, r.subsystem_device_id);
     }
     lookup(access, r.class_name, sizeof r.class_name, PCI_LOOKUP_CLASS, d->device_class);
     out->push_back(r);
@@ -136,8 +136,8 @@ Result<std::vector<Identity>> scan(const HostPaths& paths) {
   std::vector<Identity> devices;
   for (const RawIdentity& r : raw) {
     Identity id;
-    id.address = PciAddress{static_cast<uint16_t>(r.domain), static_cast<uint8_t>(r.bus),
-                            static_cast<uint8_t>(r.dev), static_cast<uint8_t>(r.func)};
+    id.address = PciAddress{static_cast<uint16_t>(r.domain), static_cast<uint8_t>(r.bus), static_cast<uint8_t>(r.dev),
+                            static_cast<uint8_t>(r.func)};
     id.vendor_id = r.vendor_id;
     id.device_id = r.device_id;
     id.subsystem_vendor_id = r.subsystem_vendor_id;
@@ -150,8 +150,7 @@ Result<std::vector<Identity>> scan(const HostPaths& paths) {
     id.class_name = r.class_name;
     devices.push_back(std::move(id));
   }
-  std::sort(devices.begin(), devices.end(),
-            [](const Identity& a, const Identity& b) { return a.address < b.address; });
+  std::sort(devices.begin(), devices.end(), [](const Identity& a, const Identity& b) { return a.address < b.address; });
   return devices;
 }
 

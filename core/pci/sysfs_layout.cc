@@ -11,9 +11,7 @@ std::string device_dir(const HostPaths& paths, const PciAddress& address) {
   return pci_bus_dir(paths) + "/devices/" + address.str();
 }
 std::string drivers_dir(const HostPaths& paths) { return pci_bus_dir(paths) + "/drivers"; }
-std::string driver_dir(const HostPaths& paths, const std::string& driver) {
-  return drivers_dir(paths) + "/" + driver;
-}
+std::string driver_dir(const HostPaths& paths, const std::string& driver) { return drivers_dir(paths) + "/" + driver; }
 std::string iommu_groups_dir(const HostPaths& paths) { return paths.sysfs + "/kernel/iommu_groups"; }
 std::string group_devices_dir(const HostPaths& paths, unsigned group) {
   return iommu_groups_dir(paths) + "/" + std::to_string(group) + "/devices";
@@ -25,9 +23,7 @@ std::string state_file(const HostPaths& paths, const PciAddress& address) {
   return paths.state_dir + "/" + address.str();
 }
 
-std::string current_driver(const std::string& device_dir) {
-  return link_basename(device_dir + "/driver").value_or("");
-}
+std::string current_driver(const std::string& device_dir) { return link_basename(device_dir + "/driver").value_or(""); }
 
 std::optional<unsigned> iommu_group_of(const std::string& device_dir) {
   auto name = link_basename(device_dir + "/iommu_group");

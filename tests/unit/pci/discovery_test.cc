@@ -1,11 +1,13 @@
 #include "core/pci/discovery.h"
 
 #include <gtest/gtest.h>
+#include <limits.h>
+#include <stdlib.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "base/files.h"
-
 #include "tests/unit/pci/fake_host.h"
 
 namespace ufab::pci {
@@ -25,16 +27,32 @@ class DiscoveryTest : public ::testing::Test {
   void SetUp() override {
     fake_.add_vfio_support();
     // Storage: never listed.
-    fake_.add_device({.address = "0000:00:02.0", .vendor = 0x1af4, .device = 0x1042, .class_code = 0x010000,
-                      .subsystem_vendor = 0x1af4, .subsystem_device = 0x0002, .driver = "virtio-pci",
+    fake_.add_device({.address = "0000:00:02.0",
+                      .vendor = 0x1af4,
+                      .device = 0x1042,
+                      .class_code = 0x010000,
+                      .subsystem_vendor = 0x1af4,
+                      .subsystem_device = 0x0002,
+                      .driver = "virtio-pci",
                       .iommu_group = 2});
     // The host's own NIC: eth0 up with an address and the default route.
-    fake_.add_device({.address = "0000:00:03.0", .vendor = 0x1af4, .device = 0x1041, .subsystem_vendor = 0x1af4,
-                      .subsystem_device = 0x1100, .revision = 1, .driver = "virtio-pci", .iommu_group = 3,
-                      .netdevs = {FakeNetdev{.name = "eth0", .flags = "0x1003"}}});
+    fake_.add_device({.address = "0000:00:03.0",
+                      .vendor = 0x1af4,
+                      .device = 0x1041,
+                      .subsystem_vendor = 0x1af4,
+                      .subsystem_device = 0x1100,
+                      .revision = 1,
+                      .driver = "virtio-pci",
+                      .iommu_group = 3,
+                      .netdevs = {FakeNetdev{.name = "eth0", .flags = "0x1003", .parent = "virtio2"}}});
     // Two ports of one e1000e card sharing IOMMU group 7; ens1 is down.
-    fake_.add_device({.address = "0000:01:00.0", .revision = 0x03, .driver = "e1000e", .iommu_group = 7,
-                      .numa_node = 1, .link_speed = "2.5 GT/s PCIe", .link_width = 1,
+    fake_.add_device({.address = "0000:01:00.0",
+                      .revision = 0x03,
+                      .driver = "e1000e",
+                      .iommu_group = 7,
+                      .numa_node = 1,
+                      .link_speed = "2.5 GT/s PCIe",
+                      .link_width = 1,
                       .netdevs = {FakeNetdev{.name = "ens1", .operstate = "down", .flags = "0x1002"}}});
     fake_.add_device({.address = "0000:01:00.1", .driver = "e1000e", .iommu_group = 7});
     // Already handed to vfio-pci, alone in its group.
@@ -219,8 +237,32 @@ TEST_F(DiscoveryTest, LinkLocalOnlyOrDownInterfacesDoNotCarryTheConnection) {
   EXPECT_TRUE(contains(routed->readiness_reason, "198.51.100.0/24")) << routed->readiness_reason;
 }
 
+TEST_F(DiscoveryTest, NetdevsAreFoundWhereverTheyHangBelowTheDevice) {
+  // The host NIC's eth0 lives at <device>/virtio2/net/eth0, as virtio-net has it.
+  auto virtio = describe(fake_.host(), addr("0000:00:03.0"));
+  ASSERT_TRUE(virtio);
+  ASSERT_EQ(virtio->interfaces.size(), 1u);
+  EXPECT_EQ(virtio->interfaces[0].name, "eth0");
+
+  // A bridge's directory holds its children; their netdevs are not the bridge's.
+  fake_.add_device({.address = "0000:00:1c.0", .class_code = 0x060400, .driver = "pcieport", .iommu_group = 30});
+  std::string child_netdev = fake_.device_dir("0000:00:1c.0") + "/0000:0c:00.0/net/eth5";
+  fake_.write(child_netdev + "/operstate", "up\n");
+  fake_.link(child_netdev, fake_.sysfs + "/class/net/eth5");
+  // And virtual interfaces belong to no device.
+  fake_.write(fake_.sysfs + "/devices/virtual/net/lo/operstate", "unknown\n");
+  fake_.link("../../devices/virtual/net/lo", fake_.sysfs + "/class/net/lo");
+  auto bridge = describe(fake_.host(), addr("0000:00:1c.0"));
+  ASSERT_TRUE(bridge);
+  EXPECT_TRUE(bridge->interfaces.empty()) << bridge->interfaces[0].name;
+  auto again = describe(fake_.host(), addr("0000:00:03.0"));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->interfaces.size(), 1u);
+}
+
 TEST_F(DiscoveryTest, OperstateDecidesWhenThereIsNoFlagsFile) {
-  fake_.add_device({.address = "0000:08:00.0", .iommu_group = 21,
+  fake_.add_device({.address = "0000:08:00.0",
+                    .iommu_group = 21,
                     .netdevs = {FakeNetdev{.name = "enp8s0", .operstate = "unknown"}}});
   fake_.network->addresses.push_back({"enp8s0", "10.1.1.1", 8, false, false});
   auto info = describe(fake_.host(), addr("0000:08:00.0"));
@@ -285,6 +327,24 @@ TEST(DiscoveryLibpci, AnIncompleteDeviceEntryIsAnErrorNotAnExit) {
   EXPECT_TRUE(list_network_devices(fake.host()));
 }
 
+TEST(DiscoveryLibpci, NamesComeFromTheConfiguredIdFile) {
+  FakeHost fake;
+  fake.add_device({.address = "0000:01:00.0", .iommu_group = 1});
+  fake.write(fake.root + "/pci.ids",
+             "8086  Test Vendor\n\t10d3  Test NIC\nC 02  Network controller\n\t00  Test Ethernet\n");
+  Host host = fake.host();
+  host.paths.pci_ids = fake.root + "/pci.ids";
+  auto info = describe(host, addr("0000:01:00.0"));
+  ASSERT_TRUE(info) << info.error().message();
+  EXPECT_EQ(info->vendor_name, "Test Vendor");
+  EXPECT_EQ(info->device_name, "Test NIC");
+  EXPECT_EQ(info->class_name, "Test Ethernet");
+  host.paths.pci_ids = fake.root + "/missing.ids";
+  auto missing = describe(host, addr("0000:01:00.0"));
+  ASSERT_FALSE(missing);
+  EXPECT_TRUE(contains(missing.error().message(), "missing.ids")) << missing.error().message();
+}
+
 TEST(DiscoveryLibpci, NoSysfsIsAClearError) {
   Host host;
   host.paths.sysfs = "/nonexistent-ufab-sysfs";
@@ -293,8 +353,10 @@ TEST(DiscoveryLibpci, NoSysfsIsAClearError) {
   EXPECT_TRUE(contains(list.error().message(), "is sysfs mounted"));
 }
 
-// Reads only: the real machine's PCI bus through the same code path.
-TEST(DiscoveryRealHost, ListsThisMachinesNicsIfAny) {
+// Reads only: the real machine's PCI bus through the same code path. Every
+// netdev in /sys/class/net that sits on a PCI NIC must show up on that NIC,
+// or the safety rule could miss the machine's own connection.
+TEST(DiscoveryRealHost, EveryPciNetdevOfThisMachineIsAttributedToItsNic) {
   if (!path_exists("/sys/bus/pci/devices")) GTEST_SKIP() << "no /sys/bus/pci on this machine";
   auto list = list_network_devices(Host{});
   ASSERT_TRUE(list) << list.error().message();
@@ -302,6 +364,28 @@ TEST(DiscoveryRealHost, ListsThisMachinesNicsIfAny) {
     EXPECT_TRUE(d.is_network());
     EXPECT_FALSE(d.readiness_reason.empty());
   }
+  int checked = 0;
+  for (const std::string& name : list_dir("/sys/class/net")) {
+    char real[PATH_MAX];
+    if (!::realpath(("/sys/class/net/" + name + "/device").c_str(), real)) continue;  // virtual
+    // The PCI function is the last path component that is a PCI address.
+    std::optional<PciAddress> owner;
+    std::string path = real;
+    for (size_t start = 0; start < path.size();) {
+      size_t end = path.find('/', start);
+      if (end == std::string::npos) end = path.size();
+      if (auto a = PciAddress::parse(path.substr(start, end - start))) owner = *a;
+      start = end + 1;
+    }
+    if (!owner) continue;
+    auto it = std::find_if(list->begin(), list->end(), [&](const DeviceInfo& d) { return d.address == *owner; });
+    if (it == list->end()) continue;  // not a class 02 device
+    bool found = std::any_of(it->interfaces.begin(), it->interfaces.end(),
+                             [&](const NetInterface& n) { return n.name == name; });
+    EXPECT_TRUE(found) << name << " of " << owner->str() << " not found";
+    ++checked;
+  }
+  std::printf("checked %d PCI netdevs of this machine\n", checked);
 }
 
 }  // namespace

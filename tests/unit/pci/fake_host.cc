@@ -2,12 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstring>
@@ -72,8 +71,7 @@ void walk(const std::string& base, const std::string& rel, std::map<std::string,
 
 // ---- ConfigBuilder ----
 
-ConfigBuilder::ConfigBuilder(uint16_t vendor, uint16_t device, uint32_t class_code, size_t size)
-    : config_(size, '\0') {
+ConfigBuilder::ConfigBuilder(uint16_t vendor, uint16_t device, uint32_t class_code, size_t size) : config_(size, '\0') {
   put16(0x00, vendor);
   put16(0x02, device);
   config_[0x09] = static_cast<char>(class_code & 0xff);
@@ -151,7 +149,8 @@ ConfigBuilder& ConfigBuilder::extended(uint16_t id, uint8_t version, const std::
   size_t at = next_extended_;
   put32(at, id | static_cast<uint32_t>(version) << 16);
   if (last_extended_ != 0) {
-    uint32_t prev = static_cast<uint8_t>(config_[last_extended_]) | static_cast<uint8_t>(config_[last_extended_ + 1]) << 8 |
+    uint32_t prev = static_cast<uint8_t>(config_[last_extended_]) |
+                    static_cast<uint8_t>(config_[last_extended_ + 1]) << 8 |
                     static_cast<uint8_t>(config_[last_extended_ + 2]) << 16;
     put32(last_extended_, prev | static_cast<uint32_t>(at) << 20);
   }
@@ -208,7 +207,8 @@ void FakeHost::write(const std::string& path, const std::string& content, unsign
 void FakeHost::link(const std::string& target, const std::string& link_path) {
   mkdirs(dirname_of(link_path));
   ::unlink(link_path.c_str());
-  if (::symlink(target.c_str(), link_path.c_str()) != 0) ADD_FAILURE() << "symlink " << link_path << ": " << std::strerror(errno);
+  if (::symlink(target.c_str(), link_path.c_str()) != 0)
+    ADD_FAILURE() << "symlink " << link_path << ": " << std::strerror(errno);
 }
 
 std::string FakeHost::read(const std::string& path) const {
@@ -280,13 +280,16 @@ void FakeHost::add_device(const FakeDevice& d) {
   link("../../../devices/pci0000:00/" + d.address, sysfs + "/bus/pci/devices/" + d.address);
   if (d.iommu_group) {
     std::string group = std::to_string(*d.iommu_group);
-    link("../../../../devices/pci0000:00/" + d.address, sysfs + "/kernel/iommu_groups/" + group + "/devices/" + d.address);
+    link("../../../../devices/pci0000:00/" + d.address,
+         sysfs + "/kernel/iommu_groups/" + group + "/devices/" + d.address);
     link("../../../kernel/iommu_groups/" + group, dir + "/iommu_group");
   }
   for (const FakeNetdev& n : d.netdevs) {
-    write(dir + "/net/" + n.name + "/operstate", n.operstate + "\n", 0444);
-    write(dir + "/net/" + n.name + "/address", n.mac + "\n", 0444);
-    if (n.flags) write(dir + "/net/" + n.name + "/flags", *n.flags + "\n", 0444);
+    std::string within = (n.parent.empty() ? "" : n.parent + "/") + "net/" + n.name;
+    write(dir + "/" + within + "/operstate", n.operstate + "\n", 0444);
+    write(dir + "/" + within + "/address", n.mac + "\n", 0444);
+    if (n.flags) write(dir + "/" + within + "/flags", *n.flags + "\n", 0444);
+    link("../../devices/pci0000:00/" + d.address + "/" + within, sysfs + "/class/net/" + n.name);
   }
   natural_driver_[d.address] = d.natural_driver.empty() ? d.driver : d.natural_driver;
   if (!d.driver.empty()) {
@@ -312,6 +315,22 @@ Host FakeHost::host() {
 std::map<std::string, std::string> FakeHost::snapshot() const {
   std::map<std::string, std::string> out;
   walk(root, "", out);
+  return out;
+}
+
+std::string FakeHost::diff(const std::map<std::string, std::string>& before,
+                           const std::map<std::string, std::string>& after) {
+  std::string out;
+  for (const auto& [path, entry] : before) {
+    auto it = after.find(path);
+    if (it == after.end())
+      out += "removed " + path + " (" + entry + ")\n";
+    else if (it->second != entry)
+      out += "changed " + path + ": " + entry + " -> " + it->second + "\n";
+  }
+  for (const auto& [path, entry] : after) {
+    if (!before.count(path)) out += "added " + path + " (" + entry + ")\n";
+  }
   return out;
 }
 

@@ -21,29 +21,32 @@
 namespace ufab::pci::testing {
 
 struct FakeNetdev {
-  std::string name;
+  std::string name = "";
   std::string operstate = "up";
   std::string mac = "52:54:00:12:34:56";
-  std::optional<std::string> flags;  // "0x1003" (IFF_UP set); nullopt: no `flags` file
+  std::optional<std::string> flags = std::nullopt;  // "0x1003" (IFF_UP set); nullopt: no `flags` file
+  // Subdirectory of the device holding net/, e.g. "virtio2" as virtio-net
+  // has it; "" = <device>/net. Either way <sysfs>/class/net/<name> links to it.
+  std::string parent = "";
 };
 
 struct FakeDevice {
-  std::string address;  // "0000:01:00.0"
+  std::string address = "";  // "0000:01:00.0"
   uint16_t vendor = 0x8086;
   uint16_t device = 0x10d3;
   uint32_t class_code = 0x020000;
   uint16_t subsystem_vendor = 0x8086;
   uint16_t subsystem_device = 0xa01f;
   uint8_t revision = 0;
-  std::string driver;          // bound now, "" = none
-  std::string natural_driver;  // what a probe without override picks; defaults to `driver`
-  std::optional<unsigned> iommu_group;
+  std::string driver = "";          // bound now, "" = none
+  std::string natural_driver = "";  // what a probe without override picks; defaults to `driver`
+  std::optional<unsigned> iommu_group = std::nullopt;
   int numa_node = -1;
-  std::optional<std::string> link_speed;  // current and max
-  std::optional<unsigned> link_width;
-  std::vector<FakeNetdev> netdevs;
-  std::string resource;  // text of `resource`; empty = no file
-  std::string config;    // bytes of `config`; empty = no file
+  std::optional<std::string> link_speed = std::nullopt;  // current and max
+  std::optional<unsigned> link_width = std::nullopt;
+  std::vector<FakeNetdev> netdevs = {};
+  std::string resource = "";  // text of `resource`; empty = no file
+  std::string config = "";    // bytes of `config`; empty = no file
   bool has_driver_override = true;
   bool minimal = false;  // only vendor/device/class: what libpci strictly needs
 };
@@ -94,6 +97,9 @@ class FakeHost {
   // Every file, directory and link under the root with type, mode and
   // content: equal snapshots mean nothing was changed.
   std::map<std::string, std::string> snapshot() const;
+  // The entries that differ between two snapshots, one per line ("" = none).
+  static std::string diff(const std::map<std::string, std::string>& before,
+                          const std::map<std::string, std::string>& after);
 
   // Files.
   void write(const std::string& path, const std::string& content, unsigned mode = 0644);
