@@ -25,8 +25,8 @@ constexpr uint32_t kDefaultDmaEntryLimit = 65535;  // vfio_iommu_type1's default
 constexpr uint64_t kLargestMappingAlignment = 1ull << 30;
 
 // Used only when the kernel predates VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE
-// (Linux < 5.4): below 2^39 (QEMU intel-iommu's default width, the smallest
-// common one) and around the x86 MSI window.
+// (Linux < 5.4): below 2^39 (the smallest common width: client VT-d, QEMU
+// 7.2's intel-iommu) and around the x86 MSI window.
 std::vector<IovaRange> fallback_iova_ranges() {
   return {{0x1000, 0xfedfffff}, {0xfef00000, (1ull << 39) - 1}};
 }

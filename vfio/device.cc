@@ -417,6 +417,9 @@ Result<std::vector<KernelFd>> Device::enable_irqs(IrqKind kind, uint32_t count) 
 }
 
 Status Device::disable_irqs(IrqKind kind) {
+  // vfio-pci answers EINVAL to disabling an index that is not enabled;
+  // asking twice is harmless here.
+  if (enabled_irqs(kind) == 0) return {};
   auto ok = set_irqs(kind, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, 0, 0, nullptr,
                      "VFIO_DEVICE_SET_IRQS: disabling " + irq_kind_name(kind) + " of " + name());
   if (ok) enabled_irqs_.erase(static_cast<uint32_t>(kind));

@@ -182,7 +182,8 @@ class Device {
   // so all are set at once. The caller owns the eventfds (read or poll them);
   // the Device remembers the index is enabled and disables it on destruction.
   Result<std::vector<KernelFd>> enable_irqs(IrqKind kind, uint32_t count);
-  // VFIO_DEVICE_SET_IRQS(DATA_NONE | ACTION_TRIGGER, count 0).
+  // VFIO_DEVICE_SET_IRQS(DATA_NONE | ACTION_TRIGGER, count 0); a no-op when
+  // this Device did not enable `kind`.
   Status disable_irqs(IrqKind kind);
   // Re-arms an automasked INTx line after its interrupt was handled.
   Status unmask_intx();

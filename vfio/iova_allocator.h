@@ -2,8 +2,8 @@
 // for a container (VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE).
 //
 // Why not IOVA = VA: user virtual addresses on x86-64 sit near 2^47, while an
-// IOMMU's input width may be much smaller (QEMU's intel-iommu defaults to 39
-// bits), and the kernel carves reserved windows out of the IOVA space (the
+// IOMMU's input width may be much smaller (39 bits in QEMU 7.2's
+// intel-iommu; 10.0 defaults to 48), and the kernel carves reserved windows out of the IOVA space (the
 // x86 MSI window 0xfee00000-0xfeefffff, PCI bridge windows). An IOVA must lie
 // inside a reported range, so ufab allocates them instead.
 #pragma once

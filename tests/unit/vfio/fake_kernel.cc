@@ -58,10 +58,11 @@ FakeKernel::Device& FakeKernel::add_device(int group, const std::string& name) {
   Device& d = devices_[name];
   d.name = name;
   d.regions.resize(VFIO_PCI_NUM_REGIONS);
-  d.regions[0] = {VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE | VFIO_REGION_INFO_FLAG_MMAP,
-                  128 * 1024};
-  d.regions[1] = {VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE, 32};  // I/O BAR
-  d.regions[VFIO_PCI_CONFIG_REGION_INDEX] = {VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE, 256};
+  d.regions[0] = Region::with(
+      VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE | VFIO_REGION_INFO_FLAG_MMAP, 128 * 1024);
+  d.regions[1] = Region::with(VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE, 32);  // I/O BAR
+  d.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
+      Region::with(VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE, 256);
   d.regions[VFIO_PCI_VGA_REGION_INDEX].absent = true;
   d.irqs = {{VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_MASKABLE | VFIO_IRQ_INFO_AUTOMASKED, 1},
             {VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE, 1},
@@ -486,7 +487,8 @@ int FakeKernel::set_irqs(Device& d, void* arg) {
 
   if (action == VFIO_IRQ_SET_ACTION_TRIGGER) {
     if (data_type == VFIO_IRQ_SET_DATA_NONE && set.count == 0) {
-      d.enabled.erase(set.index);
+      // vfio-pci disables only an enabled index; otherwise EINVAL.
+      if (d.enabled.erase(set.index) == 0) return set_errno(EINVAL);
       return 0;
     }
     if (data_type == VFIO_IRQ_SET_DATA_EVENTFD) {

@@ -35,6 +35,13 @@ class FakeKernel : public Kernel {
     std::optional<std::pair<uint32_t, uint32_t>> type;                      // type, subtype
     bool msix_mappable = false;
     int memfd = -1;  // backing store, made on first use
+
+    static Region with(uint32_t flags, uint64_t size) {
+      Region r;
+      r.flags = flags;
+      r.size = size;
+      return r;
+    }
   };
   struct Irq {
     uint32_t flags = 0;
@@ -176,6 +183,30 @@ class FakeSysfs {
 
  private:
   std::string root_;
+};
+
+}  // namespace ufab::vfio::testing
+
+namespace ufab::vfio::testing {
+
+// A fake sysfs tree plus a fake kernel that agree on the devices.
+struct FakeWorld {
+  FakeSysfs sysfs;
+  FakeKernel kernel{sysfs.dev()};
+
+  Environment env() {
+    Environment e;
+    e.kernel = &kernel;
+    e.sysfs_root = sysfs.sysfs();
+    e.dev_root = sysfs.dev();
+    e.proc_root = sysfs.proc();
+    return e;
+  }
+  // A device bound to vfio-pci in `group`, known to both.
+  FakeKernel::Device& add_vfio_device(const std::string& name, int group) {
+    sysfs.add_device(name, group, "vfio-pci");
+    return kernel.add_device(group, name);
+  }
 };
 
 }  // namespace ufab::vfio::testing

@@ -1,0 +1,99 @@
+// An open NIC: a driver plugin's device instance plus the host services the
+// framework hands it (BAR mappings and config space through VFIO, DMA memory
+// through the IOMMU, MSI-X eventfds, frame buffer pools). Software devices
+// (UFAB_DRIVER_F_SOFTWARE) get the same services without VFIO.
+//
+// Typical use:
+//   auto nic = core::Nic::open_pci(*registry.for_device(addr), addr);
+//   auto pool = (*nic)->create_pool(4096);
+//   (*nic)->setup_rx_queue(0, 512, **pool);  (*nic)->setup_tx_queue(0, 512);
+//   (*nic)->start();
+//   n = (*nic)->rx_burst(0, bufs, 32);  ...  (*pool)->free(bufs, n);
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/pci_address.h"
+#include "dma/buffer_pool.h"
+#include "dma/dma.h"
+#include "drivers/plugin.h"
+#include "vfio/container.h"
+#include "vfio/device.h"
+
+namespace ufab::core {
+
+using NicParams = std::map<std::string, std::string>;
+
+// The driver table with every operation present: those beyond the plugin's
+// `size`, or left NULL, become stubs returning -EOPNOTSUPP.
+ufab_driver complete_driver_ops(const ufab_driver& driver);
+
+class Nic {
+ public:
+  // A PCI NIC bound to vfio-pci, driven by `driver`.
+  static Result<std::unique_ptr<Nic>> open_pci(const ufab_driver& driver, const PciAddress& address,
+                                               NicParams params = {}, vfio::Environment env = {});
+  // A software device (UFAB_DRIVER_F_SOFTWARE) by name, e.g. "swnic0:0".
+  static Result<std::unique_ptr<Nic>> open_software(const ufab_driver& driver, const std::string& name,
+                                                    NicParams params = {});
+  // Stops and closes the plugin's device, then releases IRQs, DMA memory,
+  // BAR mappings and the VFIO device, in that order.
+  ~Nic();
+  Nic(const Nic&) = delete;
+  Nic& operator=(const Nic&) = delete;
+
+  const std::string& name() const { return name_; }
+  const ufab_driver& driver() const { return driver_; }
+  const ufab_dev_info& info() const { return info_; }
+  Result<ufab_link> link();
+  Result<ufab_stats> stats();
+
+  // Buffers in this NIC's DMA space (count buffers of buffer_size bytes).
+  Result<std::unique_ptr<dma::BufferPool>> create_pool(uint32_t count, uint32_t buffer_size = 2048);
+  Status setup_rx_queue(uint16_t queue, uint32_t size, dma::BufferPool& pool);
+  Status setup_tx_queue(uint16_t queue, uint32_t size);
+  Status start();
+  Status stop();
+  Status set_promiscuous(bool enable);
+
+  // Hot path: straight calls into the plugin. Return a count, or a negative
+  // errno (last_error() explains it).
+  int rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) { return driver_.rx_burst(dev_, queue, bufs, n); }
+  int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) { return driver_.tx_burst(dev_, queue, bufs, n); }
+
+  // Interrupt mode: the eventfd becomes readable when frames arrive on the
+  // queue; read it (8 bytes) and rx_burst until empty before sleeping again.
+  Result<int> enable_rx_irq(uint16_t queue);
+  Status disable_rx_irq(uint16_t queue);
+
+  // What the plugin said about its last failure.
+  const std::string& last_error() const { return last_error_; }
+  // DMA memory for this NIC (IOMMU-mapped for PCI devices).
+  dma::DmaAllocator& dma() { return *dma_; }
+  // The VFIO device and IOMMU, nullptr for software devices.
+  vfio::Device* vfio_device() { return device_.get(); }
+  std::shared_ptr<vfio::IommuBackend> iommu() const { return iommu_; }
+
+ private:
+  struct HostBridge;
+  Nic() = default;
+  Status open_plugin();
+  Status check(int rc, const std::string& what);
+
+  std::string name_;
+  NicParams params_;
+  ufab_driver driver_{};
+  std::shared_ptr<vfio::IommuBackend> iommu_;
+  std::unique_ptr<vfio::Device> device_;
+  std::shared_ptr<dma::DmaAllocator> dma_;
+  std::unique_ptr<HostBridge> host_;
+  ufab_dev* dev_ = nullptr;
+  ufab_dev_info info_{};
+  std::string last_error_;
+};
+
+}  // namespace ufab::core
