@@ -1,5 +1,6 @@
 #include "base/json.h"
 
+#include <cmath>
 #include <cstdio>
 
 namespace ufab {
@@ -91,6 +92,15 @@ JsonWriter& JsonWriter::value(uint64_t v) {
 JsonWriter& JsonWriter::value(bool v) {
   separate();
   out_ += v ? "true" : "false";
+  return *this;
+}
+
+JsonWriter& JsonWriter::value(double v) {
+  if (!std::isfinite(v)) return null();
+  separate();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  out_ += buf;
   return *this;
 }
 

@@ -21,6 +21,8 @@ class JsonWriter {
   JsonWriter& value(int v) { return value(static_cast<int64_t>(v)); }
   JsonWriter& value(unsigned v) { return value(static_cast<uint64_t>(v)); }
   JsonWriter& value(bool v);
+  // Finite numbers with 6 significant digits; NaN and infinity become null.
+  JsonWriter& value(double v);
   JsonWriter& null();
   // key + value in one call.
   template <typename T>

@@ -38,7 +38,8 @@ for tool in cpio gzip modprobe xz sha256sum find timeout flock; do
 done
 BUSYBOX=
 for b in /bin/busybox /usr/bin/busybox; do
-  if [[ -x $b ]] && "$b" --list 2>/dev/null | grep -qx insmod; then
+  # (grep without -q: it must read all input, or pipefail sees SIGPIPE)
+  if [[ -x $b ]] && "$b" --list 2>/dev/null | grep -x insmod >/dev/null; then
     BUSYBOX=$b; break
   fi
 done
@@ -125,6 +126,7 @@ tmp_out=$OUT.tmp.$$
   { rm -f "$tmp_out"; die "cpio/gzip failed writing $tmp_out"; }
 mv -f "$tmp_out" "$OUT"
 # Drop older images of this kernel made from other inputs.
-find "$CACHE" -maxdepth 1 -name "initramfs-$KVER-*.cpio.gz" ! -name "$(basename "$OUT")" -delete
+# (not the fresh ones: a run started a moment ago may not have loaded its image yet)
+find "$CACHE" -maxdepth 1 -name "initramfs-$KVER-*.cpio.gz" ! -name "$(basename "$OUT")" -mmin +10 -delete
 log "initramfs ready: $OUT ($(du -h "$OUT" | cut -f1))"
 printf '%s\n' "$OUT"

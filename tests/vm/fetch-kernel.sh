@@ -80,7 +80,8 @@ flock -w 900 9 || die "another fetch-kernel.sh holds $CACHE/.fetch.lock for over
 
 # Choose the suite.
 if [[ -z $SUITE ]]; then
-  if timeout 60 apt-cache policy 2>/dev/null | grep -q 'n=bookworm-backports'; then
+  # (grep without -q: it must read all input, or pipefail sees SIGPIPE)
+  if timeout 60 apt-cache policy 2>/dev/null | grep 'n=bookworm-backports' >/dev/null; then
     SUITE=bookworm-backports
   else
     SUITE=default
@@ -118,7 +119,7 @@ dl=$(mktemp -d "${TMPDIR:-/tmp}/ufab-kernel-deb.XXXXXX")
 trap 'rm -rf -- "$work" "$dl"' EXIT
 if id _apt >/dev/null 2>&1; then chown _apt "$dl" 2>/dev/null || true; fi
 
-log "downloading $pkg (about 100 MB) into $dl"
+log "downloading $pkg (70 to 110 MB; not installed) into $dl"
 target=()
 [[ $SUITE == default || $SUITE == bookworm ]] || target=(-t "$SUITE")
 if ! (cd "$dl" && timeout 900 apt-get download -q "${target[@]}" "$pkg" >&2); then

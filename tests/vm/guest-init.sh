@@ -45,8 +45,15 @@ while read -r mod; do
 done </modules/load-order
 
 NINEP=trans=virtio,version=9p2000.L,msize=512000
+# Cache mode of the read-only shares (host root, modules); the job share is
+# always uncached.  Kernel argument ufab.9pcache=MODE overrides it.
+ROCACHE=loose
+read -r cmdline </proc/cmdline
+for arg in $cmdline; do
+  case $arg in ufab.9pcache=*) ROCACHE=${arg#ufab.9pcache=} ;; esac
+done
 mkdir -p /host /rw /newroot
-mount -t 9p -o "$NINEP,ro" host /host || fail "mounting the host root (9p tag host) failed"
+mount -t 9p -o "$NINEP,ro,cache=$ROCACHE" host /host || fail "mounting the host root (9p tag host) failed"
 mount -t tmpfs -o mode=0755 tmpfs /rw || fail "tmpfs for the overlay failed"
 mkdir -p /rw/upper /rw/work
 mount -t overlay -o lowerdir=/host,upperdir=/rw/upper,workdir=/rw/work overlay /newroot ||
@@ -62,7 +69,7 @@ if [ -L /newroot/lib ]; then
   esac
 fi
 mkdir -p "$moddir"
-mount -t 9p -o "$NINEP,ro" mods "$moddir" || fail "mounting kernel modules (9p tag mods) failed"
+mount -t 9p -o "$NINEP,ro,cache=$ROCACHE" mods "$moddir" || fail "mounting kernel modules (9p tag mods) failed"
 
 mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp || fail "tmpfs on /tmp failed"
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run || fail "tmpfs on /run failed"

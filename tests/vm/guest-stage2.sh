@@ -59,12 +59,17 @@ if [[ ${UFAB_VM_NIC_DRIVERS:-1} == 1 && ${UFAB_VM_NIC_COUNT:-0} -gt 0 ]]; then
     names+=("$name")
     [[ -n $name ]] || say "warning: NIC $i (${!bdf_var}) has no network interface"
   done
-  # Two passes so that swapping names never collides.
+  # Two passes so that swapping names never collides; skipped when the
+  # kernel already named them in NIC order.
+  inorder=1
   for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
+    [[ ${names[i-1]} == "eth$((i - 1))" ]] || inorder=0
+  done
+  ((inorder)) || for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
     [[ -n ${names[i-1]} ]] && ip link set dev "${names[i-1]}" name "ufabtmp$i" 2>/dev/null &&
       names[i-1]=ufabtmp$i
   done
-  for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
+  ((inorder)) || for ((i = 1; i <= UFAB_VM_NIC_COUNT; i++)); do
     [[ -n ${names[i-1]} ]] || continue
     ip link set dev "${names[i-1]}" name "eth$((i - 1))" ||
       say "warning: could not rename ${names[i-1]} to eth$((i - 1))"
@@ -76,28 +81,32 @@ fi
 . "$JOB/env.sh" || { say "cannot read $JOB/env.sh"; finish 125; }
 
 # Time bound: what is left of run-vm's deadline (guest and host clocks agree
-# to about a second; the RTC is the host's), less a margin for shutdown.
+# to about a second; the RTC is the host's), less a margin for a SIGTERM
+# that is ignored (SIGKILL 5 s later) and the power-off.
 now=$(date +%s)
-left=$((UFAB_VM_DEADLINE - now - 5))
+left=$((UFAB_VM_DEADLINE - now - 10))
 ((left > UFAB_VM_TIMEOUT)) && left=$UFAB_VM_TIMEOUT
 ((left < 1)) && left=1
 
 read -r up _ </proc/uptime
-printf '%s\n' "$up" >"$JOB/started"
+printf '%s\n' "$up" >"$JOB/started.tmp" && mv -f "$JOB/started.tmp" "$JOB/started"
 
 start=$(date +%s)
 if [[ ${UFAB_VM_INTERACTIVE:-0} == 1 ]]; then
-  [[ -n ${UFAB_VM_TTY_ROWS:-} ]] && stty -F /dev/ttyS0 rows "$UFAB_VM_TTY_ROWS" cols "${UFAB_VM_TTY_COLS:-80}" 2>/dev/null
   stty -F /dev/ttyS0 sane 2>/dev/null
-  setsid -w -c timeout --foreground -k 10 "$left" /bin/bash "$JOB/cmd.sh" \
+  if [[ -n ${UFAB_VM_TTY_ROWS:-} ]]; then
+    stty -F /dev/ttyS0 rows "$UFAB_VM_TTY_ROWS" cols "${UFAB_VM_TTY_COLS:-80}" 2>/dev/null
+  fi
+  setsid -w -c timeout --foreground -k 5 "$left" /bin/bash "$JOB/cmd.sh" \
     </dev/ttyS0 >/dev/ttyS0 2>&1
   rc=$?
 else
-  timeout -k 10 "$left" /bin/bash "$JOB/cmd.sh" </dev/null >>"$JOB/stdout" 2>>"$JOB/stderr"
+  timeout -k 5 "$left" /bin/bash "$JOB/cmd.sh" </dev/null >>"$JOB/stdout" 2>>"$JOB/stderr"
   rc=$?
 fi
 elapsed=$(($(date +%s) - start))
-if ((rc == 124 || (rc == 137 && elapsed >= left))); then
+# 124 or 137 from the command itself (an inner `timeout`) is passed on as is.
+if (((rc == 124 || rc == 137) && elapsed >= left)); then
   printf '%s\n' "$left" >"$JOB/timedout"
 fi
 finish "$rc"

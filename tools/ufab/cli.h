@@ -1,6 +1,7 @@
 // Shared plumbing of the ufab subcommands.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,19 @@ struct Options {
   bool force = false;
   pci::Host host;
   std::vector<std::string> args;  // positional arguments after the subcommand
+  // Command options with values ("--count 1000" or "--count=1000"); repeated
+  // options keep every value in order.
+  std::map<std::string, std::vector<std::string>> values;
+
+  const std::string* value(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() ? nullptr : &it->second.back();
+  }
 };
+
+// A numeric option: its value, `fallback` when absent, an error when malformed
+// or outside [min, max].
+Result<double> number_option(const Options& opts, const std::string& name, double fallback, double min, double max);
 
 // Prints "ufab <command>: <message>" on stderr (or a JSON error object on
 // stdout with --json) and returns kExitFailed.
@@ -30,5 +43,7 @@ int cmd_info(const Options& opts);
 int cmd_bind(const Options& opts);
 int cmd_unbind(const Options& opts);
 int cmd_doctor(const Options& opts);
+int cmd_plugins(const Options& opts);
+int cmd_pktgen(const Options& opts);
 
 }  // namespace ufab::cli

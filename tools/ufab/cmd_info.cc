@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/mac_probe.h"
+#include "core/nic_open.h"
 #include "core/pci/details.h"
 #include "core/pci/discovery.h"
 #include "tools/ufab/cli.h"
@@ -68,11 +69,66 @@ Result<VfioView> inspect_through_vfio(const Options& opts, const pci::DeviceInfo
   return view;
 }
 
+// What the driver plugin reports once it has the device open.
+struct PluginView {
+  std::string plugin;
+  std::string origin;
+  ufab_dev_info info{};
+  std::optional<ufab_link> link;
+  std::optional<ufab_stats> stats;
+};
+
+Result<PluginView> inspect_through_plugin(const Options& opts, const pci::DeviceInfo& d) {
+  core::PluginRegistry registry = core::default_registry();
+  vfio::Environment env;
+  env.sysfs_root = opts.host.paths.sysfs;
+  env.dev_root = opts.host.paths.dev;
+  env.proc_root = opts.host.paths.proc;
+  auto plugin = core::plugin_for(registry, d.address.str(), env);
+  if (!plugin) return std::unexpected(plugin.error());
+  auto nic = core::Nic::open_pci((*plugin)->ops, d.address, {}, env);
+  if (!nic) return std::unexpected(nic.error());
+  PluginView v{(*plugin)->name, (*plugin)->origin, (*nic)->info(), std::nullopt, std::nullopt};
+  if (auto l = (*nic)->link()) v.link = *l;
+  if (auto st = (*nic)->stats()) v.stats = *st;
+  return v;
+}
+
+std::string mac_text(const uint8_t* m) {
+  core::MacAddress mac;
+  std::copy(m, m + 6, mac.begin());
+  return core::format_mac(mac);
+}
+
 std::string region_flags(const vfio::RegionInfo& r) {
   std::string s = r.readable() ? "r" : "-";
   s += r.writable() ? "w" : "-";
   s += r.mappable() ? "m" : "-";
   return s;
+}
+
+void print_plugin(const std::optional<Result<PluginView>>& plugin) {
+  if (!plugin) return;
+  if (!*plugin) {
+    std::printf("  driver plugin unavailable: %s\n", plugin->error().message().c_str());
+    return;
+  }
+  const PluginView& p = **plugin;
+  std::printf("  driver plugin %s (%s): %s\n", p.plugin.c_str(), p.origin.c_str(), p.info.model);
+  std::printf("    mac         %s\n", mac_text(p.info.mac).c_str());
+  if (p.link) {
+    std::printf("    link        %s, %u Mb/s\n", p.link->up ? "up" : "down", p.link->speed_mbps);
+  }
+  std::printf("    queues      rx %u, tx %u, ring %u..%u descriptors, mtu %u (max %u)%s\n", p.info.max_rx_queues,
+              p.info.max_tx_queues, p.info.min_ring_size, p.info.max_ring_size, p.info.mtu, p.info.max_mtu,
+              (p.info.caps & UFAB_DEV_CAP_RX_IRQ) ? ", rx interrupts" : "");
+  if (p.stats) {
+    std::printf("    statistics  rx %llu frames %llu bytes, tx %llu frames %llu bytes, dropped %llu, errors %llu\n",
+                static_cast<unsigned long long>(p.stats->rx_packets), static_cast<unsigned long long>(p.stats->rx_bytes),
+                static_cast<unsigned long long>(p.stats->tx_packets), static_cast<unsigned long long>(p.stats->tx_bytes),
+                static_cast<unsigned long long>(p.stats->rx_dropped),
+                static_cast<unsigned long long>(p.stats->rx_errors + p.stats->tx_errors));
+  }
 }
 
 void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& details,
@@ -149,8 +205,36 @@ void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
   }
 }
 
+void write_plugin_json(JsonWriter& w, const std::optional<Result<PluginView>>& plugin) {
+  w.key("plugin");
+  if (!plugin) {
+    w.null();
+    return;
+  }
+  if (!*plugin) {
+    w.begin_object().field("error", plugin->error().message()).end_object();
+    return;
+  }
+  const PluginView& p = **plugin;
+  w.begin_object().field("name", p.plugin).field("origin", p.origin).field("model", std::string(p.info.model));
+  w.field("mac", mac_text(p.info.mac)).field("max_rx_queues", p.info.max_rx_queues);
+  w.field("max_tx_queues", p.info.max_tx_queues).field("min_ring_size", p.info.min_ring_size);
+  w.field("max_ring_size", p.info.max_ring_size).field("mtu", p.info.mtu).field("max_mtu", p.info.max_mtu);
+  w.field("rx_irq", (p.info.caps & UFAB_DEV_CAP_RX_IRQ) != 0);
+  if (p.link) {
+    w.key("link").begin_object().field("up", p.link->up != 0).field("speed_mbps", p.link->speed_mbps).end_object();
+  }
+  if (p.stats) {
+    w.key("stats").begin_object().field("rx_packets", p.stats->rx_packets).field("rx_bytes", p.stats->rx_bytes);
+    w.field("tx_packets", p.stats->tx_packets).field("tx_bytes", p.stats->tx_bytes);
+    w.field("rx_dropped", p.stats->rx_dropped).field("rx_errors", p.stats->rx_errors);
+    w.field("tx_errors", p.stats->tx_errors).end_object();
+  }
+  w.end_object();
+}
+
 void write_json(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& details,
-                const std::optional<Result<VfioView>>& vfio) {
+                const std::optional<Result<VfioView>>& vfio, const std::optional<Result<PluginView>>& plugin) {
   JsonWriter w;
   w.begin_object().field("ok", true);
   write_device_fields(w, d);
@@ -209,6 +293,7 @@ void write_json(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
     }
     w.end_object();
   }
+  write_plugin_json(w, plugin);
   w.end_object();
   std::printf("%s\n", w.str().c_str());
 }
@@ -220,11 +305,16 @@ int cmd_info(const Options& opts) {
   if (!d) return report_error(opts, "info", d.error());
   auto details = pci::read_details(opts.host, d->address);
   std::optional<Result<VfioView>> vfio;
-  if (d->driver == "vfio-pci") vfio = inspect_through_vfio(opts, *d);
+  std::optional<Result<PluginView>> plugin;
+  if (d->driver == "vfio-pci") {
+    vfio = inspect_through_vfio(opts, *d);  // closes the device again before the plugin opens it
+    plugin = inspect_through_plugin(opts, *d);
+  }
   if (opts.json) {
-    write_json(*d, details, vfio);
+    write_json(*d, details, vfio, plugin);
   } else {
     print_text(*d, details, vfio);
+    print_plugin(plugin);
   }
   return kExitOk;
 }

@@ -23,17 +23,33 @@ commands:
   unbind BDF           give a NIC back to the driver it had before bind
   doctor [BDF]         check IOMMU, vfio modules, /dev/vfio, group viability,
                        memlock and hugepages; prints the fix for each failure
+  plugins              driver plugins: ABI version, origin, devices they match
+  pktgen FROM TO       send test frames from port FROM to port TO and count
+                       them at TO: frames/s, bits/s, loss, order, integrity
+      --count N        frames to send (default 100000)
+      --duration S     send for S seconds instead of --count
+      --size N|MIN-MAX frame bytes without FCS, 60..1514 (default 60-1514)
+      --burst N        frames per doorbell (default 32)
+      --timeout S      bound on the whole run (default 120)
+      --param K=V      driver parameter for both ports (repeatable)
 
 options:
   --json               machine-readable output on stdout
   --force              (bind) bind even a NIC that is up with an address
   -h, --help           this text
 
-BDF is a PCI address such as 0000:01:00.0 or 01:00.0.
+BDF is a PCI address such as 0000:01:00.0 or 01:00.0. A port is a BDF
+bound to vfio-pci or a software device such as swnic:lab:0.
 environment: UFAB_SYSFS_ROOT, UFAB_PROC_ROOT, UFAB_DEV_ROOT, UFAB_STATE_DIR
 override /sys, /proc, /dev and /run/ufab (for tests and containers).
 exit status: 0 success, 1 failed or refused, 2 usage error.
 )";
+
+// Options that take a value, and the one command each belongs to.
+const std::map<std::string, std::string> kValueOptions = {
+    {"count", "pktgen"}, {"duration", "pktgen"}, {"size", "pktgen"},
+    {"burst", "pktgen"}, {"timeout", "pktgen"},  {"param", "pktgen"},
+};
 
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "ufab: %s\n(run `ufab --help` for usage)\n", msg.c_str());
@@ -61,6 +77,18 @@ int report_error(const Options& opts, const std::string& command, const Error& e
   return kExitFailed;
 }
 
+Result<double> number_option(const Options& opts, const std::string& name, double fallback, double min, double max) {
+  const std::string* v = opts.value(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  double d = std::strtod(v->c_str(), &end);
+  if (v->empty() || *end != '\0' || d < min || d > max) {
+    return fail(EINVAL, "--" + name + " " + *v + ": expected a number from " + std::to_string(static_cast<long long>(min)) +
+                            " to " + std::to_string(static_cast<long long>(max)));
+  }
+  return d;
+}
+
 int run(int argc, char** argv) {
   Options opts;
   apply_env(opts.host.paths);
@@ -74,6 +102,16 @@ int run(int argc, char** argv) {
     } else if (a == "-h" || a == "--help" || a == "help") {
       std::fputs(kUsage, stdout);
       return kExitOk;
+    } else if (a.size() > 2 && a.rfind("--", 0) == 0 && kValueOptions.count(a.substr(2, a.find('=') - 2))) {
+      auto eq = a.find('=');
+      std::string name = a.substr(2, eq - 2);
+      if (eq != std::string::npos) {
+        opts.values[name].push_back(a.substr(eq + 1));
+      } else if (i + 1 < argc) {
+        opts.values[name].push_back(argv[++i]);
+      } else {
+        return usage_error("option --" + name + " needs a value");
+      }
     } else if (a.size() > 1 && a[0] == '-') {
       return usage_error("unknown option '" + a + "'");
     } else if (command.empty()) {
@@ -95,6 +133,8 @@ int run(int argc, char** argv) {
       {"bind", {cmd_bind, 1, 1, "ufab bind BDF [--force]"}},
       {"unbind", {cmd_unbind, 1, 1, "ufab unbind BDF"}},
       {"doctor", {cmd_doctor, 0, 1, "ufab doctor [BDF]"}},
+      {"plugins", {cmd_plugins, 0, 0, "ufab plugins"}},
+      {"pktgen", {cmd_pktgen, 2, 2, "ufab pktgen FROM TO [--count N|--duration S] [--size N|MIN-MAX]"}},
   };
   auto it = commands.find(command);
   if (it == commands.end()) return usage_error("unknown command '" + command + "'");
@@ -103,6 +143,11 @@ int run(int argc, char** argv) {
     return usage_error(std::string("wrong number of arguments; usage: ") + spec.synopsis);
   }
   if (opts.force && command != "bind") return usage_error("--force applies only to `ufab bind`");
+  for (const auto& [name, values] : opts.values) {
+    if (kValueOptions.at(name) != command) {
+      return usage_error("--" + name + " applies only to `ufab " + kValueOptions.at(name) + "`");
+    }
+  }
   return spec.fn(opts);
 }
 

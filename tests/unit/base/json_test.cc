@@ -12,6 +12,12 @@ TEST(JsonWriter, NestsObjectsAndArraysWithCommas) {
   EXPECT_EQ(w.str(), R"({"a":1,"list":["x",true,null],"o":{"n":18446744073709551615}})");
 }
 
+TEST(JsonWriter, DoublesAreFiniteOrNull) {
+  JsonWriter w;
+  w.begin_array().value(1.5).value(123456789.0).value(0.0 / 0.0).end_array();
+  EXPECT_EQ(w.str(), "[1.5,1.23457e+08,null]");
+}
+
 TEST(JsonWriter, EscapesControlCharactersAndQuotes) {
   EXPECT_EQ(json_escape("a\"b\\c\n\x01"), R"("a\"b\\c\n\u0001")");
 }

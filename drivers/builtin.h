@@ -1,0 +1,20 @@
+/* The driver plugins linked into the binary (the explicit built-in list).
+ * Plugins found on disk are loaded beside these by the registry. */
+#ifndef UFAB_DRIVERS_BUILTIN_H
+#define UFAB_DRIVERS_BUILTIN_H
+
+#include <stddef.h>
+
+#include "drivers/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const struct ufab_driver* const* ufab_builtin_drivers(size_t* count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

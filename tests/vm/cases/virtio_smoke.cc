@@ -1,0 +1,339 @@
+// Smoke test of the virtio-net plugin inside the VM test bed: two QEMU
+// virtio-net-pci NICs (disable-legacy=on, iommu_platform=on) on one hub,
+// both bound to vfio-pci, driven from user space. Run:
+//
+//   tests/vm/run-vm --nic virtio --nic virtio --timeout 300 -- sh -c \
+//     'modprobe vfio-pci && bazel-bin/tools/ufab/ufab bind 0000:00:02.0 &&
+//      bazel-bin/tools/ufab/ufab bind 0000:00:03.0 &&
+//      bazel-bin/tests/vm/cases/virtio_smoke'
+//
+// Environment: UFAB_VIRTIO "BDF,BDF" (default 0000:00:02.0,0000:00:03.0),
+// UFAB_VIRTIO_FRAMES (default 10000), UFAB_VIRTIO_PLUGIN (path of
+// libufab_virtio_net.so; default bazel-bin/drivers/virtio_net/...).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/pci_address.h"
+#include "core/nic.h"
+#include "core/traffic.h"
+#include "drivers/virtio_net/virtio_net.h"
+
+namespace ufab {
+namespace {
+
+std::vector<std::string> nic_addresses() {
+  const char* v = std::getenv("UFAB_VIRTIO");
+  std::string s = v ? v : "0000:00:02.0,0000:00:03.0";
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+uint64_t frames_wanted() {
+  const char* v = std::getenv("UFAB_VIRTIO_FRAMES");
+  return v ? std::strtoull(v, nullptr, 10) : 10000;
+}
+
+std::string mac_text(const uint8_t* m) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+  return b;
+}
+
+struct Port {
+  std::unique_ptr<core::Nic> nic;
+  std::unique_ptr<dma::BufferPool> pool;
+  // The NIC goes first: closing it resets the device (no more DMA) and gives
+  // its posted buffers back to the pool, which must still exist.
+  ~Port() {
+    nic.reset();
+    pool.reset();
+  }
+};
+
+Port open_port(const ufab_driver& driver, const std::string& bdf, uint32_t ring = 256) {
+  Port p;
+  auto addr = PciAddress::parse(bdf);
+  EXPECT_TRUE(addr) << bdf;
+  if (!addr) return p;
+  auto nic = core::Nic::open_pci(driver, *addr);
+  EXPECT_TRUE(nic) << (nic ? "" : nic.error().message());
+  if (!nic) return p;
+  p.nic = std::move(*nic);
+  auto pool = p.nic->create_pool(2048);
+  EXPECT_TRUE(pool) << (pool ? "" : pool.error().message());
+  if (!pool) return Port{};
+  p.pool = std::move(*pool);
+  auto ok = p.nic->setup_rx_queue(0, ring, *p.pool);
+  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
+  ok = p.nic->setup_tx_queue(0, ring);
+  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
+  ok = p.nic->start();
+  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
+  if (!ok) return Port{};
+  return p;
+}
+
+class VirtioSmoke : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    nics_ = nic_addresses();
+    ASSERT_EQ(nics_.size(), 2u) << "UFAB_VIRTIO must name two virtio-net functions bound to vfio-pci";
+  }
+  const ufab_driver& driver() { return *ufab_virtio_net_driver(); }
+  std::vector<std::string> nics_;
+};
+
+core::TransferReport transfer(Port& a, Port& b, uint64_t frames, const char* label) {
+  core::TransferSpec spec;
+  spec.frames = frames;
+  spec.timeout_s = 240;
+  auto rep = core::run_transfer(*a.nic, *a.pool, *b.nic, *b.pool, spec);
+  EXPECT_TRUE(rep) << (rep ? "" : rep.error().message());
+  if (!rep) return {};
+  std::printf("  %s: %llu/%llu frames of 60..1514 B in %.2f s: %.0f frames/s, %.1f Mbit/s\n", label,
+              static_cast<unsigned long long>(rep->received), static_cast<unsigned long long>(rep->sent),
+              rep->seconds, rep->frames_per_second(), rep->bits_per_second() / 1e6);
+  EXPECT_EQ(rep->sent, frames);
+  EXPECT_EQ(rep->received, frames) << "lost " << rep->sent - rep->received;
+  EXPECT_EQ(rep->out_of_order, 0u);
+  EXPECT_EQ(rep->corrupt, 0u);
+  EXPECT_FALSE(rep->timed_out);
+  return *rep;
+}
+
+TEST_F(VirtioSmoke, OpensBothAndReportsIdentityAndLink) {
+  for (const auto& bdf : nics_) {
+    Port p = open_port(driver(), bdf);
+    ASSERT_TRUE(p.nic);
+    const ufab_dev_info& info = p.nic->info();
+    std::printf("  %s: %s, MAC %s, rings up to %u, caps %#x\n", bdf.c_str(), info.model, mac_text(info.mac).c_str(),
+                info.max_ring_size, info.caps);
+    EXPECT_EQ(info.mac[0], 0x52);  // run-vm gives 52:54:00:00:00:0N
+    EXPECT_EQ(info.mac[1], 0x54);
+    EXPECT_TRUE(info.caps & UFAB_DEV_CAP_RX_IRQ);
+    EXPECT_GE(info.max_ring_size, 256);
+    auto link = p.nic->link();
+    ASSERT_TRUE(link) << link.error().message();
+    EXPECT_EQ(link->up, 1u);
+  }
+}
+
+TEST_F(VirtioSmoke, FramesArriveIntactAndInOrder) {
+  const uint64_t frames = frames_wanted();
+  std::shared_ptr<vfio::IommuBackend> iommu;
+  {
+    Port a = open_port(driver(), nics_[0]);
+    Port b = open_port(driver(), nics_[1]);
+    ASSERT_TRUE(a.nic && b.nic);
+    iommu = a.nic->iommu();
+    transfer(a, b, frames, "A -> B");
+    transfer(b, a, frames / 10, "B -> A");
+    auto sa = a.nic->stats();
+    auto sb = b.nic->stats();
+    ASSERT_TRUE(sa && sb);
+    EXPECT_EQ(sa->tx_packets, frames);
+    EXPECT_EQ(sb->rx_packets, frames);
+    EXPECT_EQ(sb->tx_packets, frames / 10);
+    EXPECT_EQ(sa->rx_packets, frames / 10);
+    EXPECT_EQ(sa->rx_errors + sb->rx_errors + sa->tx_errors + sb->tx_errors, 0u);
+    EXPECT_GT(sb->rx_bytes, frames * 60);
+  }
+  // Closing gave back every mapping: rings, buffers, nothing pinned.
+  EXPECT_EQ(iommu->usage().mappings, 0u);
+  EXPECT_EQ(iommu->usage().pinned_bytes, 0u);
+}
+
+TEST_F(VirtioSmoke, SmallRingsWrapManyTimes) {
+  // 16-entry rings: the 16-bit ring indices wrap within 65,536 frames and
+  // the TX ring is full most of the time.
+  Port a = open_port(driver(), nics_[0], 16);
+  Port b = open_port(driver(), nics_[1], 16);
+  ASSERT_TRUE(a.nic && b.nic);
+  transfer(a, b, 70000, "A -> B, 16-entry rings");
+}
+
+TEST_F(VirtioSmoke, StopAndStartAgain) {
+  Port a = open_port(driver(), nics_[0]);
+  Port b = open_port(driver(), nics_[1]);
+  ASSERT_TRUE(a.nic && b.nic);
+  transfer(a, b, 500, "before stop");
+  ASSERT_TRUE(b.nic->stop());
+  ASSERT_TRUE(a.nic->stop());
+  // Every buffer the rings held is back in the pools.
+  EXPECT_EQ(a.pool->available(), a.pool->capacity());
+  EXPECT_EQ(b.pool->available(), b.pool->capacity());
+  ufab_buf* bufs[4];
+  EXPECT_LT(b.nic->rx_burst(0, bufs, 4), 0);  // not started: an error, not a hang
+  auto s = a.nic->start();
+  ASSERT_TRUE(s) << s.error().message();
+  s = b.nic->start();
+  ASSERT_TRUE(s) << s.error().message();
+  transfer(a, b, 500, "after restart");
+}
+
+TEST_F(VirtioSmoke, BadRequestsFailWithAReason) {
+  Port a = open_port(driver(), nics_[0]);
+  ASSERT_TRUE(a.nic);
+  ufab_buf* b = nullptr;
+  ASSERT_EQ(a.pool->alloc(&b, 1), 1u);
+  b->offset = 4;  // no room for the 12-byte virtio-net header
+  b->len = 60;
+  EXPECT_EQ(a.nic->tx_burst(0, &b, 1), -EINVAL);
+  EXPECT_NE(a.nic->last_error().find("headroom"), std::string::npos) << a.nic->last_error();
+  b->offset = a.pool->headroom();
+  b->len = 4000;  // larger than any buffer
+  EXPECT_EQ(a.nic->tx_burst(0, &b, 1), -EINVAL);
+  a.pool->free(&b, 1);
+  ufab_buf* in[1];
+  EXPECT_LT(a.nic->rx_burst(3, in, 1), 0);
+  EXPECT_FALSE(a.nic->setup_tx_queue(0, 100));  // cannot reconfigure while started
+  auto st = a.nic->stop();
+  ASSERT_TRUE(st);
+  auto bad = a.nic->setup_tx_queue(0, 100);  // not a power of two
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("power of two"), std::string::npos) << bad.error().message();
+}
+
+TEST_F(VirtioSmoke, InterruptModeWakesTheReceiverPerBurst) {
+  Port tx = open_port(driver(), nics_[0]);
+  Port rx = open_port(driver(), nics_[1]);
+  ASSERT_TRUE(tx.nic && rx.nic);
+  core::Mac dst, src;
+  std::memcpy(dst.data(), rx.nic->info().mac, 6);
+  std::memcpy(src.data(), tx.nic->info().mac, 6);
+  uint64_t seq = 0, received = 0;
+
+  auto send_burst = [&](int count) {
+    std::vector<ufab_buf*> bufs(count);
+    ASSERT_EQ(tx.pool->alloc(bufs.data(), count), static_cast<uint32_t>(count));
+    for (auto* b : bufs) {
+      uint32_t len = 60 + static_cast<uint32_t>((seq * 97) % 1455);
+      core::build_test_frame(b->base + b->offset, len, dst, src, 7, seq++);
+      b->len = len;
+    }
+    int sent = 0;
+    for (int tries = 0; sent < count && tries < 100000; ++tries) {
+      int n = tx.nic->tx_burst(0, bufs.data() + sent, static_cast<uint16_t>(count - sent));
+      ASSERT_GE(n, 0) << tx.nic->last_error();
+      sent += n;
+    }
+    ASSERT_EQ(sent, count);
+  };
+  auto drain = [&]() {
+    int total = 0;
+    for (;;) {
+      ufab_buf* in[32];
+      int got = rx.nic->rx_burst(0, in, 32);
+      EXPECT_GE(got, 0) << rx.nic->last_error();
+      if (got <= 0) break;
+      for (int i = 0; i < got; ++i) {
+        uint64_t s;
+        if (core::check_test_frame(in[i]->base + in[i]->offset, in[i]->len, src, 7, &s) == core::FrameCheck::kOk) {
+          EXPECT_EQ(s, received);
+          ++received;
+        }
+      }
+      rx.pool->free(in, static_cast<uint32_t>(got));
+      total += got;
+    }
+    return total;
+  };
+
+  auto fd = rx.nic->enable_rx_irq(0);
+  ASSERT_TRUE(fd) << fd.error().message();
+  // Nothing sent yet: the receiver sleeps through the timeout.
+  pollfd idle{*fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&idle, 1, 200), 0) << "eventfd readable with no traffic";
+
+  constexpr int kBursts = 20, kPerBurst = 16;
+  int wakeups = 0;
+  double slept_ms = 0;
+  for (int burst = 0; burst < kBursts; ++burst) {
+    send_burst(kPerBurst);
+    uint64_t want = received + kPerBurst;
+    for (int waits = 0; received < want && waits < 5; ++waits) {
+      pollfd p{*fd, POLLIN, 0};
+      auto t0 = std::chrono::steady_clock::now();
+      int r = ::poll(&p, 1, 2000);
+      slept_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ASSERT_GE(r, 0);
+      if (r == 0) continue;
+      uint64_t count;
+      ASSERT_EQ(::read(*fd, &count, sizeof count), 8);
+      ++wakeups;
+      drain();
+      auto again = rx.nic->enable_rx_irq(0);  // re-arm: wakes at once if frames slipped in
+      ASSERT_TRUE(again) << again.error().message();
+    }
+    ASSERT_EQ(received, want) << "burst " << burst << " did not wake the receiver";
+  }
+  EXPECT_GE(wakeups, kBursts);
+
+  // Frames that arrive while interrupts are off must not be lost when
+  // re-arming: back to polling, send, then arm: the eventfd is readable at once.
+  ASSERT_TRUE(rx.nic->disable_rx_irq(0));
+  for (;;) {  // forget wake-ups counted so far
+    pollfd q{*fd, POLLIN, 0};
+    uint64_t c;
+    if (::poll(&q, 1, 0) <= 0 || ::read(*fd, &c, 8) != 8) break;
+  }
+  send_burst(kPerBurst);
+  ::usleep(200 * 1000);  // let the device deliver them with interrupts off
+  auto armed = rx.nic->enable_rx_irq(0);
+  ASSERT_TRUE(armed);
+  pollfd p{*armed, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 1000), 1) << "frames that arrived while polling did not wake the re-armed receiver";
+  uint64_t count;
+  if (p.revents & POLLIN) ASSERT_EQ(::read(*armed, &count, 8), 8);
+  drain();
+  EXPECT_EQ(received, static_cast<uint64_t>(kBursts + 1) * kPerBurst);
+  ASSERT_TRUE(rx.nic->disable_rx_irq(0));
+  auto st = rx.nic->stats();
+  ASSERT_TRUE(st);
+  std::printf("  interrupt mode: %d bursts of %d, %d wake-ups, %.0f ms asleep in poll(), irqs counted %llu\n", kBursts,
+              kPerBurst, wakeups, slept_ms, static_cast<unsigned long long>(st->irqs));
+}
+
+TEST_F(VirtioSmoke, SharedLibraryPluginCarriesTraffic) {
+  const char* env = std::getenv("UFAB_VIRTIO_PLUGIN");
+  std::string path = env ? env : "bazel-bin/drivers/virtio_net/libufab_virtio_net.so";
+  if (::access(path.c_str(), R_OK) != 0) GTEST_SKIP() << path << " not found (set UFAB_VIRTIO_PLUGIN)";
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << ::dlerror();
+  auto entry = reinterpret_cast<ufab_driver_entry_fn>(::dlsym(lib, UFAB_DRIVER_ENTRY_SYMBOL));
+  ASSERT_NE(entry, nullptr) << ::dlerror();
+  EXPECT_EQ(::dlsym(lib, "_Z22ufab_virtio_net_driverv"), nullptr) << "the plugin exports more than its entry";
+  const ufab_driver* d = entry();
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->abi_major, UFAB_ABI_MAJOR);
+  EXPECT_STREQ(d->name, "virtio_net");
+  EXPECT_EQ(d->pci_match[0].vendor_id, 0x1af4);
+  EXPECT_EQ(d->pci_match[0].device_id, 0x1041);
+  {
+    Port a = open_port(*d, nics_[0]);
+    Port b = open_port(driver(), nics_[1]);  // the built-in one on the other side
+    ASSERT_TRUE(a.nic && b.nic);
+    transfer(a, b, 2000, "A (dlopen'ed plugin) -> B (built-in)");
+  }
+  ::dlclose(lib);
+}
+
+}  // namespace
+}  // namespace ufab
