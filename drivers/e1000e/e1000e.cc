@@ -1,0 +1,786 @@
+// ufab driver plugin for the Intel 82574L (PCI 8086:10D3), written against
+// QEMU's e1000e model. One RX and one TX queue with legacy descriptors,
+// polling or MSI-X interrupt mode. docs/drivers/e1000e.md explains the
+// choices; drivers/e1000e/regs.h has the register map.
+#include "drivers/e1000e/e1000e.h"
+
+#include <time.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "drivers/e1000e/regs.h"
+#include "drivers/e1000e/ring.h"
+#include "drivers/plugin.h"
+#include "drivers/sdk/adapter.h"
+#include "vfio/mmio.h"
+
+namespace ufab::e1000e {
+namespace {
+
+using vfio::Mmio;
+using vfio::Reg32;
+namespace barrier = vfio::barrier;
+
+constexpr ufab_pci_match kMatch[] = {
+    {kVendorIntel, kDevice82574L, UFAB_PCI_ANY, UFAB_PCI_ANY, 0, 0, "82574L"},
+    {0, 0, 0, 0, 0, 0, nullptr},
+};
+
+void sleep_us(long us) {
+  timespec ts{us / 1000000, (us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+// One ring's DMA block: descriptors first, then one ufab_buf* per slot (and
+// for RX a second such array, the refill scratch).
+struct QueueMemory {
+  ufab_dma_mem mem{};
+  bool allocated = false;
+};
+
+struct RxQueue {
+  bool configured = false;
+  Ring ring;
+  QueueMemory block;
+  volatile RxDesc* desc = nullptr;
+  ufab_buf** slots = nullptr;
+  ufab_buf** scratch = nullptr;  // refill allocates here in one call
+  ufab_pool* pool = nullptr;
+  uint32_t next = 0;      // next slot to look at for DD (software's RDH)
+  uint32_t tail = 0;      // first slot not handed to the device (RDT)
+  uint32_t unfilled = 0;  // empty slots after the last refill
+  bool discarding = false;  // inside a multi-descriptor frame being dropped
+};
+
+struct TxQueue {
+  bool configured = false;
+  Ring ring;
+  QueueMemory block;
+  volatile TxDesc* desc = nullptr;
+  ufab_buf** slots = nullptr;
+  uint32_t clean = 0;  // oldest slot not yet reclaimed
+  uint32_t tail = 0;   // next slot to fill (TDT)
+};
+
+class E1000e {
+ public:
+  static int open(const ufab_host_ops* ops, ufab_host* host, E1000e** out);
+  ~E1000e();
+
+  int info(ufab_dev_info* out);
+  int link(ufab_link* out);
+  int rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf);
+  int tx_queue_setup(uint16_t queue, const ufab_queue_conf* conf);
+  int start();
+  int stop();
+  int rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
+  int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
+  int stats(ufab_stats* out);
+  int rx_irq(uint16_t queue, int enable, int* eventfd);
+  int set_promiscuous(int enable);
+
+ private:
+  E1000e(const ufab_host_ops* ops, ufab_host* host) : ops_(ops), host_(host) {}
+
+  // Errors: explain (what failed, why, what to do), then -errno.
+  int fail(int err, const std::string& message) {
+    std::string m = "e1000e: " + message;
+    ops_->set_error(host_, m.c_str());
+    return -err;
+  }
+  // A host service failed: it already explained why through set_error;
+  // keep that and log the driver's context beside it.
+  int host_failed(int rc, const std::string& context) {
+    log(UFAB_LOG_ERROR, context + " failed: " + std::strerror(rc < 0 ? -rc : rc));
+    return rc < 0 ? rc : -EIO;
+  }
+  void log(int level, const std::string& message) {
+    std::string m = "e1000e: " + message;
+    ops_->log(host_, level, m.c_str());
+  }
+
+  // Init-path register access. open() checked that BAR0 covers every
+  // offset in regs.h, so reg() cannot fail; value() would throw (and the
+  // SDK turn it into -EIO) if it ever did.
+  Reg32 reg(uint32_t offset) const { return bar_.reg32(offset).value(); }
+  uint32_t rd(uint32_t offset) const { return reg(offset).read(); }
+  void wr(uint32_t offset, uint32_t value) const { reg(offset).write(value); }
+
+  int bring_up();
+  void zero_registers();
+  int read_mac();
+  bool eeprom_word(uint32_t word, uint16_t* value);
+  CounterSnapshot read_counters() const;
+
+  uint32_t rctl_value() const {
+    uint32_t v = kRctlEn | kRctlBam | kRctlSecrc;
+    if (promiscuous_) v |= kRctlUpe | kRctlMpe;
+    return v;
+  }
+  void program_rx();
+  void program_tx();
+  void arm_rx_irq_registers();
+  int alloc_queue_memory(QueueMemory& block, uint32_t size, const char* what);
+  void free_queue_memory(QueueMemory& block);
+  void release_rx();
+  void release_tx();
+  void free_slots(ufab_buf** slots, const Ring& ring, uint32_t from, uint32_t count);
+  uint32_t harvest(ufab_buf** bufs, uint32_t n);
+  void refill();
+  void reclaim_tx();
+  bool rx_pending() const {
+    return rx_.next != rx_.tail && (rx_status(&rx_.desc[rx_.next]) & kRxStaDd);
+  }
+
+  const ufab_host_ops* ops_;
+  ufab_host* host_;
+  Mmio bar_;
+  // Hot-path registers, validated once in open().
+  Reg32 rdt_, tdt_, ims_, imc_, icr_, ics_;
+
+  uint8_t mac_[6] = {};
+  std::string mac_source_;
+  bool started_ = false;
+  bool promiscuous_ = false;
+  bool irq_vectors_ = false;  // MSI-X enabled through the host
+  bool irq_mode_ = false;     // rx_irq(enable=1) in effect
+  int irq_fd_ = -1;
+
+  RxQueue rx_;
+  TxQueue tx_;
+  StatsTotals totals_;
+};
+
+// ------------------------------------------------------------------ open
+
+int E1000e::open(const ufab_host_ops* ops, ufab_host* host, E1000e** out) {
+  if (!ops || !out) return -EINVAL;
+  if (ops->size < offsetof(ufab_host_ops, buf_free) + sizeof(ops->buf_free)) {
+    if (ops->size >= offsetof(ufab_host_ops, set_error) + sizeof(ops->set_error) && ops->set_error) {
+      ops->set_error(host,
+                     "e1000e: the host's service table is older than this plugin (no buffer services); "
+                     "use a ufab build at least as new as the plugin");
+    }
+    return -ENOTSUP;
+  }
+  std::unique_ptr<E1000e> dev(new E1000e(ops, host));
+
+  volatile void* base = nullptr;
+  uint64_t size = 0;
+  if (int rc = ops->map_bar(host, 0, &base, &size); rc < 0) return dev->host_failed(rc, "mapping BAR0");
+  if (!base || size < kBar0MinSize) {
+    return dev->fail(ENODEV, "BAR0 is " + std::to_string(size) + " bytes; an 82574L has a 128 KiB register BAR0. "
+                             "Check that the device at this address really is an 82574L (8086:10d3)");
+  }
+  dev->bar_ = Mmio(const_cast<void*>(base), size);
+  // Every register in regs.h lies below 128 KiB: checking the last dword
+  // checks them all (bounds and 4-byte alignment of the mapping).
+  if (auto ok = dev->bar_.check(kBar0MinSize - 4, 4); !ok) return dev->fail(ok.error().code(), ok.error().message());
+  dev->rdt_ = dev->reg(kRdt0);
+  dev->tdt_ = dev->reg(kTdt);
+  dev->ims_ = dev->reg(kIms);
+  dev->imc_ = dev->reg(kImc);
+  dev->icr_ = dev->reg(kIcr);
+  dev->ics_ = dev->reg(kIcs);
+
+  if (int rc = ops->enable_bus_master(host); rc < 0) return dev->host_failed(rc, "enabling bus mastering");
+  if (int rc = dev->bring_up(); rc < 0) return rc;
+  *out = dev.release();
+  return 0;
+}
+
+// Reset and initialise (datasheet 4.6 "Software Initialization Sequence";
+// DPDK's and Linux's 82571-family code do the same).
+int E1000e::bring_up() {
+  // Quiesce: no interrupts, no receive, no transmit, causes cleared.
+  wr(kImc, ~0u);
+  wr(kRctl, 0);
+  wr(kTctl, rd(kTctl) & ~kTctlEn);
+  (void)rd(kIcr);
+
+  // Software reset. Hardware reloads from the NVM and sets EECD.AUTO_RD
+  // when done; QEMU resets at once (10.x: every register; 7.2: only
+  // RAL0/RAH0, which is why zero_registers() below exists).
+  wr(kCtrl, rd(kCtrl) | kCtrlRst);
+  sleep_us(1000);
+  bool auto_read_done = false;
+  for (int i = 0; i < 200 && !auto_read_done; ++i) {
+    auto_read_done = rd(kEecd) & kEecdAutoRd;
+    if (!auto_read_done) sleep_us(100);
+  }
+  if (!auto_read_done) log(UFAB_LOG_WARN, "EECD.AUTO_RD did not set within 20 ms of the reset; continuing");
+  // The reset may have re-enabled causes: mask and clear again.
+  wr(kImc, ~0u);
+  (void)rd(kIcr);
+
+  // Link: force it up with auto speed detection (copper PHY, no MDIO
+  // needed); make sure no reset or master-disable bit is left set.
+  uint32_t ctrl = rd(kCtrl);
+  ctrl = (ctrl | kCtrlSlu | kCtrlAsde) & ~(kCtrlRst | kCtrlPhyRst | kCtrlGioMasterDisable);
+  wr(kCtrl, ctrl);
+
+  zero_registers();
+  if (int rc = read_mac(); rc < 0) return rc;
+  (void)read_counters();  // clear-on-read: start the counts at open
+
+  LinkState l = decode_status(rd(kStatus));
+  char m[96];
+  std::snprintf(m, sizeof m, "up: MAC %02x:%02x:%02x:%02x:%02x:%02x (%s), link %s %u Mb/s", mac_[0], mac_[1],
+                mac_[2], mac_[3], mac_[4], mac_[5], mac_source_.c_str(), l.up ? "up" : "down", l.speed_mbps);
+  log(UFAB_LOG_INFO, m);
+  return 0;
+}
+
+// Everything this driver relies on, set to a known value: QEMU 7.2's
+// CTRL.RST keeps rings, RCTL, TCTL, IMS and the filters of the previous user.
+void E1000e::zero_registers() {
+  for (uint32_t r : {kRdbal0, kRdbah0, kRdlen0, kRdh0, kRdt0, kTdbal, kTdbah, kTdlen, kTdh, kTdt}) wr(r, 0);
+  // No receive/transmit interrupt delays (legacy/MSI modes; MSI-X ignores them).
+  for (uint32_t r : {kRdtr, kRadv, kTidv, kTadv}) wr(r, 0);
+  wr(kRfctl, 0);   // EXTEN clear: legacy receive descriptors
+  wr(kRxcsum, 0);  // no checksum offload: errors carry frame errors only
+  // Interrupt routing and auto-clear/auto-mask: off until rx_irq().
+  wr(kIvar, 0);
+  wr(kEiac, 0);
+  wr(kIam, 0);
+  wr(kCtrlExt, rd(kCtrlExt) & ~(kCtrlExtIame | kCtrlExtEiame | kCtrlExtPbaSupport));
+  wr(kTipg, kTipgDefault);
+  for (uint32_t i = 0; i < kMtaCount; ++i) wr(kMta + 4 * i, 0);
+  // Receive addresses 1..15 (unicast filters a previous user may have left).
+  for (uint32_t i = 1; i < kRaCount; ++i) {
+    wr(kRah0 + 8 * i, 0);
+    wr(kRal0 + 8 * i, 0);
+  }
+  wr(kIcr, ~0u);
+}
+
+bool E1000e::eeprom_word(uint32_t word, uint16_t* value) {
+  wr(kEerd, (word << kEerdAddrShift) | kEerdStart);
+  for (int i = 0; i < 100; ++i) {
+    uint32_t v = rd(kEerd);
+    if (v & kEerdDone) {
+      *value = static_cast<uint16_t>(v >> kEerdDataShift);
+      return true;
+    }
+    sleep_us(100);
+  }
+  return false;
+}
+
+// The station address: RAL0/RAH0 as loaded from the NVM at reset; if those
+// hold nothing valid, NVM words 0-2 through EERD, written back to RA0.
+int E1000e::read_mac() {
+  if (mac_from_ra(rd(kRal0), rd(kRah0), mac_) && mac_usable(mac_)) {
+    mac_source_ = "RAL0/RAH0";
+    return 0;
+  }
+  uint16_t w[3];
+  for (uint32_t i = 0; i < 3; ++i) {
+    if (!eeprom_word(i, &w[i])) {
+      return fail(EIO, "no valid MAC address: RAH0 has Address Valid clear and the NVM read (EERD word " +
+                           std::to_string(i) + ") did not complete within 10 ms; the NIC looks unprogrammed "
+                                               "or hung, reset it (unbind/bind) and retry");
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    mac_[2 * i] = static_cast<uint8_t>(w[i]);
+    mac_[2 * i + 1] = static_cast<uint8_t>(w[i] >> 8);
+  }
+  if (!mac_usable(mac_)) {
+    return fail(EADDRNOTAVAIL, "neither RAL0/RAH0 nor the NVM hold a usable unicast MAC address; the NIC's NVM "
+                               "is not programmed");
+  }
+  uint32_t ral, rah;
+  mac_to_ra(mac_, &ral, &rah);
+  wr(kRal0, ral);
+  wr(kRah0, rah);
+  mac_source_ = "NVM via EERD";
+  return 0;
+}
+
+// Clear-on-read counters; each 64-bit octet counter low dword first.
+CounterSnapshot E1000e::read_counters() const {
+  CounterSnapshot s;
+  s.gprc = rd(kGprc);
+  s.gptc = rd(kGptc);
+  s.tpr = rd(kTpr);
+  s.tpt = rd(kTpt);
+  uint32_t lo = rd(kGorcl);
+  s.gorc = join64(lo, rd(kGorch));
+  lo = rd(kGotcl);
+  s.gotc = join64(lo, rd(kGotch));
+  lo = rd(kTorl);
+  s.tor = join64(lo, rd(kTorh));
+  lo = rd(kTotl);
+  s.tot = join64(lo, rd(kToth));
+  s.mpc = rd(kMpc);
+  s.rnbc = rd(kRnbc);
+  s.crcerrs = rd(kCrcerrs);
+  s.rxerrc = rd(kRxerrc);
+  s.ecol = rd(kEcol);
+  s.latecol = rd(kLatecol);
+  return s;
+}
+
+// ----------------------------------------------------------------- close
+
+E1000e::~E1000e() {
+  if (bar_.origin()) {
+    wr(kImc, ~0u);
+    wr(kRctl, 0);
+    wr(kTctl, rd(kTctl) & ~kTctlEn);
+    // Stop all DMA before the memory goes (datasheet 5.2.3.3 "Master
+    // Disable"): set GIO_MASTER_DISABLE and wait for STATUS bit 19 to clear.
+    wr(kCtrl, rd(kCtrl) | kCtrlGioMasterDisable);
+    for (int i = 0; i < 100 && (rd(kStatus) & (1u << 19)); ++i) sleep_us(100);
+  }
+  reclaim_tx();
+  release_rx();
+  release_tx();
+  if (irq_vectors_) ops_->irq_disable(host_);
+  if (totals_.sw_tx_packets || totals_.sw_rx_packets) {
+    char m[200];
+    std::snprintf(m, sizeof m,
+                  "closed: sent %llu frames, received %llu, rx no-buffer %llu, rx errors %llu, irqs %llu",
+                  static_cast<unsigned long long>(totals_.sw_tx_packets),
+                  static_cast<unsigned long long>(totals_.sw_rx_packets),
+                  static_cast<unsigned long long>(totals_.sw_rx_no_buffer),
+                  static_cast<unsigned long long>(totals_.sw_rx_errors),
+                  static_cast<unsigned long long>(totals_.irqs));
+    log(UFAB_LOG_DEBUG, m);
+  }
+}
+
+// ------------------------------------------------------------- info, link
+
+int E1000e::info(ufab_dev_info* out) {
+  *out = ufab_dev_info{};
+  std::memcpy(out->mac, mac_, 6);
+  out->max_rx_queues = 1;
+  out->max_tx_queues = 1;
+  out->min_ring_size = kMinRing;
+  out->max_ring_size = kMaxRing;
+  out->mtu = 1500;
+  out->max_mtu = 1500;
+  out->caps = UFAB_DEV_CAP_RX_IRQ;
+  std::snprintf(out->model, sizeof out->model, "82574L (e1000e)");
+  return 0;
+}
+
+int E1000e::link(ufab_link* out) {
+  LinkState l = decode_status(rd(kStatus));
+  out->up = l.up;
+  out->speed_mbps = l.speed_mbps;
+  out->full_duplex = l.full_duplex;
+  return 0;
+}
+
+// ----------------------------------------------------------- queue setup
+
+int E1000e::alloc_queue_memory(QueueMemory& block, uint32_t size, const char* what) {
+  size_t bytes = size_t{size} * kDescBytes + 2 * size_t{size} * sizeof(ufab_buf*);
+  if (int rc = ops_->dma_alloc(host_, bytes, 4096, &block.mem); rc < 0) {
+    return host_failed(rc, std::string("allocating DMA memory for the ") + what + " ring");
+  }
+  if (block.mem.iova & 0xF) {
+    ops_->dma_free(host_, &block.mem);
+    return fail(EINVAL, std::string("the host returned ") + what + " ring memory at IOVA " +
+                            std::to_string(block.mem.iova) + ", not 16-byte aligned as descriptor rings must be");
+  }
+  block.allocated = true;
+  return 0;
+}
+
+void E1000e::free_queue_memory(QueueMemory& block) {
+  if (block.allocated) ops_->dma_free(host_, &block.mem);
+  block = QueueMemory{};
+}
+
+// Returns `count` buffers held in slots [from, from + count) (wrapping).
+void E1000e::free_slots(ufab_buf** slots, const Ring& ring, uint32_t from, uint32_t count) {
+  uint32_t first = ring.contiguous(from, count);
+  if (first) ops_->buf_free(host_, slots + from, first);
+  if (count > first) ops_->buf_free(host_, slots, count - first);
+}
+
+void E1000e::release_rx() {
+  if (!rx_.configured) return;
+  // Slots in [next, tail) hold the posted buffers.
+  uint32_t posted = rx_.ring.distance(rx_.next, rx_.tail);
+  if (posted) free_slots(rx_.slots, rx_.ring, rx_.next, posted);
+  free_queue_memory(rx_.block);
+  rx_ = RxQueue{};
+}
+
+void E1000e::release_tx() {
+  if (!tx_.configured) return;
+  uint32_t in_flight = tx_.ring.distance(tx_.clean, tx_.tail);
+  if (in_flight) free_slots(tx_.slots, tx_.ring, tx_.clean, in_flight);
+  free_queue_memory(tx_.block);
+  tx_ = TxQueue{};
+}
+
+int E1000e::rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
+  if (queue != 0) return fail(EINVAL, "RX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one RX queue (0)");
+  if (started_) return fail(EBUSY, "RX queue setup while the device is started; call stop() first");
+  if (!conf || !conf->pool) return fail(EINVAL, "RX queue setup needs a buffer pool (ufab_queue_conf.pool)");
+  if (!valid_ring_size(conf->size)) {
+    return fail(EINVAL, "RX ring size " + std::to_string(conf->size) + " is not supported; use a power of two from " +
+                            std::to_string(kMinRing) + " to " + std::to_string(kMaxRing));
+  }
+  release_rx();
+  RxQueue q;
+  q.ring.size = conf->size;
+  if (int rc = alloc_queue_memory(q.block, conf->size, "RX"); rc < 0) return rc;
+  q.desc = static_cast<volatile RxDesc*>(q.block.mem.va);
+  q.slots = reinterpret_cast<ufab_buf**>(static_cast<uint8_t*>(q.block.mem.va) + size_t{conf->size} * kDescBytes);
+  q.scratch = q.slots + conf->size;
+  q.pool = conf->pool;
+
+  uint32_t want = q.ring.capacity();
+  int got = ops_->buf_alloc(host_, q.pool, q.slots, want);
+  if (got <= 0) {
+    free_queue_memory(q.block);
+    return fail(ENOBUFS, "the RX buffer pool has no free buffers to fill the ring; create it with at least " +
+                             std::to_string(want) + " buffers (ring size - 1) plus what the application holds");
+  }
+  for (int i = 0; i < got; ++i) {
+    ufab_buf* b = q.slots[i];
+    if (b->offset >= b->capacity || b->capacity - b->offset < kMaxRxFrame) {
+      std::string m = "RX buffers have " + std::to_string(b->capacity) + " bytes with " + std::to_string(b->offset) +
+                      " bytes of headroom, leaving less than the " + std::to_string(kMaxRxFrame) +
+                      " bytes the 82574L may write per frame; create the pool with buffer_size >= headroom + " +
+                      std::to_string(kMaxRxFrame);
+      ops_->buf_free(host_, q.slots, static_cast<uint32_t>(got));
+      free_queue_memory(q.block);
+      return fail(EINVAL, m);
+    }
+    rx_post(&q.desc[i], b->base_iova + b->offset);
+  }
+  q.next = 0;
+  q.tail = static_cast<uint32_t>(got);
+  q.unfilled = want - static_cast<uint32_t>(got);
+  if (q.unfilled) {
+    log(UFAB_LOG_WARN, "RX ring of " + std::to_string(conf->size) + " filled with only " + std::to_string(got) +
+                           " buffers: the pool is short; the rest are posted as buffers come back");
+  }
+  q.configured = true;
+  rx_ = q;
+  return 0;
+}
+
+int E1000e::tx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
+  if (queue != 0) return fail(EINVAL, "TX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one TX queue (0)");
+  if (started_) return fail(EBUSY, "TX queue setup while the device is started; call stop() first");
+  if (!conf) return fail(EINVAL, "TX queue setup without a configuration");
+  if (!valid_ring_size(conf->size)) {
+    return fail(EINVAL, "TX ring size " + std::to_string(conf->size) + " is not supported; use a power of two from " +
+                            std::to_string(kMinRing) + " to " + std::to_string(kMaxRing));
+  }
+  release_tx();
+  TxQueue q;
+  q.ring.size = conf->size;
+  if (int rc = alloc_queue_memory(q.block, conf->size, "TX"); rc < 0) return rc;
+  q.desc = static_cast<volatile TxDesc*>(q.block.mem.va);
+  q.slots = reinterpret_cast<ufab_buf**>(static_cast<uint8_t*>(q.block.mem.va) + size_t{conf->size} * kDescBytes);
+  q.configured = true;
+  tx_ = q;
+  return 0;
+}
+
+// ------------------------------------------------------------ start/stop
+
+void E1000e::program_rx() {
+  // Posted slots get a fresh descriptor: frames left unharvested by a
+  // previous run are dropped rather than read back as new.
+  for (uint32_t i = rx_.next; i != rx_.tail; i = rx_.ring.next(i)) {
+    rx_post(&rx_.desc[i], rx_.slots[i]->base_iova + rx_.slots[i]->offset);
+  }
+  rx_.discarding = false;
+  uint64_t iova = rx_.block.mem.iova;
+  wr(kRdbal0, static_cast<uint32_t>(iova));
+  wr(kRdbah0, static_cast<uint32_t>(iova >> 32));
+  wr(kRdlen0, rx_.ring.size * kDescBytes);
+  wr(kRfctl, rd(kRfctl) & ~kRfctlExten);
+  barrier::descriptors_before_doorbell();
+  wr(kRdh0, rx_.next);
+  wr(kRdt0, rx_.tail);
+  wr(kRctl, rctl_value());
+}
+
+void E1000e::program_tx() {
+  uint64_t iova = tx_.block.mem.iova;
+  wr(kTdbal, static_cast<uint32_t>(iova));
+  wr(kTdbah, static_cast<uint32_t>(iova >> 32));
+  wr(kTdlen, tx_.ring.size * kDescBytes);
+  wr(kTdh, tx_.tail);
+  wr(kTdt, tx_.tail);
+  wr(kTipg, kTipgDefault);
+  wr(kTarc0, rd(kTarc0) | kTarcEnable);  // QEMU transmits only with bit 10 set
+  wr(kTctl, kTctlEn | kTctlPsp | kTctlCt | kTctlCold | kTctlRtlc);
+}
+
+int E1000e::start() {
+  if (started_) return 0;
+  if (!rx_.configured && !tx_.configured) {
+    return fail(EINVAL, "start() with no queue set up; call rx_queue_setup and/or tx_queue_setup first");
+  }
+  if (tx_.configured) program_tx();
+  if (rx_.configured) program_rx();
+  started_ = true;
+  if (irq_mode_) arm_rx_irq_registers();
+  if (!(rd(kStatus) & kStatusLu)) log(UFAB_LOG_WARN, "started with the link down (STATUS.LU clear)");
+  return 0;
+}
+
+int E1000e::stop() {
+  if (!started_) return 0;
+  wr(kImc, ~0u);
+  wr(kRctl, 0);
+  wr(kTctl, rd(kTctl) & ~kTctlEn);
+  started_ = false;
+  // Frames still queued for transmit are abandoned; return their buffers.
+  reclaim_tx();
+  if (tx_.configured) {
+    uint32_t left = tx_.ring.distance(tx_.clean, tx_.tail);
+    if (left) free_slots(tx_.slots, tx_.ring, tx_.clean, left);
+    tx_.clean = tx_.tail;
+  }
+  return 0;
+}
+
+int E1000e::set_promiscuous(int enable) {
+  promiscuous_ = enable != 0;
+  if (started_ && rx_.configured) wr(kRctl, rctl_value());
+  return 0;
+}
+
+// --------------------------------------------------------------- receive
+
+// Takes up to n completed frames from the ring. Errored descriptors are
+// dropped (their buffers go back to the pool).
+uint32_t E1000e::harvest(ufab_buf** bufs, uint32_t n) {
+  uint32_t got = 0;
+  uint64_t bytes = 0;
+  uint32_t i = rx_.next;
+  while (got < n && i != rx_.tail) {
+    volatile RxDesc* d = &rx_.desc[i];
+    uint8_t status = rx_status(d);
+    if (!(status & kRxStaDd)) break;
+    barrier::device_status_before_descriptor_reads();
+    ufab_buf* b = rx_.slots[i];
+    rx_.slots[i] = nullptr;
+    uint8_t errors = rx_errors(d);
+    uint32_t len = rx_length(d);
+    bool eop = status & kRxStaEop;
+    bool bad = rx_.discarding || !eop || (errors & kRxErrFrame) || len == 0 || len > b->capacity - b->offset;
+    rx_.discarding = !eop;  // drop the rest of a frame that spans descriptors
+    i = rx_.ring.next(i);
+    if (bad) {
+      ++totals_.sw_rx_errors;
+      ops_->buf_free(host_, &b, 1);
+      continue;
+    }
+    b->len = len;
+    b->flags = (errors & kRxErrCsum) ? UFAB_BUF_F_RX_CSUM_BAD : 0;
+    bufs[got++] = b;
+    bytes += len;
+  }
+  rx_.next = i;
+  totals_.sw_rx_packets += got;
+  totals_.sw_rx_bytes += bytes;
+  return got;
+}
+
+// Gives empty slots fresh buffers from the pool in one allocation and
+// moves RDT once. QEMU delivers frames it queued while the ring was full
+// inside that RDT write.
+void E1000e::refill() {
+  uint32_t posted = rx_.ring.distance(rx_.next, rx_.tail);
+  uint32_t empty = rx_.ring.capacity() - posted;
+  if (empty == 0) return;
+  int got = ops_->buf_alloc(host_, rx_.pool, rx_.scratch, empty);
+  uint32_t filled = got > 0 ? static_cast<uint32_t>(got) : 0;
+  uint32_t at = rx_.tail;
+  for (uint32_t k = 0; k < filled; ++k) {
+    ufab_buf* b = rx_.scratch[k];
+    rx_.slots[at] = b;
+    rx_post(&rx_.desc[at], b->base_iova + b->offset);
+    at = rx_.ring.next(at);
+  }
+  uint32_t unfilled = empty - filled;
+  if (unfilled > rx_.unfilled) totals_.sw_rx_no_buffer += unfilled - rx_.unfilled;
+  rx_.unfilled = unfilled;
+  if (filled) {
+    rx_.tail = at;
+    barrier::descriptors_before_doorbell();
+    rdt_.write(rx_.tail);
+  }
+}
+
+int E1000e::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
+  if (queue != 0 || !rx_.configured) {
+    return fail(EINVAL, queue != 0 ? "rx_burst on queue " + std::to_string(queue) + "; the 82574L has only queue 0"
+                                   : std::string("rx_burst before rx_queue_setup"));
+  }
+  uint32_t got = harvest(bufs, n);
+  refill();
+  if (got == 0 && irq_mode_ && started_) {
+    // Interrupt mode and nothing to do: the caller is about to sleep. If
+    // the vector fired since it was armed (EIAC auto-masked RXQ0 in IMS),
+    // re-arm: drop the stale cause, unmask, and look once more for a frame
+    // that landed before the unmask (it raised no interrupt).
+    if (!(ims_.read() & kIntRxq0)) {
+      ++totals_.irqs;
+      icr_.write(kIntRxq0);
+      ims_.write(kIntRxq0);
+      if (rx_pending()) {
+        got = harvest(bufs, n);
+        refill();
+      }
+    }
+  }
+  return static_cast<int>(got);
+}
+
+// -------------------------------------------------------------- transmit
+
+// Returns the buffers of descriptors the device has written back (DD).
+void E1000e::reclaim_tx() {
+  if (!tx_.configured) return;
+  uint32_t c = tx_.clean;
+  while (c != tx_.tail && tx_done(&tx_.desc[c])) c = tx_.ring.next(c);
+  if (c == tx_.clean) return;
+  barrier::device_status_before_descriptor_reads();
+  free_slots(tx_.slots, tx_.ring, tx_.clean, tx_.ring.distance(tx_.clean, c));
+  tx_.clean = c;
+}
+
+int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
+  if (queue != 0 || !tx_.configured || !started_) {
+    if (queue != 0) return fail(EINVAL, "tx_burst on queue " + std::to_string(queue) + "; the 82574L has only queue 0");
+    if (!tx_.configured) return fail(EINVAL, "tx_burst before tx_queue_setup");
+    return fail(ENETDOWN, "tx_burst while the device is stopped; call start() first");
+  }
+  reclaim_tx();
+  uint32_t room = tx_.ring.free_after(tx_.ring.distance(tx_.clean, tx_.tail));
+  uint32_t k = n < room ? n : room;
+  uint32_t t = tx_.tail;
+  uint64_t bytes = 0;
+  uint32_t i = 0;
+  for (; i < k; ++i) {
+    ufab_buf* b = bufs[i];
+    if (b->len < kMinTxFrame || b->len > kMaxTxFrame || b->offset > b->capacity || b->len > b->capacity - b->offset)
+      break;
+    tx_fill(&tx_.desc[t], b->base_iova + b->offset, b->len);
+    tx_.slots[t] = b;
+    t = tx_.ring.next(t);
+    bytes += b->len;
+  }
+  if (i == 0) {
+    if (k == 0) return 0;  // ring full
+    ++totals_.sw_tx_rejected;
+    ufab_buf* b = bufs[0];
+    return fail(EINVAL, "tx_burst: frame of " + std::to_string(b->len) + " bytes at offset " +
+                            std::to_string(b->offset) + " in a " + std::to_string(b->capacity) +
+                            "-byte buffer; the 82574L sends one-buffer frames of " + std::to_string(kMinTxFrame) +
+                            ".." + std::to_string(kMaxTxFrame) + " bytes (no jumbo frames)");
+  }
+  tx_.tail = t;
+  barrier::descriptors_before_doorbell();
+  tdt_.write(t);  // QEMU transmits the whole burst inside this write
+  totals_.sw_tx_packets += i;
+  totals_.sw_tx_bytes += bytes;
+  return static_cast<int>(i);
+}
+
+// ------------------------------------------------------------ statistics
+
+int E1000e::stats(ufab_stats* out) {
+  totals_.add(read_counters());
+  *out = ufab_stats{};
+  out->rx_packets = totals_.rx_good;
+  out->rx_bytes = totals_.rx_bytes();
+  out->tx_packets = totals_.tx_good;
+  out->tx_bytes = totals_.tx_bytes();
+  out->rx_dropped = totals_.dropped();
+  out->rx_errors = totals_.errors_rx();
+  out->tx_errors = totals_.tx_collisions;
+  out->irqs = totals_.irqs;
+  char m[240];
+  std::snprintf(m, sizeof m,
+                "stats: device rx %llu tx %llu frames; driver rx %llu tx %llu frames, %llu/%llu bytes; "
+                "no-buffer %llu",
+                static_cast<unsigned long long>(totals_.rx_good), static_cast<unsigned long long>(totals_.tx_good),
+                static_cast<unsigned long long>(totals_.sw_rx_packets),
+                static_cast<unsigned long long>(totals_.sw_tx_packets),
+                static_cast<unsigned long long>(totals_.sw_rx_bytes),
+                static_cast<unsigned long long>(totals_.sw_tx_bytes),
+                static_cast<unsigned long long>(totals_.sw_rx_no_buffer));
+  log(UFAB_LOG_DEBUG, m);
+  if (totals_.tx_good != totals_.sw_tx_packets && started_) {
+    // QEMU transmits inside the TDT write, so the two agree whenever no
+    // frame was refused by the backend.
+    log(UFAB_LOG_DEBUG, "stats: GPTC " + std::to_string(totals_.tx_good) + " differs from frames queued " +
+                            std::to_string(totals_.sw_tx_packets));
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------ interrupts
+
+// MSI-X routing for RX queue 0 (datasheet 7.4 "Interrupts", 10.2.4.8 IVAR):
+//   IVAR: RXQ0 -> vector 0, valid; TXQ0 and Other unrouted.
+//   CTRL_EXT: PBA support on (required with MSI-X), IAME/EIAME off.
+//   EIAC: RXQ0 auto-clears on each MSI-X message, which (IAME clear) also
+//   auto-masks RXQ0 in IMS: one message per arming, re-armed by rx_burst.
+void E1000e::arm_rx_irq_registers() {
+  wr(kIvar, (kIvarValid | 0u) << kIvarRxq0Shift);
+  wr(kCtrlExt, (rd(kCtrlExt) | kCtrlExtPbaSupport) & ~(kCtrlExtIame | kCtrlExtEiame));
+  wr(kIam, 0);
+  wr(kEiac, kIntRxq0);
+  icr_.write(kIntRxq0);
+  ims_.write(kIntRxq0);
+  // Frames already waiting raise no new cause: make the eventfd readable
+  // so a caller that sleeps right away still wakes for them.
+  if (rx_.configured && rx_pending()) ics_.write(kIntRxq0);
+}
+
+int E1000e::rx_irq(uint16_t queue, int enable, int* eventfd) {
+  if (queue != 0) return fail(EINVAL, "rx_irq on queue " + std::to_string(queue) + "; the 82574L has only queue 0");
+  if (!enable) {
+    imc_.write(kIntRxq0);
+    irq_mode_ = false;
+    if (eventfd) *eventfd = -1;
+    return 0;
+  }
+  if (!irq_vectors_) {
+    int fds[1] = {-1};
+    // One vector is enough: only RX queue 0 is routed (the 82574L has 5).
+    if (int rc = ops_->irq_enable(host_, 1, fds); rc < 0) return host_failed(rc, "enabling MSI-X vector 0");
+    irq_vectors_ = true;
+    irq_fd_ = fds[0];
+  }
+  irq_mode_ = true;
+  if (started_) arm_rx_irq_registers();
+  if (eventfd) *eventfd = irq_fd_;
+  return 0;
+}
+
+}  // namespace
+}  // namespace ufab::e1000e
+
+extern "C" const ufab_driver* ufab_e1000e_driver(void) {
+  static const ufab_driver driver = ufab::sdk::make_driver<ufab::e1000e::E1000e>(
+      "e1000e", "Intel 82574L (QEMU e1000e): 1 RX + 1 TX queue, legacy descriptors, polling or MSI-X",
+      ufab::e1000e::kMatch);
+  return &driver;
+}

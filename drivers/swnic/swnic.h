@@ -1,0 +1,19 @@
+// swnic: a software NIC. Two Ethernet ports, "NAME:0" and "NAME:1", joined
+// over a POSIX shared memory segment, driven through the same plugin ABI as
+// the hardware drivers (UFAB_DRIVER_F_SOFTWARE: no PCI device, no VFIO).
+//
+// Open parameters (host->param):
+//   ring       slots per direction, power of two in [2, 32768]; default 1024
+//   slot_size  largest frame in bytes, [1518, 65536]; default 2048
+//   loss, dup, reorder, corrupt   fault probabilities in [0, 1] (TX side)
+//   seed       u64 seed of the fault injection; default 0
+//   stale      "auto" (default): reclaim ports held by dead processes;
+//              "reset": remove any existing segment of this name first
+//
+// See docs/drivers/swnic.md.
+#pragma once
+
+#include "drivers/plugin.h"
+
+// The driver table, for linking swnic into a binary statically.
+const ufab_driver* ufab_swnic_driver();

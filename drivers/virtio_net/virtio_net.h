@@ -1,0 +1,8 @@
+// The virtio-net driver plugin (modern virtio-pci 1.x, 1AF4:1041), linked
+// statically: the framework's built-in registry calls this to get the table.
+// As a shared library the same table comes from ufab_driver_entry_v1().
+#pragma once
+
+#include "drivers/plugin.h"
+
+const ufab_driver* ufab_virtio_net_driver();

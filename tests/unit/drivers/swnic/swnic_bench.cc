@@ -1,0 +1,183 @@
+// swnic throughput: one port sends, the other receives, between two threads
+// or two processes, through the driver table with the test host's pools.
+//
+//   bazel run -c opt //tests/unit/drivers/swnic:swnic_bench -- [--frames N]
+//       [--burst K] [--ring R] [--sizes 64,512,1514] [--mode threads|processes|both]
+//
+// Prints one line per (mode, size): frames/s and payload Gbit/s, measured
+// at the receiver from its first to its last frame. Every frame's sequence
+// number is checked. A figure for comparing changes on one machine, not a
+// pass/fail test.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "drivers/swnic/swnic.h"
+#include "tests/unit/drivers/swnic/test_host.h"
+
+using namespace ufab::swnic_test;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  uint64_t frames = 5'000'000;
+  uint32_t burst = 32;
+  uint32_t ring = 1024;
+  std::vector<uint32_t> sizes = {64, 512, 1514};
+  std::string mode = "both";
+};
+
+struct RxResult {
+  uint64_t frames = 0;
+  uint64_t errors = 0;
+  double seconds = 0;
+};
+
+bool wait_link(Port& p) {
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    if (p.link_up()) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return false;
+}
+
+RxResult receive(const std::string& name, const Options& o) {
+  RxResult r;
+  auto p = Port::open(name, {{"ring", std::to_string(o.ring)}});
+  if (!p) return r;
+  std::vector<ufab_buf*> bufs(o.burst);
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  Clock::time_point first{};
+  uint64_t spins = 0;
+  while (r.frames < o.frames) {
+    int n = p->drv()->rx_burst(p->dev(), 0, bufs.data(), static_cast<uint16_t>(o.burst));
+    if (n <= 0) {
+      if ((++spins & 0xffff) == 0 && Clock::now() > deadline) break;
+      continue;
+    }
+    if (r.frames == 0) first = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      uint64_t seq;
+      std::memcpy(&seq, bufs[i]->base + bufs[i]->offset + 14, 8);
+      if (seq != r.frames + static_cast<uint64_t>(i)) ++r.errors;
+    }
+    r.frames += static_cast<uint64_t>(n);
+    p->rx_pool().free(bufs.data(), static_cast<uint32_t>(n));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - first).count();
+  // Stay until the sender has seen us (it closes first).
+  return r;
+}
+
+bool send(Port& p, const Options& o, uint32_t size) {
+  std::vector<ufab_buf*> bufs(o.burst);
+  uint64_t sent = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  uint64_t spins = 0;
+  while (sent < o.frames) {
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(o.burst, o.frames - sent));
+    int got = p.tx_pool().alloc(bufs.data(), n);
+    for (int i = 0; i < got; ++i) {
+      ufab_buf* b = bufs[i];
+      uint64_t seq = sent + static_cast<uint64_t>(i);
+      std::memset(b->base + b->offset, 0xab, 14);
+      std::memcpy(b->base + b->offset + 14, &seq, 8);
+      b->len = size;
+    }
+    int r = p.drv()->tx_burst(p.dev(), 0, bufs.data(), static_cast<uint16_t>(got));
+    if (r < 0) return false;
+    if (r < got) p.tx_pool().free(bufs.data() + r, static_cast<uint32_t>(got - r));
+    sent += static_cast<uint64_t>(r);
+    if (r == 0 && (++spins & 0xffff) == 0 && Clock::now() > deadline) return false;
+  }
+  return true;
+}
+
+void report(const char* mode, uint32_t size, const RxResult& r, const Options& o) {
+  double fps = r.frames / r.seconds;
+  std::printf("%-10s %6u B  %10llu frames  %7.3f s  %7.2f Mframes/s  %7.2f Gbit/s  %s\n", mode, size,
+              static_cast<unsigned long long>(r.frames), r.seconds, fps / 1e6, fps * size * 8 / 1e9,
+              r.frames == o.frames && r.errors == 0 ? "ok" : "ERRORS");
+}
+
+int run_threads(const Options& o, uint32_t size) {
+  std::string link = unique_link("bench-thr");
+  auto a = Port::open(link + ":0", {{"ring", std::to_string(o.ring)}});
+  if (!a) return 1;
+  RxResult r;
+  std::thread rx([&] { r = receive(link + ":1", o); });
+  if (!wait_link(*a) || !send(*a, o, size)) {
+    rx.join();
+    return 1;
+  }
+  rx.join();
+  report("threads", size, r, o);
+  return r.frames == o.frames && r.errors == 0 ? 0 : 1;
+}
+
+int run_processes(const Options& o, uint32_t size) {
+  std::string link = unique_link("bench-proc");
+  int fds[2];
+  if (::pipe(fds) != 0) return 1;
+  auto a = Port::open(link + ":0", {{"ring", std::to_string(o.ring)}});
+  if (!a) return 1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    RxResult r = receive(link + ":1", o);
+    ssize_t w = ::write(fds[1], &r, sizeof r);
+    ::_exit(w == sizeof r ? 0 : 1);
+  }
+  ::close(fds[1]);
+  bool ok = wait_link(*a) && send(*a, o, size);
+  RxResult r;
+  ssize_t got = ::read(fds[0], &r, sizeof r);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!ok || got != sizeof r) return 1;
+  report("processes", size, r, o);
+  return r.frames == o.frames && r.errors == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--frames") o.frames = std::strtoull(v.c_str(), nullptr, 0);
+    else if (k == "--burst") o.burst = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--ring") o.ring = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--mode") o.mode = v;
+    else if (k == "--sizes") {
+      o.sizes.clear();
+      for (size_t p = 0; p < v.size();) {
+        size_t q = v.find(',', p);
+        o.sizes.push_back(static_cast<uint32_t>(std::strtoul(v.substr(p, q - p).c_str(), nullptr, 0)));
+        p = q == std::string::npos ? v.size() : q + 1;
+      }
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (o.burst == 0 || o.burst > 1024) o.burst = 32;
+  std::printf("swnic bench: %llu frames per run, burst %u, ring %u, %u CPUs\n",
+              static_cast<unsigned long long>(o.frames), o.burst, o.ring, std::thread::hardware_concurrency());
+  int rc = 0;
+  for (uint32_t size : o.sizes) {
+    if (o.mode == "threads" || o.mode == "both") rc |= run_threads(o, size);
+    if (o.mode == "processes" || o.mode == "both") rc |= run_processes(o, size);
+  }
+  return rc;
+}

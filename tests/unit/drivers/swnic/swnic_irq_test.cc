@@ -1,0 +1,153 @@
+// swnic interrupt mode in one process: the receiver sleeps in poll() on the
+// fd rx_irq hands back and wakes when the sender sends; the sender signals
+// only when the receiver has armed.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "drivers/swnic/swnic.h"
+#include "tests/unit/drivers/swnic/test_host.h"
+
+namespace ufab::swnic_test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+auto len64 = [](uint64_t) { return 64u; };
+
+int poll_fd(int fd, int timeout_ms) {
+  struct pollfd p = {fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms);
+}
+
+bool read_event(int fd) {
+  uint64_t v = 0;
+  return ::read(fd, &v, sizeof v) == sizeof v && v > 0;
+}
+
+TEST(SwnicIrq, ReceiverSleepsInPollAndWakesOnSend) {
+  std::string link = unique_link("irq");
+  auto a = Port::open(link + ":0");
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  int efd = -1;
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &efd), 0);
+  ASSERT_GE(efd, 0);
+  // Nothing pending: not readable.
+  EXPECT_EQ(poll_fd(efd, 0), 0);
+
+  const int rounds = 50;
+  std::atomic<int> received{0};
+  std::atomic<int> failures{0};
+  std::thread rx([&] {
+    std::vector<Received> got;
+    for (int r = 0; r < rounds; ++r) {
+      // Drain to empty (this arms), then sleep until the sender sends.
+      while (recv_burst(*b, &got, 32) > 0) {
+      }
+      if (poll_fd(efd, 5000) != 1) {
+        ++failures;
+        return;
+      }
+      read_event(efd);
+      int n = recv_burst(*b, &got, 32);
+      if (n <= 0) ++failures;
+      received += n > 0 ? n : 0;
+    }
+  });
+  for (int r = 0; r < rounds; ++r) {
+    // Give the receiver time to go to sleep, then send one frame.
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    ASSERT_EQ(send_burst(*a, static_cast<uint64_t>(r), 1, len64), 1);
+    // Wait (bounded) for it to be taken before the next round.
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (received.load() < r + 1 && failures.load() == 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  rx.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(received.load(), rounds);
+  EXPECT_GE(b->stats().irqs, static_cast<uint64_t>(rounds));
+  EXPECT_EQ(b->drv()->rx_irq(b->dev(), 0, 0, nullptr), 0);
+}
+
+TEST(SwnicIrq, FramesAlreadyQueuedMakeTheFdReadableAtOnce) {
+  std::string link = unique_link("irq-pending");
+  auto a = Port::open(link + ":0");
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(send_burst(*a, 0, 3, len64), 3);
+  int efd = -1;
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &efd), 0);
+  EXPECT_EQ(poll_fd(efd, 1000), 1);
+  // Enabling twice hands back the same fd.
+  int again = -1;
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &again), 0);
+  EXPECT_EQ(again, efd);
+  EXPECT_EQ(b->drv()->rx_irq(b->dev(), 1, 1, &again), -EINVAL);
+}
+
+TEST(SwnicIrq, SenderSignalsOnlyWhenTheReceiverArmed) {
+  std::string link = unique_link("irq-arm");
+  auto a = Port::open(link + ":0");
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  SegmentView v(link);
+  ASSERT_TRUE(v.ok());
+  swnic::RingCtl* ring = v.ctl(0);  // port 0 -> port 1
+
+  // Polling mode: sending never touches the futex word.
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(send_burst(*a, i, 4, len64), 4);
+  EXPECT_EQ(ring->waiting.load(), 0u);
+  EXPECT_EQ(ring->wake_seq.load(), 0u);
+  std::vector<Received> got;
+  while (recv_burst(*b, &got, 32) > 0) {
+  }
+
+  int efd = -1;
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &efd), 0);
+  EXPECT_EQ(ring->waiting.load(), 1u);  // armed: the ring is empty
+  // Ten bursts while the receiver does not drain: one wake-up only, the
+  // first burst disarms.
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(send_burst(*a, 100 + i, 2, len64), 2);
+  EXPECT_EQ(ring->wake_seq.load(), 1u);
+  EXPECT_EQ(ring->waiting.load(), 0u);
+  ASSERT_EQ(poll_fd(efd, 2000), 1);
+  EXPECT_TRUE(read_event(efd));
+  // Draining until empty re-arms; the next burst wakes again.
+  while (recv_burst(*b, &got, 32) > 0) {
+  }
+  EXPECT_EQ(ring->waiting.load(), 1u);
+  ASSERT_EQ(send_burst(*a, 200, 1, len64), 1);
+  EXPECT_EQ(ring->wake_seq.load(), 2u);
+  ASSERT_EQ(poll_fd(efd, 2000), 1);
+
+  // Back to polling: disarmed, and sends do not signal.
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 0, nullptr), 0);
+  while (recv_burst(*b, &got, 32) > 0) {
+  }
+  EXPECT_EQ(ring->waiting.load(), 0u);
+  ASSERT_EQ(send_burst(*a, 300, 1, len64), 1);
+  EXPECT_EQ(ring->wake_seq.load(), 2u);
+}
+
+TEST(SwnicIrq, CloseWithInterruptsEnabledStopsTheHelper) {
+  std::string link = unique_link("irq-close");
+  auto a = Port::open(link + ":0");
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  int efd = -1;
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &efd), 0);
+  auto start = Clock::now();
+  b->close();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
+  a->close();
+  EXPECT_FALSE(segment_exists(link));
+}
+
+}  // namespace
+}  // namespace ufab::swnic_test
