@@ -142,8 +142,10 @@ const ufab_host_ops Nic::HostBridge::kOps = {
           return s ? 0 : host.error(s.error().code(), s.error().message());
         },
     .buf_alloc =
-        [](ufab_host*, ufab_pool* pool, ufab_buf** bufs, uint32_t n) -> int {
-          return static_cast<int>(dma::BufferPool::from_handle(pool)->alloc(bufs, n));
+        [](ufab_host* h, ufab_pool* pool, ufab_buf** bufs, uint32_t n) -> int {
+          dma::BufferPool* p = dma::BufferPool::from_handle(pool);
+          if (!p) return from(h).error(EINVAL, "buf_alloc: not a buffer pool (a queue set up without one?)");
+          return static_cast<int>(p->alloc(bufs, n));
         },
     .buf_free =
         [](ufab_host*, ufab_buf** bufs, uint32_t n) {
@@ -152,7 +154,9 @@ const ufab_host_ops Nic::HostBridge::kOps = {
           while (i < n) {
             uint32_t j = i + 1;
             while (j < n && bufs[j]->pool == bufs[i]->pool) ++j;
-            dma::BufferPool::from_handle(bufs[i]->pool)->free(bufs + i, j - i);
+            // A buffer with a stale pool pointer is the plugin's bug: dropped
+            // (counted by no pool) rather than written through.
+            if (dma::BufferPool* p = dma::BufferPool::from_handle(bufs[i]->pool)) p->free(bufs + i, j - i);
             i = j;
           }
         },

@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "base/pci_address.h"
+#include "core/plugin_ops.h"
 #include "dma/buffer_pool.h"
 #include "dma/dma.h"
 #include "drivers/plugin.h"
@@ -27,10 +28,6 @@
 namespace ufab::core {
 
 using NicParams = std::map<std::string, std::string>;
-
-// The driver table with every operation present: those beyond the plugin's
-// `size`, or left NULL, become stubs returning -EOPNOTSUPP.
-ufab_driver complete_driver_ops(const ufab_driver& driver);
 
 class Nic {
  public:

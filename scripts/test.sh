@@ -32,13 +32,13 @@ if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # buil
 record unit "$unit_pass" "$unit_fail"
 echo "unit: $unit_pass passed, $unit_fail failed"
 
-echo "== build for the VM tests"
-if ! bazel build //tools/ufab //tests/vm/... 2>&1 | grep -E 'ERROR|error:' ; then :; fi
-if ! bazel build //tools/ufab //tests/vm/... >/dev/null 2>&1; then
+echo "== build for the VM tests (bazel build //...)"
+build_log=$(mktemp)
+if ! bazel build //... >"$build_log" 2>&1; then
+  grep -E 'ERROR|error:' "$build_log" | head -40
   record build 0 1
 else
   for suite in tests/vm/suites/*.sh; do
-    [ -x "$suite" ] || continue
     name=$(basename "$suite" .sh)
     echo "== VM suite $name"
     out=$(mktemp)
@@ -53,6 +53,7 @@ else
     rm -f "$out"
   done
 fi
+rm -f "$build_log"
 
 echo "== summary ($(( $(date +%s) - start )) s)"
 if [ "${#failed_names[@]}" -gt 0 ]; then echo "failing: ${failed_names[*]}"; fi

@@ -54,9 +54,9 @@ struct RxQueue {
   ufab_buf** slots = nullptr;
   ufab_buf** scratch = nullptr;  // refill allocates here in one call
   ufab_pool* pool = nullptr;
-  uint32_t next = 0;      // next slot to look at for DD (software's RDH)
-  uint32_t tail = 0;      // first slot not handed to the device (RDT)
-  uint32_t unfilled = 0;  // empty slots after the last refill
+  uint32_t next = 0;        // next slot to look at for DD (software's RDH)
+  uint32_t tail = 0;        // first slot not handed to the device (RDT)
+  uint32_t unfilled = 0;    // empty slots after the last refill
   bool discarding = false;  // inside a multi-descriptor frame being dropped
 };
 
@@ -136,9 +136,7 @@ class E1000e {
   uint32_t harvest(ufab_buf** bufs, uint32_t n);
   void refill();
   void reclaim_tx();
-  bool rx_pending() const {
-    return rx_.next != rx_.tail && (rx_status(&rx_.desc[rx_.next]) & kRxStaDd);
-  }
+  bool rx_pending() const { return rx_.next != rx_.tail && (rx_status(&rx_.desc[rx_.next]) & kRxStaDd); }
 
   const ufab_host_ops* ops_;
   ufab_host* host_;
@@ -177,8 +175,9 @@ int E1000e::open(const ufab_host_ops* ops, ufab_host* host, E1000e** out) {
   uint64_t size = 0;
   if (int rc = ops->map_bar(host, 0, &base, &size); rc < 0) return dev->host_failed(rc, "mapping BAR0");
   if (!base || size < kBar0MinSize) {
-    return dev->fail(ENODEV, "BAR0 is " + std::to_string(size) + " bytes; an 82574L has a 128 KiB register BAR0. "
-                             "Check that the device at this address really is an 82574L (8086:10d3)");
+    return dev->fail(ENODEV, "BAR0 is " + std::to_string(size) +
+                                 " bytes; an 82574L has a 128 KiB register BAR0. "
+                                 "Check that the device at this address really is an 82574L (8086:10d3)");
   }
   dev->bar_ = Mmio(const_cast<void*>(base), size);
   // Every register in regs.h lies below 128 KiB: checking the last dword
@@ -233,8 +232,8 @@ int E1000e::bring_up() {
 
   LinkState l = decode_status(rd(kStatus));
   char m[96];
-  std::snprintf(m, sizeof m, "up: MAC %02x:%02x:%02x:%02x:%02x:%02x (%s), link %s %u Mb/s", mac_[0], mac_[1],
-                mac_[2], mac_[3], mac_[4], mac_[5], mac_source_.c_str(), l.up ? "up" : "down", l.speed_mbps);
+  std::snprintf(m, sizeof m, "up: MAC %02x:%02x:%02x:%02x:%02x:%02x (%s), link %s %u Mb/s", mac_[0], mac_[1], mac_[2],
+                mac_[3], mac_[4], mac_[5], mac_source_.c_str(), l.up ? "up" : "down", l.speed_mbps);
   log(UFAB_LOG_INFO, m);
   return 0;
 }
@@ -286,8 +285,9 @@ int E1000e::read_mac() {
   for (uint32_t i = 0; i < 3; ++i) {
     if (!eeprom_word(i, &w[i])) {
       return fail(EIO, "no valid MAC address: RAH0 has Address Valid clear and the NVM read (EERD word " +
-                           std::to_string(i) + ") did not complete within 10 ms; the NIC looks unprogrammed "
-                                               "or hung, reset it (unbind/bind) and retry");
+                           std::to_string(i) +
+                           ") did not complete within 10 ms; the NIC looks unprogrammed "
+                           "or hung, reset it (unbind/bind) and retry");
     }
   }
   for (int i = 0; i < 3; ++i) {
@@ -295,8 +295,9 @@ int E1000e::read_mac() {
     mac_[2 * i + 1] = static_cast<uint8_t>(w[i] >> 8);
   }
   if (!mac_usable(mac_)) {
-    return fail(EADDRNOTAVAIL, "neither RAL0/RAH0 nor the NVM hold a usable unicast MAC address; the NIC's NVM "
-                               "is not programmed");
+    return fail(EADDRNOTAVAIL,
+                "neither RAL0/RAH0 nor the NVM hold a usable unicast MAC address; the NIC's NVM "
+                "is not programmed");
   }
   uint32_t ral, rah;
   mac_to_ra(mac_, &ral, &rah);
@@ -348,13 +349,11 @@ E1000e::~E1000e() {
   if (irq_vectors_) ops_->irq_disable(host_);
   if (totals_.sw_tx_packets || totals_.sw_rx_packets) {
     char m[200];
-    std::snprintf(m, sizeof m,
-                  "closed: sent %llu frames, received %llu, rx no-buffer %llu, rx errors %llu, irqs %llu",
+    std::snprintf(m, sizeof m, "closed: sent %llu frames, received %llu, rx no-buffer %llu, rx errors %llu, irqs %llu",
                   static_cast<unsigned long long>(totals_.sw_tx_packets),
                   static_cast<unsigned long long>(totals_.sw_rx_packets),
                   static_cast<unsigned long long>(totals_.sw_rx_no_buffer),
-                  static_cast<unsigned long long>(totals_.sw_rx_errors),
-                  static_cast<unsigned long long>(totals_.irqs));
+                  static_cast<unsigned long long>(totals_.sw_rx_errors), static_cast<unsigned long long>(totals_.irqs));
     log(UFAB_LOG_DEBUG, m);
   }
 }
@@ -429,7 +428,9 @@ void E1000e::release_tx() {
 }
 
 int E1000e::rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
-  if (queue != 0) return fail(EINVAL, "RX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one RX queue (0)");
+  if (queue != 0)
+    return fail(EINVAL,
+                "RX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one RX queue (0)");
   if (started_) return fail(EBUSY, "RX queue setup while the device is started; call stop() first");
   if (!conf || !conf->pool) return fail(EINVAL, "RX queue setup needs a buffer pool (ufab_queue_conf.pool)");
   if (!valid_ring_size(conf->size)) {
@@ -478,7 +479,9 @@ int E1000e::rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
 }
 
 int E1000e::tx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
-  if (queue != 0) return fail(EINVAL, "TX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one TX queue (0)");
+  if (queue != 0)
+    return fail(EINVAL,
+                "TX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one TX queue (0)");
   if (started_) return fail(EBUSY, "TX queue setup while the device is started; call stop() first");
   if (!conf) return fail(EINVAL, "TX queue setup without a configuration");
   if (!valid_ring_size(conf->size)) {
@@ -633,7 +636,7 @@ int E1000e::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
   }
   uint32_t got = harvest(bufs, n);
   refill();
-  if (got == 0 && irq_mode_ && started_) {
+  if (got == 0 && n > 0 && irq_mode_ && started_) {
     // Interrupt mode and nothing to do: the caller is about to sleep. If
     // the vector fired since it was armed (EIAC auto-masked RXQ0 in IMS),
     // re-arm: drop the stale cause, unmask, and look once more for a frame
@@ -716,15 +719,14 @@ int E1000e::stats(ufab_stats* out) {
   out->tx_errors = totals_.tx_collisions;
   out->irqs = totals_.irqs;
   char m[240];
-  std::snprintf(m, sizeof m,
-                "stats: device rx %llu tx %llu frames; driver rx %llu tx %llu frames, %llu/%llu bytes; "
-                "no-buffer %llu",
-                static_cast<unsigned long long>(totals_.rx_good), static_cast<unsigned long long>(totals_.tx_good),
-                static_cast<unsigned long long>(totals_.sw_rx_packets),
-                static_cast<unsigned long long>(totals_.sw_tx_packets),
-                static_cast<unsigned long long>(totals_.sw_rx_bytes),
-                static_cast<unsigned long long>(totals_.sw_tx_bytes),
-                static_cast<unsigned long long>(totals_.sw_rx_no_buffer));
+  std::snprintf(
+      m, sizeof m,
+      "stats: device rx %llu tx %llu frames; driver rx %llu tx %llu frames, %llu/%llu bytes; "
+      "no-buffer %llu",
+      static_cast<unsigned long long>(totals_.rx_good), static_cast<unsigned long long>(totals_.tx_good),
+      static_cast<unsigned long long>(totals_.sw_rx_packets), static_cast<unsigned long long>(totals_.sw_tx_packets),
+      static_cast<unsigned long long>(totals_.sw_rx_bytes), static_cast<unsigned long long>(totals_.sw_tx_bytes),
+      static_cast<unsigned long long>(totals_.sw_rx_no_buffer));
   log(UFAB_LOG_DEBUG, m);
   if (totals_.tx_good != totals_.sw_tx_packets && started_) {
     // QEMU transmits inside the TDT write, so the two agree whenever no

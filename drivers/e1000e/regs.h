@@ -31,7 +31,7 @@ inline constexpr uint32_t kCtrlPhyRst = 1u << 31;           // PHY reset
 // 10.2.2.2 Device Status (STATUS, 0x00008; RO).
 inline constexpr uint32_t kStatus = 0x00008;
 inline constexpr uint32_t kStatusFd = 1u << 0;
-inline constexpr uint32_t kStatusLu = 1u << 1;  // link up
+inline constexpr uint32_t kStatusLu = 1u << 1;    // link up
 inline constexpr uint32_t kStatusSpeedShift = 6;  // bits 7:6: 00 10, 01 100, 1x 1000 Mb/s
 inline constexpr uint32_t kStatusSpeedMask = 3u << kStatusSpeedShift;
 
@@ -49,8 +49,8 @@ inline constexpr uint32_t kEerdDataShift = 16;
 
 // 10.2.2.5 Extended Device Control (CTRL_EXT, 0x00018).
 inline constexpr uint32_t kCtrlExt = 0x00018;
-inline constexpr uint32_t kCtrlExtEiame = 1u << 24;    // IAM also applies on MSI-X auto-clear
-inline constexpr uint32_t kCtrlExtIame = 1u << 27;     // ICR read/write auto-masks with IAM
+inline constexpr uint32_t kCtrlExtEiame = 1u << 24;       // IAM also applies on MSI-X auto-clear
+inline constexpr uint32_t kCtrlExtIame = 1u << 27;        // ICR read/write auto-masks with IAM
 inline constexpr uint32_t kCtrlExtPbaSupport = 1u << 31;  // MSI-X PBA support: set when MSI-X is used
 
 // ---------------------------------------------- 10.2.4 interrupt registers
@@ -90,11 +90,11 @@ inline constexpr uint32_t kEitr0 = 0x000E8;
 // 10.2.5.1 Receive Control (RCTL, 0x00100).
 inline constexpr uint32_t kRctl = 0x00100;
 inline constexpr uint32_t kRctlEn = 1u << 1;
-inline constexpr uint32_t kRctlUpe = 1u << 3;  // unicast promiscuous
-inline constexpr uint32_t kRctlMpe = 1u << 4;  // multicast promiscuous
-inline constexpr uint32_t kRctlLpe = 1u << 5;  // long packets (> 1522 bytes): not used
+inline constexpr uint32_t kRctlUpe = 1u << 3;     // unicast promiscuous
+inline constexpr uint32_t kRctlMpe = 1u << 4;     // multicast promiscuous
+inline constexpr uint32_t kRctlLpe = 1u << 5;     // long packets (> 1522 bytes): not used
 inline constexpr uint32_t kRctlLbmMac = 1u << 6;  // LBM = 01: MAC loopback
-inline constexpr uint32_t kRctlBam = 1u << 15;  // accept broadcast
+inline constexpr uint32_t kRctlBam = 1u << 15;    // accept broadcast
 // BSIZE (17:16) = 00 with BSEX (25) = 0: 2048-byte buffers.
 inline constexpr uint32_t kRctlSecrc = 1u << 26;  // strip the Ethernet CRC
 
@@ -128,10 +128,10 @@ inline constexpr uint32_t kRahAv = 1u << 31;
 // 10.2.6.1 Transmit Control (TCTL, 0x00400).
 inline constexpr uint32_t kTctl = 0x00400;
 inline constexpr uint32_t kTctlEn = 1u << 1;
-inline constexpr uint32_t kTctlPsp = 1u << 3;         // pad short packets
-inline constexpr uint32_t kTctlCt = 0x0Fu << 4;       // collision threshold 15
-inline constexpr uint32_t kTctlCold = 0x3Fu << 12;    // collision distance 63 (full duplex)
-inline constexpr uint32_t kTctlRtlc = 1u << 24;       // retransmit on late collision
+inline constexpr uint32_t kTctlPsp = 1u << 3;       // pad short packets
+inline constexpr uint32_t kTctlCt = 0x0Fu << 4;     // collision threshold 15
+inline constexpr uint32_t kTctlCold = 0x3Fu << 12;  // collision distance 63 (full duplex)
+inline constexpr uint32_t kTctlRtlc = 1u << 24;     // retransmit on late collision
 
 // Transmit Inter-Packet Gap (TIPG, 0x00410): IPGT 8, IPGR1 8, IPGR2 6.
 inline constexpr uint32_t kTipg = 0x00410;
@@ -156,11 +156,11 @@ inline constexpr uint32_t kTarcEnable = 1u << 10;
 // error counters CRCERRS..MPC read 0 and RNBC never counts.
 inline constexpr uint32_t kCrcerrs = 0x04000;
 inline constexpr uint32_t kRxerrc = 0x0400C;
-inline constexpr uint32_t kMpc = 0x04010;  // missed packets
+inline constexpr uint32_t kMpc = 0x04010;   // missed packets
 inline constexpr uint32_t kEcol = 0x04018;  // excessive collisions
 inline constexpr uint32_t kLatecol = 0x04020;
-inline constexpr uint32_t kGprc = 0x04074;  // good packets received
-inline constexpr uint32_t kGptc = 0x04080;  // good packets transmitted
+inline constexpr uint32_t kGprc = 0x04074;   // good packets received
+inline constexpr uint32_t kGptc = 0x04080;   // good packets transmitted
 inline constexpr uint32_t kGorcl = 0x04088;  // good octets received (incl. CRC), low
 inline constexpr uint32_t kGorch = 0x0408C;
 inline constexpr uint32_t kGotcl = 0x04090;  // good octets transmitted (incl. CRC), low

@@ -16,9 +16,7 @@ namespace ufab::e1000e {
 // A ring size the driver accepts: a power of two in [kMinRing, kMaxRing].
 // That also makes RDLEN/TDLEN (size * 16 bytes) a multiple of 128 as the
 // datasheet requires, and the size a multiple of 8 descriptors.
-constexpr bool valid_ring_size(uint32_t n) {
-  return n >= kMinRing && n <= kMaxRing && (n & (n - 1)) == 0;
-}
+constexpr bool valid_ring_size(uint32_t n) { return n >= kMinRing && n <= kMaxRing && (n & (n - 1)) == 0; }
 
 // Index arithmetic on a power-of-two ring. The driver owns slots in
 // [head, tail) (e1000e semantics: the device owns [HEAD, TAIL), software
@@ -154,9 +152,15 @@ constexpr LinkState decode_status(uint32_t status) {
   l.up = (status & kStatusLu) != 0;
   l.full_duplex = (status & kStatusFd) != 0;
   switch ((status & kStatusSpeedMask) >> kStatusSpeedShift) {
-    case 0: l.speed_mbps = 10; break;
-    case 1: l.speed_mbps = 100; break;
-    default: l.speed_mbps = 1000; break;
+    case 0:
+      l.speed_mbps = 10;
+      break;
+    case 1:
+      l.speed_mbps = 100;
+      break;
+    default:
+      l.speed_mbps = 1000;
+      break;
   }
   if (!l.up) l.speed_mbps = 0;
   return l;

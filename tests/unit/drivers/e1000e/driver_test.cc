@@ -188,12 +188,8 @@ class E1000eTest : public ::testing::Test {
     ASSERT_EQ(drv_->tx_queue_setup(dev_, 0, &t), 0) << host_.error;
     ASSERT_EQ(drv_->start(dev_), 0) << host_.error;
   }
-  RxDesc* rx_ring() const {
-    return reinterpret_cast<RxDesc*>(uint64_t{host_.reg(kRdbah0)} << 32 | host_.reg(kRdbal0));
-  }
-  TxDesc* tx_ring() const {
-    return reinterpret_cast<TxDesc*>(uint64_t{host_.reg(kTdbah)} << 32 | host_.reg(kTdbal));
-  }
+  RxDesc* rx_ring() const { return reinterpret_cast<RxDesc*>(uint64_t{host_.reg(kRdbah0)} << 32 | host_.reg(kRdbal0)); }
+  TxDesc* tx_ring() const { return reinterpret_cast<TxDesc*>(uint64_t{host_.reg(kTdbah)} << 32 | host_.reg(kTdbal)); }
   // The "device" receives a frame into the descriptor at RDH.
   void device_receive(const std::vector<uint8_t>& frame, uint8_t errors = 0, uint8_t status = kRxStaDd | kRxStaEop) {
     uint32_t head = host_.reg(kRdh0);
@@ -474,7 +470,7 @@ TEST_F(E1000eTest, RxErrorsAreDroppedChecksumIsFlagged) {
 
 TEST_F(E1000eTest, MultiDescriptorFrameIsDroppedWhole) {
   setup(64, 64);
-  device_receive(std::vector<uint8_t>(100, 1), 0, kRxStaDd);             // first part, no EOP
+  device_receive(std::vector<uint8_t>(100, 1), 0, kRxStaDd);              // first part, no EOP
   device_receive(std::vector<uint8_t>(100, 2), 0, kRxStaDd | kRxStaEop);  // last part
   device_receive(std::vector<uint8_t>(100, 3));
   ufab_buf* got[4];

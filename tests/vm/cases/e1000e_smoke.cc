@@ -1,0 +1,427 @@
+// Smoke test of the e1000e plugin inside the VM test bed: two QEMU e1000e
+// NICs on one hub, both bound to vfio-pci, driven from user space. Binding is
+// not this program's job. Run from the repository root:
+//
+//   bazel build //tools/ufab //tests/vm/cases:e1000e_smoke
+//   tests/vm/run-vm --nic e1000e --nic e1000e --timeout 300 -- sh -c
+//     'modprobe vfio-pci && bazel-bin/tools/ufab/ufab bind 0000:00:02.0 &&
+//      bazel-bin/tools/ufab/ufab bind 0000:00:03.0 &&
+//      bazel-bin/tests/vm/cases/e1000e_smoke'
+//   (one line)
+//
+// Environment: UFAB_E1000E "BDF,BDF" (default 0000:00:02.0,0000:00:03.0),
+// UFAB_E1000E_FRAMES (default 10000), UFAB_E1000E_PLUGIN (path of
+// libufab_e1000e.so; default bazel-bin/drivers/e1000e/libufab_e1000e.so).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/pci_address.h"
+#include "core/nic.h"
+#include "core/traffic.h"
+#include "drivers/e1000e/e1000e.h"
+
+namespace ufab {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> nic_addresses() {
+  const char* v = std::getenv("UFAB_E1000E");
+  std::string s = v ? v : "0000:00:02.0,0000:00:03.0";
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+uint64_t frames_wanted() {
+  const char* v = std::getenv("UFAB_E1000E_FRAMES");
+  return v ? std::strtoull(v, nullptr, 10) : 10000;
+}
+
+std::string mac_text(const uint8_t* m) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+  return b;
+}
+
+core::Mac mac_of(const core::Nic& nic) {
+  core::Mac m;
+  std::memcpy(m.data(), nic.info().mac, 6);
+  return m;
+}
+
+struct Port {
+  std::unique_ptr<core::Nic> nic;
+  std::unique_ptr<dma::BufferPool> pool;
+  Port() = default;
+  Port(Port&&) = default;
+  Port& operator=(Port&&) = default;
+  // The NIC goes first: closing it stops DMA and returns its posted
+  // buffers to the pool, which must still exist.
+  ~Port() {
+    nic.reset();
+    pool.reset();
+  }
+};
+
+Port open_port(const std::string& bdf, uint32_t ring = 512, uint32_t pool_buffers = 2048) {
+  Port p;
+  auto addr = PciAddress::parse(bdf);
+  EXPECT_TRUE(addr) << bdf;
+  if (!addr) return p;
+  auto nic = core::Nic::open_pci(*ufab_e1000e_driver(), *addr);
+  EXPECT_TRUE(nic) << (nic ? "" : nic.error().message());
+  if (!nic) return p;
+  p.nic = std::move(*nic);
+  auto pool = p.nic->create_pool(pool_buffers);
+  EXPECT_TRUE(pool) << (pool ? "" : pool.error().message());
+  if (!pool) return Port{};
+  p.pool = std::move(*pool);
+  auto ok = p.nic->setup_rx_queue(0, ring, *p.pool);
+  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
+  if (ok) ok = p.nic->setup_tx_queue(0, ring);
+  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
+  if (ok) ok = p.nic->start();
+  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
+  if (!ok) return Port{};
+  return p;
+}
+
+class E1000eSmoke : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    nics_ = nic_addresses();
+    ASSERT_EQ(nics_.size(), 2u) << "UFAB_E1000E must name two e1000e functions bound to vfio-pci";
+  }
+  std::vector<std::string> nics_;
+};
+
+// Sends `frames` test frames (sizes cycling through 60..1514, sequence number
+// and checksum in each) from a to b in bursts, polling b between bursts, and
+// checks every frame arrives intact and in order.
+struct PollResult {
+  uint64_t sent = 0, received = 0, corrupt = 0, out_of_order = 0, foreign = 0;
+  double seconds = 0;
+};
+
+PollResult poll_transfer(Port& a, Port& b, uint64_t frames, uint16_t burst = 32) {
+  PollResult r;
+  const core::Mac dst = mac_of(*b.nic), src = mac_of(*a.nic);
+  ufab_buf* bufs[256];
+  ufab_buf* pending[256];
+  uint32_t pending_count = 0;
+  uint64_t expect = 0;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::seconds(240);
+  while (r.received < frames && Clock::now() < deadline) {
+    // Fill a burst (reuse buffers a full TX ring refused last time).
+    if (r.sent < frames) {
+      uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(burst, frames - r.sent));
+      while (pending_count < want) {
+        ufab_buf* buf = nullptr;
+        if (a.pool->alloc(&buf, 1) != 1) break;
+        uint64_t seq = r.sent + pending_count;
+        uint32_t len = core::kMinTestFrame + static_cast<uint32_t>((seq * 997) % (core::kMaxTestFrame - 59));
+        core::build_test_frame(buf->base + buf->offset, len, dst, src, 7, seq);
+        buf->len = len;
+        pending[pending_count++] = buf;
+      }
+      int sent = a.nic->tx_burst(0, pending, static_cast<uint16_t>(pending_count));
+      EXPECT_GE(sent, 0) << a.nic->last_error();
+      if (sent < 0) break;
+      r.sent += static_cast<uint64_t>(sent);
+      std::memmove(pending, pending + sent, (pending_count - sent) * sizeof(ufab_buf*));
+      pending_count -= static_cast<uint32_t>(sent);
+    }
+    int n = b.nic->rx_burst(0, bufs, 64);
+    EXPECT_GE(n, 0);
+    if (n < 0) break;
+    for (int i = 0; i < n; ++i) {
+      uint64_t seq = 0;
+      switch (core::check_test_frame(bufs[i]->base + bufs[i]->offset, bufs[i]->len, src, 7, &seq)) {
+        case core::FrameCheck::kOk:
+          if (seq != expect) ++r.out_of_order;
+          expect = seq + 1;
+          ++r.received;
+          break;
+        case core::FrameCheck::kCorrupt:
+          ++r.corrupt;
+          break;
+        case core::FrameCheck::kNotOurs:
+          ++r.foreign;
+          break;
+      }
+    }
+    if (n > 0) b.pool->free(bufs, static_cast<uint32_t>(n));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (pending_count) a.pool->free(pending, pending_count);
+  return r;
+}
+
+void expect_intact(const PollResult& r, uint64_t frames, const char* label) {
+  std::printf("  %s: %llu/%llu frames of 60..1514 B in %.2f s: %.0f frames/s\n", label,
+              static_cast<unsigned long long>(r.received), static_cast<unsigned long long>(r.sent), r.seconds,
+              r.seconds > 0 ? r.received / r.seconds : 0.0);
+  EXPECT_EQ(r.sent, frames);
+  EXPECT_EQ(r.received, frames) << "lost " << r.sent - r.received;
+  EXPECT_EQ(r.corrupt, 0u);
+  EXPECT_EQ(r.out_of_order, 0u);
+}
+
+TEST_F(E1000eSmoke, PluginLibraryExportsOnlyTheEntry) {
+  const char* env = std::getenv("UFAB_E1000E_PLUGIN");
+  std::string path = env ? env : "bazel-bin/drivers/e1000e/libufab_e1000e.so";
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  auto entry = reinterpret_cast<ufab_driver_entry_fn>(dlsym(h, UFAB_DRIVER_ENTRY_SYMBOL));
+  ASSERT_NE(entry, nullptr);
+  const ufab_driver* d = entry();
+  ASSERT_NE(d, nullptr);
+  EXPECT_STREQ(d->name, "e1000e");
+  EXPECT_EQ(d->pci_match[0].device_id, 0x10D3);
+  EXPECT_EQ(dlsym(h, "ufab_e1000e_driver"), nullptr) << "only the entry point is exported";
+  dlclose(h);
+}
+
+TEST_F(E1000eSmoke, OpensBothAndReportsIdentityAndLink) {
+  for (const auto& bdf : nics_) {
+    Port p = open_port(bdf);
+    ASSERT_TRUE(p.nic);
+    const ufab_dev_info& info = p.nic->info();
+    auto link = p.nic->link();
+    ASSERT_TRUE(link) << link.error().message();
+    std::printf("  %s: %s, MAC %s, rings %u..%u, link %s %u Mb/s\n", bdf.c_str(), info.model,
+                mac_text(info.mac).c_str(), info.min_ring_size, info.max_ring_size, link->up ? "up" : "down",
+                link->speed_mbps);
+    EXPECT_EQ(info.mac[0], 0x52);  // run-vm gives 52:54:00:00:00:0N
+    EXPECT_EQ(info.mac[1], 0x54);
+    EXPECT_TRUE(info.caps & UFAB_DEV_CAP_RX_IRQ);
+    EXPECT_EQ(link->up, 1u);
+    EXPECT_EQ(link->speed_mbps, 1000u);
+  }
+}
+
+TEST_F(E1000eSmoke, FramesArriveIntactAndInOrder) {
+  const uint64_t frames = frames_wanted();
+  std::shared_ptr<vfio::IommuBackend> iommu;
+  {
+    Port a = open_port(nics_[0]);
+    Port b = open_port(nics_[1]);
+    ASSERT_TRUE(a.nic && b.nic);
+    iommu = a.nic->iommu();
+    expect_intact(poll_transfer(a, b, frames), frames, "A -> B");
+    expect_intact(poll_transfer(b, a, frames / 10), frames / 10, "B -> A");
+    auto sa = a.nic->stats();
+    auto sb = b.nic->stats();
+    ASSERT_TRUE(sa && sb);
+    std::printf("  stats A: tx %llu frames %llu B, rx %llu; B: rx %llu frames %llu B, tx %llu, dropped %llu\n",
+                static_cast<unsigned long long>(sa->tx_packets), static_cast<unsigned long long>(sa->tx_bytes),
+                static_cast<unsigned long long>(sa->rx_packets), static_cast<unsigned long long>(sb->rx_packets),
+                static_cast<unsigned long long>(sb->rx_bytes), static_cast<unsigned long long>(sb->tx_packets),
+                static_cast<unsigned long long>(sb->rx_dropped));
+    EXPECT_EQ(sa->tx_packets, frames);
+    EXPECT_EQ(sb->rx_packets, frames);
+    EXPECT_EQ(sb->tx_packets, frames / 10);
+    EXPECT_EQ(sa->rx_packets, frames / 10);
+    EXPECT_EQ(sb->rx_bytes, sa->tx_bytes);
+    EXPECT_EQ(sa->rx_bytes, sb->tx_bytes);
+    EXPECT_EQ(sa->rx_errors + sb->rx_errors + sa->tx_errors + sb->tx_errors, 0u);
+    EXPECT_EQ(sb->rx_dropped, 0u);
+  }
+  // Closing gave back every mapping: rings, buffers, nothing left pinned.
+  EXPECT_EQ(iommu->usage().mappings, 0u);
+  EXPECT_EQ(iommu->usage().pinned_bytes, 0u);
+}
+
+TEST_F(E1000eSmoke, SmallRingsAndAShortPool) {
+  // 64-entry rings wrap every 64 frames; B's pool barely covers its ring so
+  // refills come up short while the test holds frames.
+  Port a = open_port(nics_[0], 64, 256);
+  Port b = open_port(nics_[1], 64, 80);
+  ASSERT_TRUE(a.nic && b.nic);
+  expect_intact(poll_transfer(a, b, 3000, 16), 3000, "A -> B, 64-entry rings");
+  ufab_buf* held[60];
+  // Hold most of B's spare buffers, send, and check frames still arrive as
+  // buffers come back.
+  uint32_t got = b.pool->alloc(held, 10);
+  expect_intact(poll_transfer(a, b, 1000, 8), 1000, "A -> B, pool short");
+  b.pool->free(held, got);
+}
+
+TEST_F(E1000eSmoke, StopAndStartAgain) {
+  Port a = open_port(nics_[0]);
+  Port b = open_port(nics_[1]);
+  ASSERT_TRUE(a.nic && b.nic);
+  expect_intact(poll_transfer(a, b, 500), 500, "before stop");
+  ASSERT_TRUE(b.nic->stop());
+  ASSERT_TRUE(a.nic->stop());
+  ufab_buf* buf = nullptr;
+  ASSERT_EQ(a.pool->alloc(&buf, 1), 1u);
+  buf->len = 60;
+  EXPECT_EQ(a.nic->tx_burst(0, &buf, 1), -ENETDOWN);  // stopped: an error, not a hang
+  a.pool->free(&buf, 1);
+  EXPECT_EQ(a.pool->available(), a.pool->capacity() - 511) << "only the posted RX buffers are out";
+  auto s = a.nic->start();
+  ASSERT_TRUE(s) << s.error().message();
+  s = b.nic->start();
+  ASSERT_TRUE(s) << s.error().message();
+  expect_intact(poll_transfer(a, b, 500), 500, "after restart");
+}
+
+TEST_F(E1000eSmoke, BadRequestsFailWithAReason) {
+  Port a = open_port(nics_[0]);
+  ASSERT_TRUE(a.nic);
+  ufab_buf* b = nullptr;
+  ASSERT_EQ(a.pool->alloc(&b, 1), 1u);
+  b->len = 1600;  // no jumbo frames
+  EXPECT_EQ(a.nic->tx_burst(0, &b, 1), -EINVAL);
+  a.pool->free(&b, 1);
+  EXPECT_FALSE(a.nic->setup_rx_queue(1, 256, *a.pool));
+  EXPECT_FALSE(a.nic->setup_tx_queue(0, 256)) << "reconfiguring while started";
+  ASSERT_TRUE(a.nic->stop());
+  EXPECT_FALSE(a.nic->setup_tx_queue(0, 100));
+  EXPECT_NE(a.nic->last_error().find("power of two"), std::string::npos) << a.nic->last_error();
+}
+
+// Interrupt mode: B sleeps in poll() on the RX eventfd; a sender thread
+// sends bursts with pauses. Every burst must wake B (the driver re-arms in
+// rx_burst when it finds the ring empty) and every frame must arrive.
+TEST_F(E1000eSmoke, InterruptModeWakesForEachBurst) {
+  Port a = open_port(nics_[0]);
+  Port b = open_port(nics_[1]);
+  ASSERT_TRUE(a.nic && b.nic);
+  auto fd = b.nic->enable_rx_irq(0);
+  ASSERT_TRUE(fd) << fd.error().message();
+  ASSERT_GE(*fd, 0);
+
+  const core::Mac dst = mac_of(*b.nic), src = mac_of(*a.nic);
+  constexpr int kBursts = 200;
+  constexpr int kPerBurst = 16;
+  std::atomic<int> bursts_sent{0};
+  std::atomic<bool> sender_failed{false};
+  std::thread sender([&] {
+    uint64_t seq = 0;
+    for (int k = 0; k < kBursts; ++k) {
+      ufab_buf* bufs[kPerBurst];
+      if (a.pool->alloc(bufs, kPerBurst) != kPerBurst) {
+        sender_failed = true;
+        return;
+      }
+      for (int i = 0; i < kPerBurst; ++i, ++seq) {
+        uint32_t len = 60 + static_cast<uint32_t>((seq * 331) % 1455);
+        core::build_test_frame(bufs[i]->base + bufs[i]->offset, len, dst, src, 9, seq);
+        bufs[i]->len = len;
+      }
+      int done = 0;
+      while (done < kPerBurst) {
+        int n = a.nic->tx_burst(0, bufs + done, static_cast<uint16_t>(kPerBurst - done));
+        if (n < 0) {
+          sender_failed = true;
+          return;
+        }
+        done += n;
+      }
+      ++bursts_sent;
+      // Let the receiver go back to sleep between bursts.
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+  });
+
+  uint64_t received = 0, expect = 0, bad = 0, wakeups = 0, empty_wakeups = 0, timeouts = 0;
+  const uint64_t total = uint64_t{kBursts} * kPerBurst;
+  const auto start = Clock::now();
+  ufab_buf* bufs[64];
+  while (received < total && timeouts < 5) {
+    // Drain first (frames may be waiting), then sleep.
+    int n;
+    bool any = false;
+    while ((n = b.nic->rx_burst(0, bufs, 64)) > 0) {
+      any = true;
+      for (int i = 0; i < n; ++i) {
+        uint64_t seq = 0;
+        if (core::check_test_frame(bufs[i]->base + bufs[i]->offset, bufs[i]->len, src, 9, &seq) !=
+                core::FrameCheck::kOk ||
+            seq != expect) {
+          ++bad;
+        }
+        expect = seq + 1;
+        ++received;
+      }
+      b.pool->free(bufs, static_cast<uint32_t>(n));
+    }
+    ASSERT_GE(n, 0);
+    if (wakeups && !any) ++empty_wakeups;
+    if (received >= total) break;
+    pollfd p{*fd, POLLIN, 0};
+    int r = ::poll(&p, 1, 1000);
+    if (r == 0) {
+      ++timeouts;  // a lost wake-up: the sender is done or the interrupt never came
+      continue;
+    }
+    ASSERT_GT(r, 0);
+    uint64_t count;
+    ASSERT_EQ(::read(*fd, &count, sizeof count), static_cast<ssize_t>(sizeof count));
+    ++wakeups;
+  }
+  sender.join();
+  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  auto st = b.nic->stats();
+  ASSERT_TRUE(st);
+  std::printf(
+      "  irq mode: %llu/%llu frames in %d bursts, %.2f s; %llu wake-ups (%llu found nothing), "
+      "%llu device interrupts, %llu poll timeouts\n",
+      static_cast<unsigned long long>(received), static_cast<unsigned long long>(total), bursts_sent.load(), secs,
+      static_cast<unsigned long long>(wakeups), static_cast<unsigned long long>(empty_wakeups),
+      static_cast<unsigned long long>(st->irqs), static_cast<unsigned long long>(timeouts));
+  EXPECT_FALSE(sender_failed.load());
+  EXPECT_EQ(received, total);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(timeouts, 0u) << "a burst did not wake the receiver within 1 s";
+  EXPECT_GE(wakeups, uint64_t{kBursts} / 4) << "the receiver should sleep between most bursts";
+  EXPECT_GT(st->irqs, 0u);
+
+  // Idle: after at most a couple of late wake-ups the eventfd stays quiet.
+  int idle_wakeups = 0;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(b.nic->rx_burst(0, bufs, 64), 0);
+    pollfd p{*fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) == 0) break;
+    uint64_t count;
+    (void)!::read(*fd, &count, sizeof count);
+    ++idle_wakeups;
+  }
+  EXPECT_LE(idle_wakeups, 2) << "interrupts kept firing with no traffic";
+
+  // Back to polling: no more interrupts, frames still flow.
+  ASSERT_TRUE(b.nic->disable_rx_irq(0));
+  expect_intact(poll_transfer(a, b, 300), 300, "polling again");
+  pollfd p{*fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) > 0) {
+    uint64_t count;
+    (void)!::read(*fd, &count, sizeof count);
+  }
+  expect_intact(poll_transfer(a, b, 100), 100, "polling, irq disabled");
+  EXPECT_EQ(::poll(&p, 1, 100), 0) << "an interrupt arrived while disabled";
+}
+
+}  // namespace
+}  // namespace ufab
