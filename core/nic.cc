@@ -9,10 +9,12 @@ namespace ufab::core {
 
 // The framework's side of one open device, handed to the plugin as the
 // opaque `ufab_host`. Every service reports failures as -errno plus a
-// message in pending_error, which Nic::check turns into an Error.
+// message in pending_error, which Nic::check turns into an Error. The
+// message is per thread: it is read back by the thread whose op failed, and
+// RX and TX may run on different threads.
 struct Nic::HostBridge {
   Nic* nic = nullptr;
-  std::string pending_error;
+  static thread_local std::string pending_error;
   std::map<uint64_t, dma::DmaRegion> dma_regions;  // by cookie
   uint64_t next_cookie = 1;
   std::vector<vfio::KernelFd> irq_fds;
@@ -39,6 +41,8 @@ int log_threshold() {
 
 }  // namespace
 
+thread_local std::string Nic::HostBridge::pending_error;
+
 const ufab_host_ops Nic::HostBridge::kOps = {
     .size = sizeof(ufab_host_ops),
     .log =
@@ -48,7 +52,7 @@ const ufab_host_ops Nic::HostBridge::kOps = {
           std::fprintf(stderr, "ufab %s [%s]: %s\n", from(h).nic->name_.c_str(),
                        names[level < 0 ? 0 : level > 3 ? 3 : level], message);
         },
-    .set_error = [](ufab_host* h, const char* message) { from(h).pending_error = message ? message : ""; },
+    .set_error = [](ufab_host*, const char* message) { pending_error = message ? message : ""; },
     .name = [](ufab_host* h) { return from(h).nic->name_.c_str(); },
     .param =
         [](ufab_host* h, const char* key) -> const char* {
@@ -218,8 +222,8 @@ Nic::~Nic() {
 
 Status Nic::check(int rc, const std::string& what) {
   if (rc >= 0) return {};
-  std::string why = host_ ? std::move(host_->pending_error) : "";
-  if (host_) host_->pending_error.clear();
+  std::string why = std::move(HostBridge::pending_error);
+  HostBridge::pending_error.clear();
   if (why.empty()) why = rc == -EOPNOTSUPP ? "the driver does not support this" : std::strerror(-rc);
   last_error_ = why;
   return fail(-rc, std::string(driver_.name) + " " + what + " " + name_ + ": " + why);

@@ -62,10 +62,10 @@ struct SegHeader {
   uint32_t slot_size;           // largest frame a slot holds, bytes
   uint32_t stride;              // bytes from one slot to the next
   uint32_t reserved0;
-  uint64_t total_size;          // bytes of the whole object
-  uint64_t slots_offset[2];     // where each ring's slots begin
+  uint64_t total_size;       // bytes of the whole object
+  uint64_t slots_offset[2];  // where each ring's slots begin
   std::atomic<int32_t> creator_pid;
-  std::atomic<uint32_t> refs;   // ports open (0, 1 or 2)
+  std::atomic<uint32_t> refs;  // ports open (0, 1 or 2)
   PortState port[2];
 };
 
@@ -73,14 +73,14 @@ struct SegHeader {
 // counters, the consumer owns tail; `waiting` is set by the consumer when it
 // is about to sleep and cleared by the producer that wakes it.
 struct RingCtl {
-  alignas(kCacheLine) std::atomic<uint64_t> head;  // frames published (producer)
-  alignas(kCacheLine) std::atomic<uint64_t> tail;  // frames consumed (consumer)
-  alignas(kCacheLine) std::atomic<uint32_t> waiting;  // consumer armed its interrupt
-  std::atomic<uint32_t> wake_seq;                     // futex word, bumped on each wake-up
-  alignas(kCacheLine) std::atomic<uint64_t> inj_loss;     // frames dropped by injection
-  std::atomic<uint64_t> inj_dup;      // extra copies sent
-  std::atomic<uint64_t> inj_reorder;  // frames held back behind the next one
-  std::atomic<uint64_t> inj_corrupt;  // frames with one bit flipped
+  alignas(kCacheLine) std::atomic<uint64_t> head;      // frames published (producer)
+  alignas(kCacheLine) std::atomic<uint64_t> tail;      // frames consumed (consumer)
+  alignas(kCacheLine) std::atomic<uint32_t> waiting;   // consumer armed its interrupt
+  std::atomic<uint32_t> wake_seq;                      // futex word, bumped on each wake-up
+  alignas(kCacheLine) std::atomic<uint64_t> inj_loss;  // frames dropped by injection
+  std::atomic<uint64_t> inj_dup;                       // extra copies sent
+  std::atomic<uint64_t> inj_reorder;                   // frames held back behind the next one
+  std::atomic<uint64_t> inj_corrupt;                   // frames with one bit flipped
 };
 
 inline constexpr size_t kRingCtlOffset[2] = {1024, 1536};

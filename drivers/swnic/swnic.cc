@@ -170,6 +170,7 @@ class SwNic {
   int tx_drop_link_down(ufab_buf** bufs, uint16_t n);
   int tx_burst_faults(ufab_buf** bufs, uint16_t n, uint64_t* free_slots, bool* wrote, int* err);
   void stop_irq();
+  void signal_irq();
   void irq_helper(uint32_t last_seq);
 
   const ufab_host_ops* ops_;
@@ -187,6 +188,7 @@ class SwNic {
   bool ring_given_ = false;
   bool slot_given_ = false;
   bool stale_reset_ = false;
+  bool check_pids_ = true;  // stale=off: trust the present flags, never look at PIDs
   FaultConfig faults_;
   bool inject_ = false;
 
@@ -214,12 +216,12 @@ class SwNic {
 
   // State of the TX path (touched only by the thread calling tx_burst).
   struct alignas(kCacheLine) TxState {
-    uint64_t head = 0;        // our copy of the ring's head
-    uint64_t tail_cache = 0;  // the consumer's tail, last read
-    uint64_t frame_index = 0; // frames taken since open (fault injection)
+    uint64_t head = 0;          // our copy of the ring's head
+    uint64_t tail_cache = 0;    // the consumer's tail, last read
+    uint64_t frame_index = 0;   // frames taken since open (fault injection)
     std::vector<uint8_t> held;  // a frame held back by reorder injection
     uint32_t held_len = 0;
-    uint32_t held_copies = 0;   // 0: nothing held
+    uint32_t held_copies = 0;  // 0: nothing held
     std::atomic<uint64_t> packets{0}, bytes{0}, errors{0};
     std::atomic<uint64_t> loss{0}, dup{0}, reorder{0}, corrupt{0};
   } tx_;
@@ -229,7 +231,7 @@ class SwNic {
     uint64_t tail = 0;        // our copy of the ring's tail
     uint64_t head_cache = 0;  // the producer's head, last read
     uint64_t loss_base = 0;   // the peer's injected-loss counter at open
-    std::atomic<uint64_t> packets{0}, bytes{0}, errors{0}, dropped{0};
+    std::atomic<uint64_t> packets{0}, bytes{0}, errors{0};
   } rx_;
 
   // Interrupt mode.
@@ -287,8 +289,8 @@ int SwNic::parse_params() {
   if (!param_u64("ring", &v, &given, &rc)) return rc;
   if (given) {
     if (!is_pow2(v) || v < kMinRing || v > kMaxRing)
-      return fail(EINVAL, "ring=" + std::to_string(v) + " must be a power of two between " +
-                              std::to_string(kMinRing) + " and " + std::to_string(kMaxRing));
+      return fail(EINVAL, "ring=" + std::to_string(v) + " must be a power of two between " + std::to_string(kMinRing) +
+                              " and " + std::to_string(kMaxRing));
     ring_param_ = static_cast<uint32_t>(v);
     ring_given_ = true;
   }
@@ -311,9 +313,13 @@ int SwNic::parse_params() {
     std::string s = stale;
     if (s == "reset")
       stale_reset_ = true;
+    else if (s == "off")
+      check_pids_ = false;
     else if (s != "auto")
-      return fail(EINVAL, "stale=\"" + s + "\": expected \"auto\" (reclaim ports of dead processes) or \"reset\" "
-                                           "(remove the existing segment first)");
+      return fail(EINVAL, "stale=\"" + s +
+                              "\": expected \"auto\" (reclaim ports of dead processes), \"off\" "
+                              "(never; for peers in another PID namespace) or \"reset\" (remove the "
+                              "existing segment first)");
   }
   return 0;
 }
@@ -327,8 +333,7 @@ int SwNic::init() {
     return fail(EINVAL, "device name \"" + dev_name_ + "\" is not NAME:PORT (e.g. \"lab:0\" and \"lab:1\")");
   link_name_ = dev_name_.substr(0, colon);
   std::string port = dev_name_.substr(colon + 1);
-  if (port != "0" && port != "1")
-    return fail(EINVAL, "port \"" + port + "\" in \"" + dev_name_ + "\" must be 0 or 1");
+  if (port != "0" && port != "1") return fail(EINVAL, "port \"" + port + "\" in \"" + dev_name_ + "\" must be 0 or 1");
   port_ = port[0] - '0';
   peer_ = 1 - port_;
   if (link_name_.size() > 200) return fail(ENAMETOOLONG, "link name is longer than 200 characters");
@@ -354,14 +359,13 @@ int SwNic::init() {
   if (inject_) tx_.held.resize(slot_size_);
 
   char msg[256];
-  std::snprintf(msg, sizeof msg, "%s segment %s (%u slots x %u bytes per direction), peer %s", created_ ? "created" : "joined",
-                shm_name_.c_str(), ring_, slot_size_,
+  std::snprintf(msg, sizeof msg, "%s segment %s (%u slots x %u bytes per direction), peer %s",
+                created_ ? "created" : "joined", shm_name_.c_str(), ring_, slot_size_,
                 hdr_->port[peer_].present.load(std::memory_order_acquire) ? "present" : "absent");
   log(UFAB_LOG_INFO, msg);
   if (inject_) {
-    std::snprintf(msg, sizeof msg,
-                  "fault injection on TX: loss=%g dup=%g reorder=%g corrupt=%g seed=%" PRIu64, faults_.loss,
-                  faults_.dup, faults_.reorder, faults_.corrupt, faults_.seed);
+    std::snprintf(msg, sizeof msg, "fault injection on TX: loss=%g dup=%g reorder=%g corrupt=%g seed=%" PRIu64,
+                  faults_.loss, faults_.dup, faults_.reorder, faults_.corrupt, faults_.seed);
     log(UFAB_LOG_WARN, msg);
   }
   return 0;
@@ -389,8 +393,8 @@ void SwNic::unlock_segment() {
 int SwNic::map_segment(size_t size) {
   unmap_segment();
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
-  if (p == MAP_FAILED) return fail(errno, "mmap of " + std::to_string(size) + " bytes of " + shm_name_ +
-                                              " failed: " + errno_text(errno));
+  if (p == MAP_FAILED)
+    return fail(errno, "mmap of " + std::to_string(size) + " bytes of " + shm_name_ + " failed: " + errno_text(errno));
   map_ = p;
   map_size_ = size;
   hdr_ = header_of(p);
@@ -418,7 +422,8 @@ int SwNic::attach() {
       if (Clock::now() > deadline)
         return fail(ETIMEDOUT, "could not attach to " + shm_name_ +
                                    " within 3 s (segment keeps changing or stays uninitialised); if no "
-                                   "process uses link \"" + link_name_ + "\", open with stale=reset");
+                                   "process uses link \"" +
+                                   link_name_ + "\", open with stale=reset");
       ::usleep(200);
     }
     created_ = false;
@@ -545,7 +550,7 @@ int SwNic::register_port() {
   // Reclaim ports whose process died without closing.
   for (int p = 0; p < 2; ++p) {
     PortState& ps = h->port[p];
-    if (!ps.present.load(std::memory_order_acquire)) continue;
+    if (!check_pids_ || !ps.present.load(std::memory_order_acquire)) continue;
     int32_t pid = ps.pid.load(std::memory_order_relaxed);
     if (process_alive(pid, ps.start_time.load(std::memory_order_relaxed))) continue;
     log(UFAB_LOG_WARN, "port " + link_name_ + ":" + std::to_string(p) + " was held by pid " + std::to_string(pid) +
@@ -563,9 +568,9 @@ int SwNic::register_port() {
   uint32_t refs = h->refs.load(std::memory_order_relaxed);
   uint32_t expected = peer_present ? 1 : 0;
   if (refs != expected)
-    log(UFAB_LOG_WARN, "segment " + shm_name_ + " counted " + std::to_string(refs) + " users but " +
-                           std::to_string(expected) + " live port(s) remain: " +
-                           (expected == 0 ? "reinitialising its rings" : "fixing the count"));
+    log(UFAB_LOG_WARN,
+        "segment " + shm_name_ + " counted " + std::to_string(refs) + " users but " + std::to_string(expected) +
+            " live port(s) remain: " + (expected == 0 ? "reinitialising its rings" : "fixing the count"));
 
   ring_ = ring;
   mask_ = ring - 1;
@@ -652,8 +657,8 @@ SwNic::~SwNic() {
   if (registered_ && inject_) {
     char msg[256];
     std::snprintf(msg, sizeof msg,
-                  "fault injection summary: %" PRIu64 " lost, %" PRIu64 " duplicated, %" PRIu64
-                  " reordered, %" PRIu64 " corrupted",
+                  "fault injection summary: %" PRIu64 " lost, %" PRIu64 " duplicated, %" PRIu64 " reordered, %" PRIu64
+                  " corrupted",
                   tx_.loss.load(), tx_.dup.load(), tx_.reorder.load(), tx_.corrupt.load());
     log(UFAB_LOG_INFO, msg);
   }
@@ -681,7 +686,8 @@ int SwNic::link(ufab_link* out) {
   *out = ufab_link{};
   const PortState& p = hdr_->port[peer_];
   bool up = p.present.load(std::memory_order_acquire) &&
-            process_alive(p.pid.load(std::memory_order_relaxed), p.start_time.load(std::memory_order_relaxed));
+            (!check_pids_ ||
+             process_alive(p.pid.load(std::memory_order_relaxed), p.start_time.load(std::memory_order_relaxed)));
   out->up = up ? 1 : 0;
   out->speed_mbps = 0;  // a memory copy has no line rate
   out->full_duplex = 1;
@@ -726,7 +732,7 @@ int SwNic::stats(ufab_stats* out) {
   out->tx_bytes = tx_.bytes.load(std::memory_order_relaxed);
   // Frames the peer's fault injection dropped on their way to us.
   uint64_t injected = rx_ctl_->inj_loss.load(std::memory_order_relaxed) - rx_.loss_base;
-  out->rx_dropped = rx_.dropped.load(std::memory_order_relaxed) + injected;
+  out->rx_dropped = injected;  // swnic itself never drops: a full ring or an empty pool holds the sender back
   out->rx_errors = rx_.errors.load(std::memory_order_relaxed);
   out->tx_errors = tx_.errors.load(std::memory_order_relaxed);
   out->irqs = irqs_.load(std::memory_order_relaxed);
@@ -763,8 +769,7 @@ int SwNic::refresh_tx_free(uint64_t* free_slots) {
 void SwNic::wake_peer_if_waiting() {
   // Pairs with the consumer's seq_cst store of `waiting` and load of `head`
   // (store-buffer pattern): either it sees our new head, or we see its flag.
-  if (tx_ctl_->waiting.load(std::memory_order_seq_cst) &&
-      tx_ctl_->waiting.exchange(0, std::memory_order_acq_rel)) {
+  if (tx_ctl_->waiting.load(std::memory_order_seq_cst) && tx_ctl_->waiting.exchange(0, std::memory_order_acq_rel)) {
     tx_ctl_->wake_seq.fetch_add(1, std::memory_order_release);
     futex(&tx_ctl_->wake_seq, FUTEX_WAKE, 1, nullptr);
   }
@@ -944,7 +949,14 @@ int SwNic::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
   }
   uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(avail, n));
   int got = ops_->buf_alloc(host_, rx_pool_, bufs, want);
-  if (got <= 0) return got;  // no buffers: the frames wait in the ring
+  if (got <= 0) {
+    // No buffers: the frames wait in the ring. In interrupt mode keep the
+    // fd readable, or a caller that sleeps now would never be woken for them.
+    if (got == 0 && irq_on_.load(std::memory_order_relaxed)) {
+      signal_irq();
+    }
+    return got;
+  }
 
   int delivered = 0;
   uint64_t consumed = 0, bytes = 0, errors = 0;
@@ -978,6 +990,14 @@ int SwNic::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
 
 // ------------------------------------------------------------- interrupts
 
+void SwNic::signal_irq() {
+  // Counted first, so a caller woken by the write already sees it counted.
+  irqs_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t one = 1;
+  // Fails only when the counter is about to overflow: readable anyway.
+  [[maybe_unused]] ssize_t r = ::write(irq_fd_, &one, sizeof one);
+}
+
 // Bridges the futex word in shared memory to an eventfd: the producer (in
 // any process) bumps the word and FUTEX_WAKEs; this thread, in the
 // receiver's process, turns each change into an eventfd write.
@@ -988,8 +1008,7 @@ void SwNic::irq_helper(uint32_t last_seq) {
     uint32_t seq = rx_ctl_->wake_seq.load(std::memory_order_acquire);
     if (seq == last_seq) continue;  // timeout, spurious, or our own stop wake-up
     last_seq = seq;
-    uint64_t one = 1;
-    if (::write(irq_fd_, &one, sizeof one) == sizeof one) bump(irqs_);
+    signal_irq();
   }
 }
 
@@ -1020,8 +1039,7 @@ int SwNic::rx_irq(uint16_t queue, int enable, int* eventfd) {
   irq_on_.store(true);
   rx_ctl_->waiting.store(1, std::memory_order_seq_cst);
   if (rx_ctl_->head.load(std::memory_order_seq_cst) != rx_ctl_->tail.load(std::memory_order_relaxed)) {
-    uint64_t one = 1;  // frames already wait: readable at once
-    if (::write(irq_fd_, &one, sizeof one) == sizeof one) bump(irqs_);
+    signal_irq();  // frames already wait: readable at once
   }
   if (eventfd) *eventfd = irq_fd_;
   return 0;

@@ -8,6 +8,7 @@
 //   loss, dup, reorder, corrupt   fault probabilities in [0, 1] (TX side)
 //   seed       u64 seed of the fault injection; default 0
 //   stale      "auto" (default): reclaim ports held by dead processes;
+//              "off": never (peers in different PID namespaces);
 //              "reset": remove any existing segment of this name first
 //
 // See docs/drivers/swnic.md.

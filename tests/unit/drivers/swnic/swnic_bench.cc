@@ -155,10 +155,14 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--frames") o.frames = std::strtoull(v.c_str(), nullptr, 0);
-    else if (k == "--burst") o.burst = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
-    else if (k == "--ring") o.ring = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
-    else if (k == "--mode") o.mode = v;
+    if (k == "--frames")
+      o.frames = std::strtoull(v.c_str(), nullptr, 0);
+    else if (k == "--burst")
+      o.burst = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--ring")
+      o.ring = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--mode")
+      o.mode = v;
     else if (k == "--sizes") {
       o.sizes.clear();
       for (size_t p = 0; p < v.size();) {

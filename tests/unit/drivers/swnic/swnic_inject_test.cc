@@ -21,6 +21,8 @@ struct LinkRun {
   std::vector<Received> got;
   ufab_stats tx{}, rx{};
   std::vector<std::string> tx_logs;
+  // The sender's injection counters in the segment (ring 0).
+  uint64_t inj_loss = 0, inj_dup = 0, inj_reorder = 0, inj_corrupt = 0;
 };
 
 // Sends kFrames from port 0 to port 1 with the given injection parameters,
@@ -50,6 +52,14 @@ LinkRun run_link(std::map<std::string, std::string> params, uint64_t frames = kF
   run.tx = a->stats();
   run.rx = b->stats();
   run.tx_logs = a->host().logs();
+  SegmentView v(link);
+  EXPECT_TRUE(v.ok());
+  if (v.ok()) {
+    run.inj_loss = v.ctl(0)->inj_loss.load();
+    run.inj_dup = v.ctl(0)->inj_dup.load();
+    run.inj_reorder = v.ctl(0)->inj_reorder.load();
+    run.inj_corrupt = v.ctl(0)->inj_corrupt.load();
+  }
   return run;
 }
 
@@ -99,10 +109,13 @@ TEST(SwnicInject, LossRateAndCounters) {
   // The receiver reports injected loss as rx_dropped; the sender counts
   // only frames that went on the wire.
   EXPECT_EQ(r.rx.rx_dropped, lost);
+  EXPECT_EQ(r.inj_loss, lost);
+  EXPECT_EQ(r.inj_dup + r.inj_reorder + r.inj_corrupt, 0u);
   EXPECT_EQ(r.tx.tx_packets, seen.size());
   EXPECT_EQ(r.rx.rx_packets, seen.size());
   bool logged = false;
-  for (auto& l : r.tx_logs) logged |= l.find("fault injection on TX: loss=0.1 dup=0 reorder=0 corrupt=0 seed=1") != std::string::npos;
+  for (auto& l : r.tx_logs)
+    logged |= l.find("fault injection on TX: loss=0.1 dup=0 reorder=0 corrupt=0 seed=1") != std::string::npos;
   EXPECT_TRUE(logged);
 }
 
@@ -116,6 +129,7 @@ TEST(SwnicInject, DuplicateRate) {
   EXPECT_EQ(r.got.size(), kFrames + dups);
   expect_rate(static_cast<double>(dups) / kFrames, 0.1, 0.1, "dup");
   EXPECT_EQ(r.tx.tx_packets, kFrames + dups);
+  EXPECT_EQ(r.inj_dup, dups);
   EXPECT_EQ(r.rx.rx_dropped, 0u);
 }
 
@@ -135,6 +149,9 @@ TEST(SwnicInject, ReorderRate) {
     }
   }
   EXPECT_EQ(seen.size(), kFrames);
+  // Every hold is a swap, except a frame still held at the end, which the
+  // final flush sends in order.
+  EXPECT_TRUE(r.inj_reorder == swaps || r.inj_reorder == swaps + 1) << r.inj_reorder << " vs " << swaps;
   // A frame that releases a held one cannot be held itself, so about
   // p / (1 + p) of all frames arrive late.
   expect_rate(static_cast<double>(swaps) / kFrames, p / (1 + p), 0.1, "reorder");
@@ -146,6 +163,7 @@ TEST(SwnicInject, CorruptRate) {
   uint64_t bad = 0;
   for (const Received& f : r.got) bad += f.intact ? 0 : 1;
   expect_rate(static_cast<double>(bad) / kFrames, 0.1, 0.1, "corrupt");
+  EXPECT_EQ(r.inj_corrupt, bad);
   // Corruption never changes the length.
   for (size_t i = 0; i < r.got.size(); ++i) EXPECT_EQ(r.got[i].len, len_for(i));
 }
@@ -171,6 +189,7 @@ TEST(SwnicInject, SameSeedSameFaultsOtherSeedOtherFaults) {
 TEST(SwnicInject, NoInjectionNoLogLine) {
   LinkRun r = run_link({}, 1000);
   EXPECT_EQ(r.got.size(), 1000u);
+  EXPECT_EQ(r.inj_loss + r.inj_dup + r.inj_reorder + r.inj_corrupt, 0u);
   for (auto& l : r.tx_logs) EXPECT_EQ(l.find("fault injection"), std::string::npos) << l;
 }
 

@@ -43,20 +43,22 @@ TEST(SwnicIrq, ReceiverSleepsInPollAndWakesOnSend) {
   const int rounds = 50;
   std::atomic<int> received{0};
   std::atomic<int> failures{0};
+  int wakeups = 0;
   std::thread rx([&] {
     std::vector<Received> got;
-    for (int r = 0; r < rounds; ++r) {
-      // Drain to empty (this arms), then sleep until the sender sends.
-      while (recv_burst(*b, &got, 32) > 0) {
-      }
+    while (received.load() < rounds) {
+      // Drain to empty (the empty rx_burst arms), then sleep until the
+      // sender sends. A wake-up may find nothing when the frame that caused
+      // it was already taken by the drain: that is allowed.
+      int n;
+      while ((n = recv_burst(*b, &got, 32)) > 0) received += n;
+      if (received.load() >= rounds) break;
       if (poll_fd(efd, 5000) != 1) {
         ++failures;
         return;
       }
       read_event(efd);
-      int n = recv_burst(*b, &got, 32);
-      if (n <= 0) ++failures;
-      received += n > 0 ? n : 0;
+      ++wakeups;
     }
   });
   for (int r = 0; r < rounds; ++r) {
@@ -71,7 +73,9 @@ TEST(SwnicIrq, ReceiverSleepsInPollAndWakesOnSend) {
   rx.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(received.load(), rounds);
-  EXPECT_GE(b->stats().irqs, static_cast<uint64_t>(rounds));
+  // It slept in poll() and the sender woke it (most rounds, on a quiet machine).
+  EXPECT_GE(wakeups, 1);
+  EXPECT_GE(b->stats().irqs, static_cast<uint64_t>(wakeups));
   EXPECT_EQ(b->drv()->rx_irq(b->dev(), 0, 0, nullptr), 0);
 }
 
@@ -133,6 +137,27 @@ TEST(SwnicIrq, SenderSignalsOnlyWhenTheReceiverArmed) {
   EXPECT_EQ(ring->waiting.load(), 0u);
   ASSERT_EQ(send_burst(*a, 300, 1, len64), 1);
   EXPECT_EQ(ring->wake_seq.load(), 2u);
+}
+
+TEST(SwnicIrq, NoReceiveBuffersKeepsTheFdReadable) {
+  std::string link = unique_link("irq-nobuf");
+  auto a = Port::open(link + ":0");
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  int efd = -1;
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &efd), 0);
+  ASSERT_EQ(send_burst(*a, 0, 4, len64), 4);
+  ASSERT_EQ(poll_fd(efd, 2000), 1);
+  read_event(efd);
+  std::vector<ufab_buf*> hold(b->rx_pool().count());
+  ASSERT_EQ(b->rx_pool().alloc(hold.data(), b->rx_pool().count()), static_cast<int>(b->rx_pool().count()));
+  std::vector<Received> got;
+  EXPECT_EQ(recv_burst(*b, &got, 32), 0);
+  // Frames wait and nothing could take them: the fd says so.
+  EXPECT_EQ(poll_fd(efd, 0), 1);
+  read_event(efd);
+  b->rx_pool().free(hold.data(), b->rx_pool().count());
+  EXPECT_EQ(recv_burst(*b, &got, 32), 4);
 }
 
 TEST(SwnicIrq, CloseWithInterruptsEnabledStopsTheHelper) {

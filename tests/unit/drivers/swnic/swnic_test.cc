@@ -1,6 +1,8 @@
 // swnic through its driver table, both ports in one process: open, info,
 // link, bursts, wrap-around, full and empty rings, sizes, errors, naming,
 // parameters and the segment's life cycle.
+#include "drivers/swnic/swnic.h"
+
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -8,7 +10,6 @@
 #include <cstring>
 #include <thread>
 
-#include "drivers/swnic/swnic.h"
 #include "tests/unit/drivers/swnic/test_host.h"
 
 namespace ufab::swnic_test {
