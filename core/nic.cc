@@ -207,8 +207,8 @@ Result<std::unique_ptr<Nic>> Nic::open_software(const ufab_driver& driver, const
 Status Nic::open_plugin() {
   host_ = std::make_unique<HostBridge>();
   host_->nic = this;
-  if (auto s = check(driver_.open(&HostBridge::kOps, host_->handle(), &dev_), "opening"); !s) return s;
-  return check(driver_.info(dev_, &info_), "querying");
+  if (auto s = call("opening", [&] { return driver_.open(&HostBridge::kOps, host_->handle(), &dev_); }); !s) return s;
+  return call("querying", [&] { return driver_.info(dev_, &info_); });
 }
 
 Nic::~Nic() {
@@ -217,53 +217,59 @@ Nic::~Nic() {
     driver_.close(dev_);
     dev_ = nullptr;
   }
-  host_.reset();  // IRQ eventfds and DMA regions the plugin did not free
+  host_.reset();   // IRQ eventfds and DMA regions the plugin did not free
+  pools_.clear();  // every buffer is back now
 }
 
-Status Nic::check(int rc, const std::string& what) {
+Status Nic::call(const std::string& what, const std::function<int()>& op) {
+  HostBridge::pending_error.clear();  // an explanation belongs to this op only
+  int rc = op();
   if (rc >= 0) return {};
-  std::string why = std::move(HostBridge::pending_error);
-  HostBridge::pending_error.clear();
+  std::string why = HostBridge::pending_error;
   if (why.empty()) why = rc == -EOPNOTSUPP ? "the driver does not support this" : std::strerror(-rc);
-  last_error_ = why;
   return fail(-rc, std::string(driver_.name) + " " + what + " " + name_ + ": " + why);
 }
 
+std::string Nic::last_error() const { return HostBridge::pending_error; }
+
 Result<ufab_link> Nic::link() {
   ufab_link l{};
-  if (auto s = check(driver_.link(dev_, &l), "reading the link of"); !s) return std::unexpected(s.error());
+  if (auto s = call("reading the link of", [&] { return driver_.link(dev_, &l); }); !s) return std::unexpected(s.error());
   return l;
 }
 
 Result<ufab_stats> Nic::stats() {
   ufab_stats st{};
-  if (auto s = check(driver_.stats(dev_, &st), "reading the statistics of"); !s) return std::unexpected(s.error());
+  if (auto s = call("reading the statistics of", [&] { return driver_.stats(dev_, &st); }); !s) return std::unexpected(s.error());
   return st;
 }
 
-Result<std::unique_ptr<dma::BufferPool>> Nic::create_pool(uint32_t count, uint32_t buffer_size) {
-  return dma::BufferPool::create(dma_, count, buffer_size);
+Result<std::shared_ptr<dma::BufferPool>> Nic::create_pool(uint32_t count, uint32_t buffer_size) {
+  auto pool = dma::BufferPool::create(dma_, count, buffer_size);
+  if (!pool) return std::unexpected(pool.error().context("buffers for " + name_));
+  pools_.push_back(std::shared_ptr<dma::BufferPool>(std::move(*pool)));
+  return pools_.back();
 }
 
 Status Nic::setup_rx_queue(uint16_t queue, uint32_t size, dma::BufferPool& pool) {
   ufab_queue_conf conf{size, pool.handle()};
-  return check(driver_.rx_queue_setup(dev_, queue, &conf), "setting up RX queue " + std::to_string(queue) + " of");
+  return call("setting up RX queue " + std::to_string(queue) + " of", [&] { return driver_.rx_queue_setup(dev_, queue, &conf); });
 }
 
 Status Nic::setup_tx_queue(uint16_t queue, uint32_t size) {
   ufab_queue_conf conf{size, nullptr};
-  return check(driver_.tx_queue_setup(dev_, queue, &conf), "setting up TX queue " + std::to_string(queue) + " of");
+  return call("setting up TX queue " + std::to_string(queue) + " of", [&] { return driver_.tx_queue_setup(dev_, queue, &conf); });
 }
 
-Status Nic::start() { return check(driver_.start(dev_), "starting"); }
-Status Nic::stop() { return check(driver_.stop(dev_), "stopping"); }
+Status Nic::start() { return call("starting", [&] { return driver_.start(dev_); }); }
+Status Nic::stop() { return call("stopping", [&] { return driver_.stop(dev_); }); }
 Status Nic::set_promiscuous(bool enable) {
-  return check(driver_.set_promiscuous(dev_, enable ? 1 : 0), "setting promiscuous mode on");
+  return call("setting promiscuous mode on", [&] { return driver_.set_promiscuous(dev_, enable ? 1 : 0); });
 }
 
 Result<int> Nic::enable_rx_irq(uint16_t queue) {
   int fd = -1;
-  if (auto s = check(driver_.rx_irq(dev_, queue, 1, &fd), "arming the RX interrupt of"); !s) {
+  if (auto s = call("arming the RX interrupt of", [&] { return driver_.rx_irq(dev_, queue, 1, &fd); }); !s) {
     return std::unexpected(s.error());
   }
   return fd;
@@ -271,7 +277,7 @@ Result<int> Nic::enable_rx_irq(uint16_t queue) {
 
 Status Nic::disable_rx_irq(uint16_t queue) {
   int fd = -1;
-  return check(driver_.rx_irq(dev_, queue, 0, &fd), "disarming the RX interrupt of");
+  return call("disarming the RX interrupt of", [&] { return driver_.rx_irq(dev_, queue, 0, &fd); });
 }
 
 }  // namespace ufab::core

@@ -6,11 +6,12 @@
 // Typical use:
 //   auto nic = core::Nic::open_pci(*registry.for_device(addr), addr);
 //   auto pool = (*nic)->create_pool(4096);
-//   (*nic)->setup_rx_queue(0, 512, **pool);  (*nic)->setup_tx_queue(0, 512);
+//   (*nic)->setup_rx_queue(0, 256, **pool);  (*nic)->setup_tx_queue(0, 128);
 //   (*nic)->start();
 //   n = (*nic)->rx_burst(0, bufs, 32);  ...  (*pool)->free(bufs, n);
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,7 +51,10 @@ class Nic {
   Result<ufab_stats> stats();
 
   // Buffers in this NIC's DMA space (count buffers of buffer_size bytes).
-  Result<std::unique_ptr<dma::BufferPool>> create_pool(uint32_t count, uint32_t buffer_size = 2048);
+  // The NIC keeps a reference: a pool lives at least until the plugin has
+  // closed the device and handed back every buffer it held, whatever order
+  // the caller drops things in.
+  Result<std::shared_ptr<dma::BufferPool>> create_pool(uint32_t count, uint32_t buffer_size = 2048);
   Status setup_rx_queue(uint16_t queue, uint32_t size, dma::BufferPool& pool);
   Status setup_tx_queue(uint16_t queue, uint32_t size);
   Status start();
@@ -67,8 +71,9 @@ class Nic {
   Result<int> enable_rx_irq(uint16_t queue);
   Status disable_rx_irq(uint16_t queue);
 
-  // What the plugin said about its last failure.
-  const std::string& last_error() const { return last_error_; }
+  // What the plugin said about the last operation that failed on this
+  // thread (rx_burst and tx_burst included).
+  std::string last_error() const;
   // DMA memory for this NIC (IOMMU-mapped for PCI devices).
   dma::DmaAllocator& dma() { return *dma_; }
   // The VFIO device and IOMMU, nullptr for software devices.
@@ -79,7 +84,9 @@ class Nic {
   struct HostBridge;
   Nic() = default;
   Status open_plugin();
-  Status check(int rc, const std::string& what);
+  // Runs a plugin operation and turns a negative errno plus the plugin's
+  // explanation into an Error.
+  Status call(const std::string& what, const std::function<int()>& op);
 
   std::string name_;
   NicParams params_;
@@ -87,10 +94,10 @@ class Nic {
   std::shared_ptr<vfio::IommuBackend> iommu_;
   std::unique_ptr<vfio::Device> device_;
   std::shared_ptr<dma::DmaAllocator> dma_;
+  std::vector<std::shared_ptr<dma::BufferPool>> pools_;  // destroyed after the plugin closes
   std::unique_ptr<HostBridge> host_;
   ufab_dev* dev_ = nullptr;
   ufab_dev_info info_{};
-  std::string last_error_;
 };
 
 }  // namespace ufab::core

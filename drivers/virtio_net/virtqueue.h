@@ -19,8 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/error.h"
-#include "vfio/mmio.h"
+#include "vfio/mmio.h"  // also brings Status (base/error.h)
 
 namespace ufab::virtio {
 

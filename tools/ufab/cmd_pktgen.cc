@@ -1,4 +1,5 @@
 // ufab pktgen FROM TO: raw frame rate between two ports, counted at TO.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -12,7 +13,7 @@ namespace {
 
 struct Port {
   std::unique_ptr<core::Nic> nic;
-  std::unique_ptr<dma::BufferPool> pool;
+  std::shared_ptr<dma::BufferPool> pool;
 };
 
 Result<Port> open_port(const core::PluginRegistry& registry, const std::string& spec, const core::NicParams& params) {
@@ -21,10 +22,13 @@ Result<Port> open_port(const core::PluginRegistry& registry, const std::string& 
   if (!nic) return std::unexpected(nic.error());
   p.nic = std::move(*nic);
   auto pool = p.nic->create_pool(4096);
-  if (!pool) return std::unexpected(pool.error().context("buffers for " + spec));
-  p.pool = std::move(*pool);
-  if (auto s = p.nic->setup_rx_queue(0, 512, *p.pool); !s) return std::unexpected(s.error());
-  if (auto s = p.nic->setup_tx_queue(0, 512); !s) return std::unexpected(s.error());
+  if (!pool) return std::unexpected(pool.error());
+  p.pool = *pool;
+  // The RX ring is twice the TX ring so a receiver that keeps up never runs
+  // dry behind a full sender (see docs/drivers/virtio_net.md on QEMU's hub).
+  uint32_t rx_ring = std::min<uint32_t>(256, p.nic->info().max_ring_size);
+  if (auto s = p.nic->setup_rx_queue(0, rx_ring, *p.pool); !s) return std::unexpected(s.error());
+  if (auto s = p.nic->setup_tx_queue(0, rx_ring / 2); !s) return std::unexpected(s.error());
   if (auto s = p.nic->start(); !s) return std::unexpected(s.error());
   return p;
 }

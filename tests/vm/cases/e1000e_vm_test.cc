@@ -2,11 +2,11 @@
 // NICs on one hub, both bound to vfio-pci, driven from user space. Binding is
 // not this program's job. Run from the repository root:
 //
-//   bazel build //tools/ufab //tests/vm/cases:e1000e_smoke
+//   bazel build //tools/ufab //tests/vm/cases:e1000e_vm_test
 //   tests/vm/run-vm --nic e1000e --nic e1000e --timeout 300 -- sh -c
 //     'modprobe vfio-pci && bazel-bin/tools/ufab/ufab bind 0000:00:02.0 &&
 //      bazel-bin/tools/ufab/ufab bind 0000:00:03.0 &&
-//      bazel-bin/tests/vm/cases/e1000e_smoke'
+//      bazel-bin/tests/vm/cases/e1000e_vm_test'
 //   (one line)
 //
 // Environment: UFAB_E1000E "BDF,BDF" (default 0000:00:02.0,0000:00:03.0),
@@ -70,7 +70,7 @@ core::Mac mac_of(const core::Nic& nic) {
 
 struct Port {
   std::unique_ptr<core::Nic> nic;
-  std::unique_ptr<dma::BufferPool> pool;
+  std::shared_ptr<dma::BufferPool> pool;
   Port() = default;
   Port(Port&&) = default;
   Port& operator=(Port&&) = default;

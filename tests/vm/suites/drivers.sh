@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# VM suite for the driver plugins, one VM boot: e1000e and virtio-net driven
+# from user space through VFIO (frames between them, interrupt mode, frames
+# to and from a kernel-driven NIC), then each driver's own checks.
+# Ends with "drivers: N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+bin=$PWD/bazel-bin
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+# NICs 1-2 e1000e (00:02.0, 00:03.0), 3-4 virtio (00:04.0, 00:05.0): bound to
+# vfio-pci; NIC 5 e1000e (00:06.0) stays with the kernel's e1000e driver.
+guest=$(cat <<GUEST
+modprobe vfio-pci || exit 1
+for d in 0000:00:02.0 0000:00:03.0 0000:00:04.0 0000:00:05.0; do $bin/tools/ufab/ufab bind \$d >/dev/null || exit 1; done
+export UFAB_KERNEL_IF=\$(ls /sys/bus/pci/devices/0000:00:06.0/net)
+rc=0
+for t in raw_frames_vm_test e1000e_vm_test virtio_net_vm_test; do
+  echo "== \$t"
+  $bin/tests/vm/cases/\$t || rc=1
+done
+exit \$rc
+GUEST
+)
+tests/vm/run-vm --timeout 1500 --mem 2048 \
+  --nic e1000e --nic e1000e --nic virtio --nic virtio --nic e1000e \
+  --env UFAB_E1000E=0000:00:02.0,0000:00:03.0 --env UFAB_VIRTIO=0000:00:04.0,0000:00:05.0 \
+  -- sh -c "$guest" 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+
+# Sum the gtest summaries of the three programs.
+passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$out" | awk '{s+=$1} END {print s+0}')
+failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$out" | awk '{s+=$1} END {print s+0}')
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+echo "drivers: $passed passed, $failed failed"
+[ "$rc" -eq 0 ]
