@@ -18,12 +18,21 @@ inline constexpr uint32_t kMaxTestFrame = 1514;
 
 using Mac = std::array<uint8_t, 6>;
 
+// How much of each frame is written and verified. kFull fills the payload
+// with a pattern and checks a checksum over the whole frame; kHeader writes
+// and checks only the 32-byte header (addresses, stream, sequence, length),
+// as a packet generator such as DPDK's testpmd txonly does, so a rate
+// measurement is not a measurement of memset and checksum loops.
+enum class Verify { kFull, kHeader };
+
 // Writes a test frame of `len` bytes (kMinTestFrame..kMaxTestFrame) at `out`.
-void build_test_frame(uint8_t* out, uint32_t len, const Mac& dst, const Mac& src, uint32_t stream, uint64_t seq);
+void build_test_frame(uint8_t* out, uint32_t len, const Mac& dst, const Mac& src, uint32_t stream, uint64_t seq,
+                      Verify verify = Verify::kFull);
 
 enum class FrameCheck { kOk, kNotOurs, kCorrupt };
 // kNotOurs: another ethertype, stream or source (other traffic on the wire).
-FrameCheck check_test_frame(const uint8_t* frame, uint32_t len, const Mac& src, uint32_t stream, uint64_t* seq);
+FrameCheck check_test_frame(const uint8_t* frame, uint32_t len, const Mac& src, uint32_t stream, uint64_t* seq,
+                            Verify verify = Verify::kFull);
 
 struct TransferSpec {
   uint64_t frames = 100000;
@@ -33,6 +42,7 @@ struct TransferSpec {
   double timeout_s = 60;              // bound on the whole transfer
   double duration_s = 0;              // > 0: send for this long instead of `frames`
   uint32_t stream = 1;
+  Verify verify = Verify::kFull;
 };
 
 struct TransferReport {

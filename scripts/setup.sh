@@ -20,7 +20,8 @@ fi
 
 PACKAGES=(
   bazel-bootstrap bazel-rules-java g++ libgtest-dev libpci-dev pci.ids pciutils
-  busybox-static cpio kmod xz-utils zstd jq iproute2
+  busybox-static cpio kmod xz-utils zstd jq iproute2 util-linux
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -17,4 +17,12 @@
 #include "drivers/plugin.h"
 
 // The driver table, for linking swnic into a binary statically.
-const ufab_driver* ufab_swnic_driver();
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const struct ufab_driver* ufab_swnic_driver(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -5,4 +5,12 @@
 
 #include "drivers/plugin.h"
 
-const ufab_driver* ufab_virtio_net_driver();
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const struct ufab_driver* ufab_virtio_net_driver(void);
+
+#ifdef __cplusplus
+}
+#endif

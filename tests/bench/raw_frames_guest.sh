@@ -31,7 +31,7 @@ for model in e1000e virtio; do
   if [ "$model" = e1000e ]; then a=0000:00:02.0; b=0000:00:03.0; else a=0000:00:04.0; b=0000:00:05.0; fi
   for size in 64 1514; do
     echo "== $model, $size-byte frames"
-    r=$("$UFAB" pktgen "$a" "$b" --duration "$SECS" --size "$size" --burst 32 --json || true)
+    r=$("$UFAB" pktgen "$a" "$b" --duration "$SECS" --size "$size" --burst 32 --verify header --json || true)
     ufab_fps=$(jq -r '.frames_per_second // 0' <<<"$r")
     echo "ufab:  $(jq -c '{received, lost, out_of_order, corrupt, frames_per_second}' <<<"$r")"
 

@@ -65,6 +65,13 @@ int cmd_pktgen(const Options& opts) {
   spec.timeout_s = std::max(*timeout, *duration + 5);
   spec.min_size = sizes->first;
   spec.max_size = sizes->second;
+  if (const std::string* v = opts.value("verify")) {
+    if (*v == "header") {
+      spec.verify = core::Verify::kHeader;
+    } else if (*v != "full") {
+      return report_error(opts, "pktgen", Error(EINVAL, "--verify " + *v + ": expected full or header"));
+    }
+  }
   core::NicParams params;
   if (auto it = opts.values.find("param"); it != opts.values.end()) {
     for (const auto& kv : it->second) {
@@ -82,11 +89,15 @@ int cmd_pktgen(const Options& opts) {
   auto to = open_port(registry, opts.args[1], params);
   if (!to) return report_error(opts, "pktgen", to.error());
   if (!opts.json) {
-    std::fprintf(stderr, "pktgen: %s -> %s, %s frames of %u..%u bytes, bursts of %u\n", opts.args[0].c_str(),
-                 opts.args[1].c_str(),
-                 spec.duration_s > 0 ? ("for " + std::to_string(spec.duration_s) + " s of").c_str()
-                                     : std::to_string(spec.frames).c_str(),
-                 spec.min_size, spec.max_size, spec.burst);
+    char amount[64];
+    if (spec.duration_s > 0) {
+      std::snprintf(amount, sizeof amount, "frames for %.1f s", spec.duration_s);
+    } else {
+      std::snprintf(amount, sizeof amount, "%llu frames", static_cast<unsigned long long>(spec.frames));
+    }
+    std::fprintf(stderr, "pktgen: %s -> %s, %s of %u..%u bytes, bursts of %u, verifying %s\n", opts.args[0].c_str(),
+                 opts.args[1].c_str(), amount, spec.min_size, spec.max_size, spec.burst,
+                 spec.verify == core::Verify::kFull ? "every byte" : "headers");
   }
   auto rep = core::run_transfer(*from->nic, *from->pool, *to->nic, *to->pool, spec);
   if (!rep) return report_error(opts, "pktgen", rep.error());
@@ -97,6 +108,7 @@ int cmd_pktgen(const Options& opts) {
     JsonWriter w;
     w.begin_object().field("ok", rep->intact()).field("from", opts.args[0]).field("to", opts.args[1]);
     w.field("min_size", spec.min_size).field("max_size", spec.max_size).field("burst", spec.burst);
+    w.field("verify", spec.verify == core::Verify::kFull ? "full" : "header");
     w.field("sent", rep->sent).field("received", rep->received).field("lost", rep->sent - std::min(rep->sent, rep->received));
     w.field("out_of_order", rep->out_of_order).field("corrupt", rep->corrupt).field("foreign", rep->foreign);
     w.field("timed_out", rep->timed_out).field("seconds", rep->seconds);

@@ -30,6 +30,8 @@ commands:
       --duration S     send for S seconds instead of --count
       --size N|MIN-MAX frame bytes without FCS, 60..1514 (default 60-1514)
       --burst N        frames per doorbell (default 32)
+      --verify full|header  check every byte (default) or only each
+                       frame's header and sequence, as testpmd's txonly
       --timeout S      bound on the whole run (default 120)
       --param K=V      driver parameter for both ports (repeatable)
 
@@ -48,7 +50,7 @@ exit status: 0 success, 1 failed or refused, 2 usage error.
 // Options that take a value, and the one command each belongs to.
 const std::map<std::string, std::string> kValueOptions = {
     {"count", "pktgen"}, {"duration", "pktgen"}, {"size", "pktgen"},
-    {"burst", "pktgen"}, {"timeout", "pktgen"},  {"param", "pktgen"},
+    {"burst", "pktgen"}, {"timeout", "pktgen"},  {"param", "pktgen"}, {"verify", "pktgen"},
 };
 
 int usage_error(const std::string& msg) {

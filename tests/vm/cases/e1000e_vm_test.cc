@@ -31,84 +31,26 @@
 #include "core/nic.h"
 #include "core/traffic.h"
 #include "drivers/e1000e/e1000e.h"
+#include "tests/vm/cases/vm_ports.h"
 
 namespace ufab {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<std::string> nic_addresses() {
-  const char* v = std::getenv("UFAB_E1000E");
-  std::string s = v ? v : "0000:00:02.0,0000:00:03.0";
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
+using vmtest::mac_of;
+using vmtest::mac_text;
+using vmtest::Port;
 
-uint64_t frames_wanted() {
-  const char* v = std::getenv("UFAB_E1000E_FRAMES");
-  return v ? std::strtoull(v, nullptr, 10) : 10000;
-}
-
-std::string mac_text(const uint8_t* m) {
-  char b[24];
-  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
-  return b;
-}
-
-core::Mac mac_of(const core::Nic& nic) {
-  core::Mac m;
-  std::memcpy(m.data(), nic.info().mac, 6);
-  return m;
-}
-
-struct Port {
-  std::unique_ptr<core::Nic> nic;
-  std::shared_ptr<dma::BufferPool> pool;
-  Port() = default;
-  Port(Port&&) = default;
-  Port& operator=(Port&&) = default;
-  // The NIC goes first: closing it stops DMA and returns its posted
-  // buffers to the pool, which must still exist.
-  ~Port() {
-    nic.reset();
-    pool.reset();
-  }
-};
-
+// e1000e receivers do not show the hub's reordering, so equal rings are fine.
 Port open_port(const std::string& bdf, uint32_t ring = 512, uint32_t pool_buffers = 2048) {
-  Port p;
-  auto addr = PciAddress::parse(bdf);
-  EXPECT_TRUE(addr) << bdf;
-  if (!addr) return p;
-  auto nic = core::Nic::open_pci(*ufab_e1000e_driver(), *addr);
-  EXPECT_TRUE(nic) << (nic ? "" : nic.error().message());
-  if (!nic) return p;
-  p.nic = std::move(*nic);
-  auto pool = p.nic->create_pool(pool_buffers);
-  EXPECT_TRUE(pool) << (pool ? "" : pool.error().message());
-  if (!pool) return Port{};
-  p.pool = std::move(*pool);
-  auto ok = p.nic->setup_rx_queue(0, ring, *p.pool);
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  if (ok) ok = p.nic->setup_tx_queue(0, ring);
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  if (ok) ok = p.nic->start();
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  if (!ok) return Port{};
-  return p;
+  return vmtest::open_port(*ufab_e1000e_driver(), bdf, ring, ring, pool_buffers);
 }
 
 class E1000eSmoke : public ::testing::Test {
  protected:
   void SetUp() override {
-    nics_ = nic_addresses();
+    nics_ = vmtest::env_list("UFAB_E1000E", "0000:00:02.0,0000:00:03.0");
     ASSERT_EQ(nics_.size(), 2u) << "UFAB_E1000E must name two e1000e functions bound to vfio-pci";
   }
   std::vector<std::string> nics_;
@@ -221,7 +163,7 @@ TEST_F(E1000eSmoke, OpensBothAndReportsIdentityAndLink) {
 }
 
 TEST_F(E1000eSmoke, FramesArriveIntactAndInOrder) {
-  const uint64_t frames = frames_wanted();
+  const uint64_t frames = vmtest::env_count("UFAB_E1000E_FRAMES", 10000);
   std::shared_ptr<vfio::IommuBackend> iommu;
   {
     Port a = open_port(nics_[0]);

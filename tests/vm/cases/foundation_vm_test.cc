@@ -307,6 +307,35 @@ TEST_F(FoundationVm, NicCarryingTheHostConnectionNeedsForce) {
   EXPECT_EQ(driver_of(e.bdf), "e1000e");
 }
 
+// The operator's path through the driver plugins: `ufab info` shows the
+// plugin's view, `ufab pktgen` moves verified frames between two bound NICs.
+TEST_F(FoundationVm, InfoShowsThePluginViewAndPktgenCarriesFrames) {
+  const Nic& e = *nic("e1000e");
+  const Nic& v = *nic("virtio");
+  ASSERT_EQ(ufab_run("bind " + e.bdf).status, 0);
+  ASSERT_EQ(ufab_run("bind " + v.bdf).status, 0);
+  for (const Nic* n : {&e, &v}) {
+    Shell info = ufab_run("info --json " + n->bdf);
+    ASSERT_EQ(info.status, 0) << info.out;
+    EXPECT_EQ(trim(sh("echo '" + info.out + "' | jq -r .plugin.mac").out), n->mac) << info.out;
+    EXPECT_EQ(trim(sh("echo '" + info.out + "' | jq -r .plugin.link.up").out), "true") << info.out;
+  }
+  EXPECT_EQ(trim(sh("echo '" + ufab_run("info --json " + e.bdf).out + "' | jq -r .plugin.name").out), "e1000e");
+  EXPECT_EQ(trim(sh("echo '" + ufab_run("info --json " + v.bdf).out + "' | jq -r .plugin.name").out), "virtio_net");
+
+  Shell gen = ufab_run("pktgen " + e.bdf + " " + v.bdf + " --count 20000 --json");
+  EXPECT_EQ(gen.status, 0) << gen.out;
+  EXPECT_EQ(trim(sh("echo '" + gen.out + "' | jq -r '[.sent, .received, .lost, .out_of_order, .corrupt] | @tsv'").out),
+            "20000\t20000\t0\t0\t0")
+      << gen.out;
+  Shell plugins = ufab_run("plugins --json");
+  EXPECT_EQ(trim(sh("echo '" + plugins.out + "' | jq -r '[.plugins[].name] | sort | join(\",\")'").out),
+            "e1000e,swnic,virtio_net")
+      << plugins.out;
+  ASSERT_EQ(ufab_run("unbind " + e.bdf).status, 0);
+  ASSERT_EQ(ufab_run("unbind " + v.bdf).status, 0);
+}
+
 TEST_F(FoundationVm, NonViableGroupNamesTheBlockingDevice) {
   const char* shared = std::getenv("UFAB_SHARED_GROUP");
   ASSERT_NE(shared, nullptr) << "UFAB_SHARED_GROUP is not set";

@@ -25,51 +25,20 @@
 #include "base/files.h"
 #include "core/nic_open.h"
 #include "core/traffic.h"
+#include "tests/vm/cases/vm_ports.h"
 
 namespace ufab {
 namespace {
 
-std::vector<std::string> env_list(const char* name) {
-  std::vector<std::string> out;
-  const char* v = std::getenv(name);
-  if (!v) return out;
-  std::string s = v;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
+using vmtest::env_list;
+using vmtest::Port;
 
-// One started port with its own buffer pool (the NIC keeps the pool alive
-// for as long as it needs it).
-struct Port {
-  std::unique_ptr<core::Nic> nic;
-  std::shared_ptr<dma::BufferPool> pool;
-};
-
-Port open_port(const core::PluginRegistry& registry, const std::string& spec) {
-  Port p;
-  auto nic = core::open_nic(registry, spec);
-  EXPECT_TRUE(nic) << (nic ? "" : nic.error().message());
-  if (!nic) return p;
-  p.nic = std::move(*nic);
-  auto pool = p.nic->create_pool(2048);
-  EXPECT_TRUE(pool) << (pool ? "" : pool.error().message());
-  if (!pool) return Port{};
-  p.pool = *pool;
-  // RX ring twice the TX ring: QEMU's hub reorders frames for a receiver whose
-  // ring ran dry (docs/drivers/virtio_net.md), so the receiver gets headroom.
-  auto ok = p.nic->setup_rx_queue(0, 256, *p.pool);
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  ok = p.nic->setup_tx_queue(0, 128);
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  ok = p.nic->start();
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  return p;
+// The plugin the registry picks for the device, as the CLI would.
+Port open_port(const core::PluginRegistry& registry, const std::string& bdf) {
+  auto plugin = core::plugin_for(registry, bdf);
+  EXPECT_TRUE(plugin) << (plugin ? "" : plugin.error().message());
+  if (!plugin) return Port{};
+  return vmtest::open_port((*plugin)->ops, bdf);
 }
 
 class RawFramesVm : public ::testing::Test {

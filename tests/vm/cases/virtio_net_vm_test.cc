@@ -29,74 +29,20 @@
 #include "core/nic.h"
 #include "core/traffic.h"
 #include "drivers/virtio_net/virtio_net.h"
+#include "tests/vm/cases/vm_ports.h"
 
 namespace ufab {
 namespace {
 
-std::vector<std::string> nic_addresses() {
-  const char* v = std::getenv("UFAB_VIRTIO");
-  std::string s = v ? v : "0000:00:02.0,0000:00:03.0";
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
-uint64_t frames_wanted() {
-  const char* v = std::getenv("UFAB_VIRTIO_FRAMES");
-  return v ? std::strtoull(v, nullptr, 10) : 10000;
-}
-
-std::string mac_text(const uint8_t* m) {
-  char b[24];
-  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
-  return b;
-}
-
-struct Port {
-  // Members die in reverse order, so the NIC goes first: closing it resets
-  // the device (no more DMA) and gives its posted buffers back to the pool,
-  // which must still exist then.
-  std::shared_ptr<dma::BufferPool> pool;
-  std::unique_ptr<core::Nic> nic;
-};
-
-// RX rings default to twice the TX ring: QEMU's hub reorders a frame each
-// time a virtio-net RX ring runs completely dry (see "QEMU quirks" in
-// docs/drivers/virtio_net.md), and a receiver ring larger than the sender's
-// TX ring keeps a polling receiver from ever running dry.
-Port open_port(const ufab_driver& driver, const std::string& bdf, uint32_t rx_ring = 256, uint32_t tx_ring = 128) {
-  Port p;
-  auto addr = PciAddress::parse(bdf);
-  EXPECT_TRUE(addr) << bdf;
-  if (!addr) return p;
-  auto nic = core::Nic::open_pci(driver, *addr);
-  EXPECT_TRUE(nic) << (nic ? "" : nic.error().message());
-  if (!nic) return p;
-  p.nic = std::move(*nic);
-  auto pool = p.nic->create_pool(2048);
-  EXPECT_TRUE(pool) << (pool ? "" : pool.error().message());
-  if (!pool) return Port{};
-  p.pool = std::move(*pool);
-  auto ok = p.nic->setup_rx_queue(0, rx_ring, *p.pool);
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  ok = p.nic->setup_tx_queue(0, tx_ring);
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  ok = p.nic->start();
-  EXPECT_TRUE(ok) << (ok ? "" : ok.error().message());
-  if (!ok) return Port{};
-  return p;
-}
+using vmtest::mac_of;
+using vmtest::mac_text;
+using vmtest::open_port;
+using vmtest::Port;
 
 class VirtioSmoke : public ::testing::Test {
  protected:
   void SetUp() override {
-    nics_ = nic_addresses();
+    nics_ = vmtest::env_list("UFAB_VIRTIO", "0000:00:02.0,0000:00:03.0");
     ASSERT_EQ(nics_.size(), 2u) << "UFAB_VIRTIO must name two virtio-net functions bound to vfio-pci";
   }
   const ufab_driver& driver() { return *ufab_virtio_net_driver(); }
@@ -139,7 +85,7 @@ TEST_F(VirtioSmoke, OpensBothAndReportsIdentityAndLink) {
 }
 
 TEST_F(VirtioSmoke, FramesArriveIntactAndInOrder) {
-  const uint64_t frames = frames_wanted();
+  const uint64_t frames = vmtest::env_count("UFAB_VIRTIO_FRAMES", 10000);
   std::shared_ptr<vfio::IommuBackend> iommu;
   {
     Port a = open_port(driver(), nics_[0]);
