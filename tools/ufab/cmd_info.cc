@@ -144,9 +144,14 @@ void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
   }
   std::printf("  iommu group   %s%s%s\n", group_text(d).c_str(), members.empty() ? "" : ": ", members.c_str());
   std::printf("  numa node     %s\n", d.numa_node < 0 ? "-" : std::to_string(d.numa_node).c_str());
-  if (d.current_link_speed) {
-    std::printf("  pcie link     %s x%u (max %s x%u)\n", d.current_link_speed->c_str(), d.current_link_width.value_or(0),
+  // Emulated and virtual functions report "Unknown" speed and widths of 0 or 255.
+  bool link_known = d.current_link_speed && d.current_link_speed->rfind("Unknown", 0) != 0 &&
+                    d.current_link_width.value_or(0) > 0 && d.current_link_width.value_or(0) <= 32;
+  if (link_known) {
+    std::printf("  pcie link     %s x%u (max %s x%u)\n", d.current_link_speed->c_str(), *d.current_link_width,
                 d.max_link_speed.value_or("?").c_str(), d.max_link_width.value_or(0));
+  } else if (d.current_link_speed) {
+    std::printf("  pcie link     not reported by the device\n");
   }
   for (const auto& nic : d.interfaces) {
     std::string addrs;
