@@ -21,7 +21,7 @@ fi
 PACKAGES=(
   bazel-bootstrap bazel-rules-java g++ libgtest-dev libpci-dev pci.ids pciutils
   busybox-static cpio kmod xz-utils zstd jq iproute2 util-linux
-  clang-14 libclang-rt-14-dev
+  clang-16 libclang-rt-16-dev
 )
 
 missing=()

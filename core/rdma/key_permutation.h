@@ -4,19 +4,22 @@
 // slots count up, freed slots come back in FIFO order). Putting the slot
 // number itself into the key would let a peer that holds one rkey guess the
 // index of the next region exactly, leaving only the 8-bit key byte to
-// guess. The table therefore publishes P(slot) instead of slot, where P is a
-// bijection of [0, 2^24) chosen at random per table.
+// guess. The table therefore publishes P(generation:slot) instead, where P
+// is a bijection of [0, 2^24) chosen at random per table and the
+// generation (the index bits the slot number does not need) is drawn anew
+// each time a slot is reused.
 //
 // P is a 4-round balanced Feistel network on two 12-bit halves whose round
-// function is a 64-bit mixer keyed with random round keys. Any round
+// function is a keyed multiply-shift hash with random keys. Any round
 // function gives a bijection (that is the point of the Feistel shape), so
-// lookups stay exact; the mixing only makes P hard to predict from a few
-// observed outputs. It is not a cipher with a security proof: a 24-bit
-// block is far too small for that, and docs/memory-keys.md says how much it
-// is worth.
+// lookups stay exact; the keyed hashing only makes P hard to predict from
+// a few observed outputs. It is not a cipher with a security proof: a
+// 24-bit block is far too small for that, and docs/memory-keys.md says how
+// much it is worth.
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace ufab::rdma {
@@ -25,16 +28,21 @@ class KeyPermutation {
  public:
   static constexpr uint32_t kBits = 24;
   static constexpr uint32_t kMask = (1u << kBits) - 1;
+  static constexpr size_t kRounds = 4;
+  // Two random words per round: an addend and a multiplier.
+  using Keys = std::array<uint64_t, 2 * kRounds>;
 
-  KeyPermutation() = default;  // all-zero round keys: still a bijection, for tests
-  explicit KeyPermutation(const std::array<uint64_t, 4>& round_keys) : keys_(round_keys) {}
+  KeyPermutation() = default;  // all-zero keys: still a bijection, for tests
+  explicit KeyPermutation(const Keys& keys) : keys_(keys) {
+    for (size_t i = 1; i < keys_.size(); i += 2) keys_[i] |= 1;  // odd multipliers
+  }
 
   // Slot number -> published index. Bits above 24 of `x` are ignored.
   uint32_t forward(uint32_t x) const {
     uint32_t l = (x >> 12) & 0xFFF;
     uint32_t r = x & 0xFFF;
-    for (uint64_t k : keys_) {
-      uint32_t t = l ^ round(r, k);
+    for (size_t i = 0; i < kRounds; ++i) {
+      uint32_t t = l ^ round(r, i);
       l = r;
       r = t;
     }
@@ -45,8 +53,8 @@ class KeyPermutation {
   uint32_t inverse(uint32_t y) const {
     uint32_t l = (y >> 12) & 0xFFF;
     uint32_t r = y & 0xFFF;
-    for (int i = static_cast<int>(keys_.size()) - 1; i >= 0; --i) {
-      uint32_t t = r ^ round(l, keys_[static_cast<size_t>(i)]);
+    for (size_t i = kRounds; i-- > 0;) {
+      uint32_t t = r ^ round(l, i);
       r = l;
       l = t;
     }
@@ -54,17 +62,16 @@ class KeyPermutation {
   }
 
  private:
-  // 12 well-mixed bits of (half, key): the SplitMix64 finalizer (a public
-  // multiply-xorshift mixer), top bits taken because they mix best.
-  static uint32_t round(uint32_t half, uint64_t key) {
-    uint64_t z = key ^ (uint64_t{half} * 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+  // 12 bits of a keyed multiply-shift hash of the 12-bit half: one
+  // multiply per round keeps a lookup at a few nanoseconds, and the top
+  // bits of (half + a) * m with random a and odd m depend on every input
+  // bit.
+  uint32_t round(uint32_t half, size_t i) const {
+    uint64_t z = (uint64_t{half} + keys_[2 * i]) * keys_[2 * i + 1];
     return static_cast<uint32_t>(z >> 52);
   }
 
-  std::array<uint64_t, 4> keys_{};
+  Keys keys_{};
 };
 
 }  // namespace ufab::rdma

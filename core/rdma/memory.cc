@@ -12,9 +12,9 @@ namespace ufab::rdma {
 
 // One region. Readers never lock: the fields are atomics written only
 // inside a seqlock write section (seq odd), and a reader accepts a snapshot
-// only when seq was even and unchanged around its loads. Relaxed atomics
-// (rather than plain fields) keep a torn read defined behaviour; the seq
-// check then throws it away.
+// only when seq was even and unchanged around its loads. Atomics (rather
+// than plain fields) keep a torn read defined behaviour; the seq check then
+// throws it away.
 struct MemoryRegionTable::Slot {
   alignas(64) std::atomic<uint64_t> seq{0};
   std::atomic<uint32_t> key{0};  // full 32-bit key; 0 = free
@@ -23,13 +23,14 @@ struct MemoryRegionTable::Slot {
   std::atomic<uint64_t> iova{0};
   std::atomic<uint64_t> length{0};
   std::atomic<uint64_t> host{0};
-  // Live Access objects (successful checks not yet released). Shares the
-  // cache line with the fields above: one progress thread per region is
-  // the expected pattern, and then the line stays in that core's cache.
-  std::atomic<uint32_t> pins{0};
+  // Live Access objects (successful checks not yet released). On a cache
+  // line of its own: every check writes it, and the fields above, which
+  // only change on (de)registration, stay shared in every reader's cache.
+  alignas(64) std::atomic<uint32_t> pins{0};
 
   // Writer-side state, only touched under mu_.
   uint32_t bound = 0;
+  uint32_t last_generation = 0;
   uint8_t last_key_byte = 0;
   bool keyed_before = false;
 };
@@ -52,13 +53,20 @@ void cpu_relax() {
 #endif
 }
 
-// Seqlock writer: odd while fields change. The release fence keeps the
-// field stores from becoming visible before the odd sequence number.
+// Seqlock writer: odd while fields change. Field stores are release and
+// the reader's field loads acquire, so a reader that sees any new field
+// value also sees the odd (or later) sequence number on its re-read. That
+// needs no standalone fences, which ThreadSanitizer cannot model, and costs
+// nothing on x86 (plain moves either way).
 template <typename SlotT>
 void write_begin(SlotT& s) {
   uint64_t v = s.seq.load(std::memory_order_relaxed);
   s.seq.store(v + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+}
+
+template <typename T, typename V>
+void put(std::atomic<T>& field, V value) {
+  field.store(static_cast<T>(value), std::memory_order_release);
 }
 
 // seq_cst, not just release: deregister_mr relies on this store and its
@@ -282,11 +290,13 @@ Result<std::unique_ptr<MemoryRegionTable>> MemoryRegionTable::create(MemoryTable
 }
 
 Status MemoryRegionTable::init() {
-  std::array<uint64_t, 4> round_keys{};
-  if (auto st = options_.random(round_keys.data(), sizeof(round_keys)); !st) {
+  KeyPermutation::Keys keys{};
+  if (auto st = options_.random(keys.data(), sizeof(keys)); !st) {
     return std::unexpected(st.error().context("creating the memory region table"));
   }
-  permutation_ = KeyPermutation(round_keys);
+  permutation_ = KeyPermutation(keys);
+  while (slot_bits_ < KeyPermutation::kBits && (uint64_t{1} << slot_bits_) < options_.max_regions) ++slot_bits_;
+  slot_mask_ = static_cast<uint32_t>((uint64_t{1} << slot_bits_) - 1);
   chunk_count_ = (options_.max_regions + kChunkSlots - 1) / kChunkSlots;
   chunks_ = std::make_unique<std::atomic<Slot*>[]>(chunk_count_);
   for (uint32_t c = 0; c < chunk_count_; ++c) chunks_[c].store(nullptr, std::memory_order_relaxed);
@@ -355,17 +365,20 @@ Result<uint32_t> MemoryRegionTable::take_slot() {
   return slot;
 }
 
-Result<uint8_t> MemoryRegionTable::draw_key_byte(std::optional<uint8_t> previous, uint32_t index) {
-  // A fair random source needs ~1 draw; 256 identical draws in a row mean
+Result<uint32_t> MemoryRegionTable::draw(uint32_t bits, std::optional<uint32_t> previous, bool avoid_zero) {
+  if (bits == 0) return 0u;
+  uint32_t mask = static_cast<uint32_t>((uint64_t{1} << bits) - 1);
+  // A fair random source needs ~1 draw; 256 rejected draws in a row mean
   // it is broken, and keys from it would be guessable.
   for (int attempt = 0; attempt < 256; ++attempt) {
-    uint8_t b = 0;
-    if (auto st = options_.random(&b, 1); !st) return std::unexpected(st.error());
-    if (b == previous) continue;          // a stale key of this slot must never validate again
-    if (index == 0 && b == 0) continue;  // key 0 means "no key" (rkey of a local-only region)
-    return b;
+    uint8_t raw[4] = {};
+    if (auto st = options_.random(raw, (bits + 7) / 8); !st) return std::unexpected(st.error());
+    uint32_t v = (uint32_t{raw[0]} | uint32_t{raw[1]} << 8 | uint32_t{raw[2]} << 16 | uint32_t{raw[3]} << 24) & mask;
+    if (previous && v == *previous) continue;  // a stale key must never validate again
+    if (avoid_zero && v == 0) continue;
+    return v;
   }
-  return fail(EIO, "the random source returned the same byte 256 times: refusing to make predictable memory keys");
+  return fail(EIO, "the random source returned the same value 256 times: refusing to make predictable memory keys");
 }
 
 Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
@@ -401,25 +414,40 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   auto slot_no = take_slot();
   if (!slot_no) return std::unexpected(slot_no.error());
   Slot& s = *slot_at(*slot_no);
-  uint32_t index = permutation_.forward(*slot_no);
-  auto byte = draw_key_byte(s.keyed_before ? std::optional<uint8_t>(s.last_key_byte) : std::nullopt, index);
-  if (!byte) {
+  // A new generation moves the index, so a stale key does not even tell a
+  // peer where the slot's next region is; the new key byte differs from
+  // the previous one, so a stale key never validates even when the
+  // generation has no bits (max_regions = 2^24).
+  std::optional<uint32_t> prev_gen, prev_byte;
+  if (s.keyed_before) {
+    prev_gen = s.last_generation;
+    prev_byte = s.last_key_byte;
+  }
+  auto generation = draw(KeyPermutation::kBits - slot_bits_, prev_gen, false);
+  if (!generation) {
     freed_.push_front(*slot_no);  // give the slot back unchanged
+    return std::unexpected(generation.error().context("registering a memory region"));
+  }
+  uint32_t index = permutation_.forward(*generation << slot_bits_ | *slot_no);
+  auto byte = draw(8, prev_byte, index == 0);  // key 0 means "no key"
+  if (!byte) {
+    freed_.push_front(*slot_no);
     return std::unexpected(byte.error().context("registering a memory region"));
   }
   uint32_t key = (index << 8) | *byte;
 
   write_begin(s);
-  s.pd.store(pd.value, std::memory_order_relaxed);
-  s.access.store(access, std::memory_order_relaxed);
-  s.iova.store(iova, std::memory_order_relaxed);
-  s.length.store(length, std::memory_order_relaxed);
-  s.host.store(host, std::memory_order_relaxed);
-  s.key.store(key, std::memory_order_relaxed);
+  put(s.pd, pd.value);
+  put(s.access, access);
+  put(s.iova, iova);
+  put(s.length, length);
+  put(s.host, host);
+  put(s.key, key);
   write_end(s);
 
   s.bound = 0;
-  s.last_key_byte = *byte;
+  s.last_generation = *generation;
+  s.last_key_byte = static_cast<uint8_t>(*byte);
   s.keyed_before = true;
   ++pd_it->second;
   ++live_;
@@ -428,7 +456,7 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
 
 Result<MemoryRegionTable::Slot*> MemoryRegionTable::writer_find(uint32_t lkey, const char* what) const {
   if (lkey == 0) return fail(EINVAL, std::string(what) + ": 0 is not a memory key (pass the region's lkey)");
-  uint32_t slot_no = permutation_.inverse(lkey >> 8);
+  uint32_t slot_no = slot_of(lkey);
   Slot* s = slot_no < fresh_slots_ ? slot_at(slot_no) : nullptr;
   if (!s || s->key.load(std::memory_order_relaxed) != lkey) {
     return fail(ENOENT, std::string(what) + ": no memory region has lkey " + hex32(lkey) +
@@ -449,14 +477,14 @@ Status MemoryRegionTable::deregister_mr(uint32_t lkey) {
   // Unpublish first, so no new check can succeed, then wait for the checks
   // that already succeeded (pins) to finish their copies.
   write_begin(s);
-  s.key.store(0, std::memory_order_relaxed);
+  put(s.key, 0);
   write_end(s);
   auto deadline = std::chrono::steady_clock::now() + options_.drain_timeout;
   for (uint32_t spins = 0; s.pins.load(std::memory_order_seq_cst) != 0; ++spins) {
     if (std::chrono::steady_clock::now() >= deadline) {
       uint32_t pins = s.pins.load(std::memory_order_relaxed);
       write_begin(s);
-      s.key.store(lkey, std::memory_order_relaxed);  // never handed to anyone else: safe to restore
+      put(s.key, lkey);  // never handed to anyone else: safe to restore
       write_end(s);
       return fail(EBUSY, "memory region " + hex32(lkey) + " still has " + std::to_string(pins) +
                              " access(es) in flight after " + std::to_string(options_.drain_timeout.count()) +
@@ -470,15 +498,15 @@ Status MemoryRegionTable::deregister_mr(uint32_t lkey) {
   }
   uint32_t pd = s.pd.load(std::memory_order_relaxed);
   write_begin(s);
-  s.pd.store(0, std::memory_order_relaxed);
-  s.access.store(0, std::memory_order_relaxed);
-  s.iova.store(0, std::memory_order_relaxed);
-  s.length.store(0, std::memory_order_relaxed);
-  s.host.store(0, std::memory_order_relaxed);
+  put(s.pd, 0);
+  put(s.access, 0);
+  put(s.iova, 0);
+  put(s.length, 0);
+  put(s.host, 0);
   write_end(s);
   if (auto it = pds_.find(pd); it != pds_.end() && it->second > 0) --it->second;
   --live_;
-  freed_.push_back(static_cast<uint32_t>(permutation_.inverse(lkey >> 8)));
+  freed_.push_back(slot_of(lkey));
   return {};
 }
 
@@ -530,13 +558,12 @@ uint32_t MemoryRegionTable::live_regions() const {
 bool MemoryRegionTable::read_snapshot(const Slot& s, Snapshot* out) const {
   uint64_t s1 = s.seq.load(std::memory_order_acquire);
   if (s1 & 1) return false;
-  out->key = s.key.load(std::memory_order_relaxed);
-  out->pd = s.pd.load(std::memory_order_relaxed);
-  out->access = s.access.load(std::memory_order_relaxed);
-  out->iova = s.iova.load(std::memory_order_relaxed);
-  out->length = s.length.load(std::memory_order_relaxed);
-  out->host = s.host.load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
+  out->key = s.key.load(std::memory_order_acquire);
+  out->pd = s.pd.load(std::memory_order_acquire);
+  out->access = s.access.load(std::memory_order_acquire);
+  out->iova = s.iova.load(std::memory_order_acquire);
+  out->length = s.length.load(std::memory_order_acquire);
+  out->host = s.host.load(std::memory_order_acquire);
   if (s.seq.load(std::memory_order_relaxed) != s1) return false;
   out->seq = s1;
   return true;
@@ -558,7 +585,7 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
   // 1. Key. The index is checked against the table before any slot is
   // touched, so a hostile key can only ever select a real slot or nothing.
   if (key == 0) return failure(KeyError::kUnknownKey);
-  uint32_t slot_no = permutation_.inverse(key >> 8);
+  uint32_t slot_no = slot_of(key);
   if (slot_no >= options_.max_regions) return failure(KeyError::kUnknownKey);
   Slot* s = slot_at(slot_no);
   if (!s) return failure(KeyError::kUnknownKey);

@@ -4,9 +4,9 @@
 //
 // Keys are 32 bits like verbs keys: a 24-bit index and an 8-bit key byte.
 // Unlike a plain slot number, the index is a per-table secret permutation
-// of the slot, and the key byte is random (getrandom) and changes every
-// time a slot is reused, so keys are neither sequential nor reusable after
-// deregistration. docs/memory-keys.md has the format, how hard keys are to
+// of the slot number and a random per-registration generation, and the key
+// byte is random (getrandom) and never repeats the slot's previous one, so
+// keys are neither sequential nor valid after deregistration. docs/memory-keys.md has the format, how hard keys are to
 // guess (and where that is weaker than a MAC), the check order, the NAK
 // mapping and the concurrency design.
 //
@@ -67,7 +67,7 @@ struct MemoryKeys {
 // on this (aeth_nak_syndrome) without parsing messages.
 enum class KeyError : uint8_t {
   kUnknownKey,        // no live region has this index (never issued, freed, key 0)
-  kStaleKey,          // index of a live region, wrong key byte (old incarnation or a guess)
+  kStaleKey,          // names a live region's slot, but not its key (an old incarnation or a guess)
   kPdMismatch,        // region belongs to another protection domain than the QP's
   kAccessDenied,      // region lacks the access the operation needs
   kOutOfBounds,       // [va, va+length) not inside the region, or va+length wraps
@@ -237,7 +237,8 @@ class MemoryRegionTable {
 
   Slot* slot_at(uint32_t slot) const;  // nullptr when that chunk was never allocated
   Result<uint32_t> take_slot();        // under mu_
-  Result<uint8_t> draw_key_byte(std::optional<uint8_t> previous, uint32_t index);  // under mu_
+  Result<uint32_t> draw(uint32_t bits, std::optional<uint32_t> previous, bool avoid_zero);  // under mu_
+  uint32_t slot_of(uint32_t key) const { return permutation_.inverse(key >> 8) & slot_mask_; }
   // Live slot whose key equals `lkey` exactly, or an error; under mu_.
   Result<Slot*> writer_find(uint32_t lkey, const char* what) const;
   bool read_snapshot(const Slot& s, Snapshot* out) const;
@@ -246,6 +247,10 @@ class MemoryRegionTable {
 
   MemoryTableOptions options_;
   KeyPermutation permutation_;
+  // The permutation's input is generation << slot_bits_ | slot: the slot
+  // needs slot_bits_ (enough for max_regions), the rest is generation.
+  uint32_t slot_bits_ = 0;
+  uint32_t slot_mask_ = 0;
 
   // Slots live in fixed-size chunks allocated on demand and never moved or
   // freed before the table, so a lock-free reader can hold a Slot* safely.
