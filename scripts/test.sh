@@ -16,8 +16,8 @@ record() {  # name, passed count, failed count
   if [ "$3" -gt 0 ]; then failed_names+=("$1"); fi
 }
 
-echo "== unit tests (bazel test //tests/unit/...)"
-bazel test //tests/unit/... 2>&1 | grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
+echo "== unit tests (bazel test //tests/unit/... //tests/fuzz/...)"
+bazel test //tests/unit/... //tests/fuzz/... 2>&1 | grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
 bazel_rc=${PIPESTATUS[0]}
 # Count test cases, not targets, from the JUnit XML that gtest wrote.
 unit_pass=0; unit_fail=0
@@ -27,10 +27,19 @@ while IFS= read -r xml; do
   e=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$line")
   t=${t:-0}; f=${f:-0}; e=${e:-0}
   unit_pass=$((unit_pass + t - f - e)); unit_fail=$((unit_fail + f + e))
-done < <(find -L bazel-testlogs/tests/unit -name test.xml 2>/dev/null)
+done < <(find -L bazel-testlogs/tests/unit bazel-testlogs/tests/fuzz -name test.xml 2>/dev/null)
 if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # build break or crash
 record unit "$unit_pass" "$unit_fail"
 echo "unit: $unit_pass passed, $unit_fail failed"
+
+echo "== fuzzing (30 s per target; tests/fuzz/run.sh SECONDS for longer)"
+fuzz_out=$(mktemp)
+tests/fuzz/run.sh 30 2>&1 | tee "$fuzz_out"
+fuzz_ok=$(grep -c ': .* runs in .* no crash$' "$fuzz_out")
+fuzz_bad=$(grep -c 'CRASH\|error' "$fuzz_out")
+if [ "$fuzz_ok" -eq 0 ] && [ "$fuzz_bad" -eq 0 ]; then fuzz_bad=1; fi  # nothing ran
+record fuzz "$fuzz_ok" "$fuzz_bad"
+rm -f "$fuzz_out"
 
 echo "== build for the VM tests (bazel build //...)"
 build_log=$(mktemp)

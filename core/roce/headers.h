@@ -72,7 +72,7 @@ struct UdpHeader {
 struct Bth {
   uint8_t opcode = 0;
   bool se = false;       // solicited event
-  bool migreq = false;   // rxe sets it on every packet it sends (APM state "migrated")
+  bool migreq = false;   // rxe always sends 0 (bth_init(..., mig = 0, ...))
   uint8_t pad = 0;       // 0-3 bytes after the payload
   uint8_t tver = 0;      // transport header version: must be 0
   uint16_t pkey = kDefaultPkey;
