@@ -1,6 +1,7 @@
-// Reads a NIC's factory MAC address through VFIO, for `ufab info` and the
-// VM tests. Which register holds it is per model, kept as data below; the
-// driver plugins (drivers/) will answer this for the models they drive.
+// Reads a NIC's factory MAC address through the VFIO layer alone, without a
+// driver plugin: `ufab info` shows it for models no plugin drives (the
+// 82540 "e1000") and as a second opinion when a plugin fails to open the
+// device. Which register holds it is per model, kept as data in the .cc.
 #pragma once
 
 #include <array>

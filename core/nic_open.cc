@@ -1,5 +1,7 @@
 #include "core/nic_open.h"
 
+#include <cstdio>
+
 #include "base/files.h"
 #include "base/pci_address.h"
 #include "drivers/builtin.h"
