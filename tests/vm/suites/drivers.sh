@@ -18,7 +18,9 @@ export UFAB_KERNEL_IF=\$(ls /sys/bus/pci/devices/0000:00:06.0/net)
 rc=0
 for t in raw_frames_vm_test e1000e_vm_test virtio_net_vm_test; do
   echo "== \$t"
-  $bin/tests/vm/cases/\$t || rc=1
+  $bin/tests/vm/cases/\$t
+  trc=\$?
+  if [ \$trc -ne 0 ]; then echo "drivers: \$t exited with status \$trc"; rc=1; fi
 done
 exit \$rc
 GUEST
