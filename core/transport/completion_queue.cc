@@ -1,0 +1,45 @@
+#include "core/transport/completion_queue.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+namespace ufab::transport {
+
+Result<std::unique_ptr<CompletionQueueImpl>> CompletionQueueImpl::create(uint32_t depth) {
+  if (depth == 0 || depth > (1u << 22)) {
+    return fail(EINVAL, "completion queue depth " + std::to_string(depth) + " is outside 1.." +
+                            std::to_string(1u << 22));
+  }
+  std::unique_ptr<CompletionQueueImpl> cq(new CompletionQueueImpl(depth));
+  cq->event_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!cq->event_fd_.valid()) return fail_errno("creating the completion queue's eventfd");
+  return cq;
+}
+
+bool CompletionQueueImpl::push(rdma::WorkCompletion&& wc) {
+  if (count_ == ring_.size()) {
+    ++overflow_;
+    return false;
+  }
+  ring_[(head_ + count_) % ring_.size()] = std::move(wc);
+  ++count_;
+  if (armed_) {
+    armed_ = false;
+    uint64_t one = 1;
+    // A full eventfd counter (2^64-2) cannot happen with one write per arm.
+    [[maybe_unused]] ssize_t n = ::write(event_fd_.get(), &one, sizeof one);
+  }
+  return true;
+}
+
+size_t CompletionQueueImpl::pop(std::span<rdma::WorkCompletion> out) {
+  size_t n = 0;
+  while (n < out.size() && count_ > 0) {
+    out[n++] = std::move(ring_[head_]);
+    head_ = (head_ + 1) % static_cast<uint32_t>(ring_.size());
+    --count_;
+  }
+  return n;
+}
+
+}  // namespace ufab::transport

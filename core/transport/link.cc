@@ -1,0 +1,87 @@
+#include "core/transport/link.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ufab::transport {
+
+Result<std::unique_ptr<NicLink>> NicLink::create(std::unique_ptr<core::Nic> nic, const NicLinkOptions& options) {
+  std::unique_ptr<NicLink> link(new NicLink());
+  link->nic_ = std::move(nic);
+  core::Nic& n = *link->nic_;
+  const ufab_dev_info& info = n.info();
+  uint32_t ring = std::clamp<uint32_t>(options.ring_size, info.min_ring_size ? info.min_ring_size : 1,
+                                       info.max_ring_size ? info.max_ring_size : options.ring_size);
+  // RX ring full, TX ring full, frames committed but not yet taken, and the
+  // buffers the transport holds while building: four rings' worth.
+  auto pool = n.create_pool(ring * 4, options.buffer_size);
+  if (!pool) return std::unexpected(pool.error().context("frame buffers for " + n.name()));
+  link->pool_ = *pool;
+  link->max_pending_ = ring;
+  if (auto s = n.setup_rx_queue(0, ring, *link->pool_); !s) return std::unexpected(s.error());
+  if (auto s = n.setup_tx_queue(0, ring); !s) return std::unexpected(s.error());
+  if (auto s = n.start(); !s) return std::unexpected(s.error());
+  if (info.caps & UFAB_DEV_CAP_RX_IRQ) {
+    // Without an interrupt the transport polls; a NIC that offers one but
+    // fails to arm it is still usable that way.
+    if (auto fd = n.enable_rx_irq(0)) link->rx_fd_ = *fd;
+  }
+  link->pending_.reserve(ring);
+  return link;
+}
+
+NicLink::~NicLink() {
+  if (acquired_ != nullptr) pool_->free(&acquired_, 1);
+  if (!pending_.empty()) pool_->free(pending_.data(), static_cast<uint32_t>(pending_.size()));
+  if (nic_) (void)nic_->stop();
+}
+
+net::MacAddress NicLink::mac() const {
+  net::MacAddress m;
+  std::memcpy(m.data(), nic_->info().mac, m.size());
+  return m;
+}
+
+uint32_t NicLink::receive(uint32_t max, const std::function<void(std::span<const uint8_t>)>& on_frame) {
+  ufab_buf* bufs[64];
+  uint32_t total = 0;
+  while (total < max) {
+    int n = nic_->rx_burst(0, bufs, static_cast<uint16_t>(std::min<uint32_t>(64, max - total)));
+    if (n <= 0) break;
+    for (int i = 0; i < n; ++i) on_frame({bufs[i]->base + bufs[i]->offset, bufs[i]->len});
+    pool_->free(bufs, static_cast<uint32_t>(n));
+    total += static_cast<uint32_t>(n);
+  }
+  return total;
+}
+
+std::span<uint8_t> NicLink::tx_acquire() {
+  if (acquired_ == nullptr) {
+    if (pending_.size() >= max_pending_) tx_flush();
+    if (pending_.size() >= max_pending_ || pool_->alloc(&acquired_, 1) != 1) {
+      acquired_ = nullptr;
+      return {};
+    }
+  }
+  return {acquired_->base + acquired_->offset, acquired_->capacity - acquired_->offset};
+}
+
+void NicLink::tx_commit(size_t length) {
+  if (acquired_ == nullptr) return;
+  acquired_->len = static_cast<uint32_t>(length);
+  pending_.push_back(acquired_);
+  acquired_ = nullptr;
+}
+
+void NicLink::tx_flush() {
+  size_t sent = 0;
+  while (sent < pending_.size()) {
+    auto burst = static_cast<uint16_t>(std::min<size_t>(pending_.size() - sent, 64));
+    int n = nic_->tx_burst(0, pending_.data() + sent, burst);
+    if (n <= 0) break;  // ring full: the rest waits for the next flush
+    sent += static_cast<size_t>(n);
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(sent));
+}
+
+}  // namespace ufab::transport

@@ -1,0 +1,86 @@
+// Frames in and out for the software transport: the one thing the RoCEv2
+// engine needs from a NIC. NicLink drives a ufab plugin's raw queues
+// (hardware through VFIO, or the software NIC); tests and fuzzers can put
+// any other frame source behind the same interface.
+//
+// Not thread-safe: the transport calls a link under its device lock.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "core/net/addresses.h"
+#include "core/nic.h"
+
+namespace ufab::transport {
+
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  virtual std::string name() const = 0;
+  virtual net::MacAddress mac() const = 0;
+  // The link's IP MTU (1500 on standard Ethernet).
+  virtual uint32_t mtu() const = 0;
+
+  // Calls on_frame for up to `max` received frames (each valid only during
+  // the call) and returns how many there were.
+  virtual uint32_t receive(uint32_t max, const std::function<void(std::span<const uint8_t>)>& on_frame) = 0;
+
+  // A buffer for the next outgoing frame, or an empty span when the NIC has
+  // none free right now (the caller tries again later). The buffer stays
+  // the caller's until tx_commit; acquiring again without committing hands
+  // out the same buffer.
+  virtual std::span<uint8_t> tx_acquire() = 0;
+  // Queues the acquired buffer holding a frame of `length` bytes.
+  virtual void tx_commit(size_t length) = 0;
+  // Hands every queued frame to the NIC (one doorbell per burst).
+  virtual void tx_flush() = 0;
+
+  // An fd that becomes readable when frames arrive (the NIC's receive
+  // interrupt), or -1 when the NIC cannot interrupt. After it fires, read 8
+  // bytes from it and receive until empty.
+  virtual int rx_event_fd() = 0;
+};
+
+struct NicLinkOptions {
+  uint32_t ring_size = 512;     // RX and TX ring entries
+  uint32_t buffer_size = 2048;  // bytes per frame buffer (RoCE frames at path MTU 1024 fit)
+};
+
+// A Link over a core::Nic: opens queue 0 in each direction, keeps the frame
+// buffers in one pool of the NIC's DMA memory, and enables the receive
+// interrupt when the plugin offers one.
+class NicLink : public Link {
+ public:
+  static Result<std::unique_ptr<NicLink>> create(std::unique_ptr<core::Nic> nic, const NicLinkOptions& options = {});
+  ~NicLink() override;
+
+  std::string name() const override { return nic_->name(); }
+  net::MacAddress mac() const override;
+  uint32_t mtu() const override { return nic_->info().mtu ? nic_->info().mtu : 1500; }
+  uint32_t receive(uint32_t max, const std::function<void(std::span<const uint8_t>)>& on_frame) override;
+  std::span<uint8_t> tx_acquire() override;
+  void tx_commit(size_t length) override;
+  void tx_flush() override;
+  int rx_event_fd() override { return rx_fd_; }
+
+  core::Nic& nic() { return *nic_; }
+
+ private:
+  NicLink() = default;
+
+  std::unique_ptr<core::Nic> nic_;
+  std::shared_ptr<dma::BufferPool> pool_;
+  ufab_buf* acquired_ = nullptr;
+  std::vector<ufab_buf*> pending_;  // committed, not yet taken by the NIC
+  uint32_t max_pending_ = 0;
+  int rx_fd_ = -1;
+};
+
+}  // namespace ufab::transport

@@ -1,0 +1,467 @@
+#include "core/transport/queue_pair.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "core/roce/gid.h"
+#include "core/roce/udp_port.h"
+#include "core/transport/context.h"
+
+namespace ufab::transport {
+
+using namespace rdma;
+using roce::psn_add;
+using roce::psn_diff;
+
+namespace {
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Which attributes each transition requires and allows (IBA 10.3.1 table
+// 91, as libibverbs' ibv_modify_qp documents it), RC and UD.
+struct Transition {
+  QpState from, to;
+  QpAttrMask rc_required, rc_optional, ud_required, ud_optional;
+};
+
+constexpr QpAttrMask kInitRc = kAttrPkeyIndex | kAttrPort | kAttrAccessFlags;
+constexpr QpAttrMask kInitUd = kAttrPkeyIndex | kAttrPort | kAttrQkey;
+constexpr QpAttrMask kRtrRc =
+    kAttrAv | kAttrPathMtu | kAttrDestQpn | kAttrRqPsn | kAttrMaxDestRdAtomic | kAttrMinRnrTimer;
+constexpr QpAttrMask kRtsRc = kAttrSqPsn | kAttrTimeout | kAttrRetryCnt | kAttrRnrRetry | kAttrMaxQpRdAtomic;
+
+constexpr Transition kTransitions[] = {
+    {QpState::kReset, QpState::kInit, kInitRc, 0, kInitUd, 0},
+    {QpState::kInit, QpState::kInit, 0, kInitRc, 0, kInitUd},
+    {QpState::kInit, QpState::kRtr, kRtrRc, kAttrPkeyIndex | kAttrAccessFlags, 0, kAttrPkeyIndex | kAttrQkey},
+    {QpState::kRtr, QpState::kRts, kRtsRc, kAttrAccessFlags | kAttrMinRnrTimer, kAttrSqPsn, kAttrQkey},
+    {QpState::kRts, QpState::kRts, 0, kAttrAccessFlags | kAttrMinRnrTimer, 0, kAttrQkey},
+};
+
+const char* attr_name(QpAttrMask bit) {
+  switch (bit) {
+    case kAttrState: return "state";
+    case kAttrAccessFlags: return "access_flags";
+    case kAttrPkeyIndex: return "pkey_index";
+    case kAttrPort: return "port";
+    case kAttrQkey: return "qkey";
+    case kAttrAv: return "av (destination address)";
+    case kAttrPathMtu: return "path_mtu";
+    case kAttrTimeout: return "timeout";
+    case kAttrRetryCnt: return "retry_cnt";
+    case kAttrRnrRetry: return "rnr_retry";
+    case kAttrRqPsn: return "rq_psn";
+    case kAttrMaxQpRdAtomic: return "max_rd_atomic";
+    case kAttrMinRnrTimer: return "min_rnr_timer";
+    case kAttrSqPsn: return "sq_psn";
+    case kAttrMaxDestRdAtomic: return "max_dest_rd_atomic";
+    case kAttrDestQpn: return "dest_qpn";
+  }
+  return "unknown attribute";
+}
+
+std::string mask_names(QpAttrMask mask) {
+  std::string out;
+  for (uint32_t bit = 1; bit != 0; bit <<= 1) {
+    if (!(mask & bit)) continue;
+    if (!out.empty()) out += ", ";
+    out += attr_name(bit);
+  }
+  return out;
+}
+
+WcOpcode wc_opcode_for(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm: return WcOpcode::kRdmaWrite;
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm: return WcOpcode::kSend;
+    case WrOpcode::kRdmaRead: return WcOpcode::kRdmaRead;
+    case WrOpcode::kAtomicCmpAndSwp: return WcOpcode::kCompSwap;
+    case WrOpcode::kAtomicFetchAndAdd: return WcOpcode::kFetchAdd;
+  }
+  return WcOpcode::kSend;
+}
+
+}  // namespace
+
+QueuePairImpl::QueuePairImpl(Context& ctx, uint32_t qpn, PdId pd, QpType type, CompletionQueueImpl* send_cq,
+                             CompletionQueueImpl* recv_cq, const QpCaps& caps, bool sq_sig_all,
+                             uint32_t initial_psn)
+    : ctx_(ctx),
+      qpn_(qpn),
+      pd_(pd),
+      type_(type),
+      send_cq_(send_cq),
+      recv_cq_(recv_cq),
+      caps_(caps),
+      sq_sig_all_(sq_sig_all),
+      initial_psn_(initial_psn & roce::kPsnMask),
+      sq_(caps.max_send_wr),
+      rq_(caps.max_recv_wr) {
+  udp_sport_ = roce::rxe_sport_at_create(qpn);
+}
+
+bool QueuePairImpl::is_read_or_atomic(const SendWqe& w) const {
+  return w.wr.opcode == WrOpcode::kRdmaRead || w.wr.opcode == WrOpcode::kAtomicCmpAndSwp ||
+         w.wr.opcode == WrOpcode::kAtomicFetchAndAdd;
+}
+
+// ------------------------------------------------------------- state machine
+
+Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
+  const std::string who = "modifying QP " + hex(qpn_);
+  QpState from = attr_.state;
+  QpState to = (mask & kAttrState) ? a.state : from;
+
+  if (to == QpState::kReset || to == QpState::kError) {
+    if (mask & ~kAttrState) {
+      return fail(EINVAL, who + " to " + qp_state_name(to) + ": only the state may be given, not " +
+                              mask_names(mask & ~kAttrState));
+    }
+    if (to == QpState::kError) {
+      if (from != QpState::kError) enter_error("moved to ERROR by modify");
+      return {};
+    }
+    // RESET drops all work without completions and forgets the connection.
+    for (auto& w : sq_) w = SendWqe{};
+    sq_head_ = sq_next_ = sq_tail_ = 0;
+    rq_head_ = rq_tail_ = 0;
+    replies_.clear();
+    atomic_cache_.clear();
+    in_message_ = InMessage::kNone;
+    timer_.reset();
+    rnr_until_.reset();
+    mac_.reset();
+    rd_atomic_outstanding_ = 0;
+    attr_ = QpAttr{};
+    return {};
+  }
+
+  const Transition* t = nullptr;
+  for (const auto& candidate : kTransitions) {
+    if (candidate.from == from && candidate.to == to) t = &candidate;
+  }
+  if (t == nullptr) {
+    return fail(EINVAL, who + ": " + qp_state_name(from) + " -> " + qp_state_name(to) +
+                            " is not a valid transition (RESET -> INIT -> RTR -> RTS; any -> ERROR or RESET)");
+  }
+  QpAttrMask required = is_rc() ? t->rc_required : t->ud_required;
+  QpAttrMask optional = is_rc() ? t->rc_optional : t->ud_optional;
+  QpAttrMask given = mask & ~kAttrState;
+  if (QpAttrMask missing = required & ~given) {
+    return fail(EINVAL, who + " " + qp_state_name(from) + " -> " + qp_state_name(to) + ": missing " +
+                            mask_names(missing));
+  }
+  if (QpAttrMask extra = given & ~(required | optional)) {
+    return fail(EINVAL, who + " " + qp_state_name(from) + " -> " + qp_state_name(to) + ": " + mask_names(extra) +
+                            " cannot be set in this transition");
+  }
+
+  // Values, all checked before anything changes.
+  if ((given & kAttrPkeyIndex) && a.pkey_index != 0) {
+    return fail(EINVAL, who + ": pkey_index " + std::to_string(a.pkey_index) + " does not exist (the port has one "
+                              "P_Key, 0xFFFF, at index 0)");
+  }
+  if ((given & kAttrPort) && a.port != 1) {
+    return fail(EINVAL, who + ": port " + std::to_string(a.port) + " does not exist (a ufab device has port 1)");
+  }
+  if ((given & kAttrAccessFlags) && (a.access_flags & ~kSupportedAccess)) {
+    return fail(EINVAL, who + ": access_flags " + access_string(a.access_flags) + " has unsupported bits");
+  }
+  if (given & kAttrPathMtu) {
+    uint32_t m = a.path_mtu;
+    if (m != 256 && m != 512 && m != 1024 && m != 2048 && m != 4096) {
+      return fail(EINVAL, who + ": path_mtu " + std::to_string(m) + " is not 256, 512, 1024, 2048 or 4096");
+    }
+    if (m > ctx_.active_mtu()) {
+      return fail(EINVAL, who + ": path_mtu " + std::to_string(m) + " exceeds the port's active MTU " +
+                              std::to_string(ctx_.active_mtu()) + " (link MTU " +
+                              std::to_string(ctx_.link().mtu()) + "); use at most " +
+                              std::to_string(ctx_.active_mtu()));
+    }
+  }
+  if ((given & kAttrAv) && !net::Ipv4Address{a.av.dest_ip}.is_unicast()) {
+    return fail(EINVAL, who + ": destination " + net::Ipv4Address{a.av.dest_ip}.str() +
+                            " is not a unicast IPv4 address (GID ::ffff:a.b.c.d)");
+  }
+  if ((given & kAttrAv) && a.av.dest_ip == ctx_.ip().value) {
+    return fail(EINVAL, who + ": destination " + net::Ipv4Address{a.av.dest_ip}.str() +
+                            " is this device's own address; loopback is not supported");
+  }
+  if ((given & kAttrDestQpn) && (a.dest_qpn > roce::kPsnMask || a.dest_qpn < 2)) {
+    return fail(EINVAL, who + ": dest_qpn " + hex(a.dest_qpn) + " is not a QP number (2 .. 0xffffff)");
+  }
+  if (((given & kAttrRqPsn) && a.rq_psn > roce::kPsnMask) || ((given & kAttrSqPsn) && a.sq_psn > roce::kPsnMask)) {
+    return fail(EINVAL, who + ": PSNs are 24 bits (at most 0xffffff)");
+  }
+  if ((given & kAttrTimeout) && a.timeout > 31) return fail(EINVAL, who + ": timeout must be 0..31");
+  if ((given & kAttrRetryCnt) && a.retry_cnt > 7) return fail(EINVAL, who + ": retry_cnt must be 0..7");
+  if ((given & kAttrRnrRetry) && a.rnr_retry > 7) return fail(EINVAL, who + ": rnr_retry must be 0..7");
+  if ((given & kAttrMinRnrTimer) && a.min_rnr_timer > 31) return fail(EINVAL, who + ": min_rnr_timer must be 0..31");
+  if ((given & kAttrMaxDestRdAtomic) && (a.max_dest_rd_atomic == 0 || a.max_dest_rd_atomic > 128)) {
+    return fail(EINVAL, who + ": max_dest_rd_atomic must be 1..128");
+  }
+  if ((given & kAttrMaxQpRdAtomic) && (a.max_rd_atomic == 0 || a.max_rd_atomic > 128)) {
+    return fail(EINVAL, who + ": max_rd_atomic must be 1..128");
+  }
+
+  if (given & kAttrAccessFlags) attr_.access_flags = a.access_flags;
+  if (given & kAttrQkey) attr_.qkey = a.qkey;
+  if (given & kAttrAv) {
+    attr_.av = a.av;
+    mac_.reset();
+  }
+  if (given & kAttrPathMtu) attr_.path_mtu = mtu_ = a.path_mtu;
+  if (given & kAttrDestQpn) attr_.dest_qpn = a.dest_qpn;
+  if (given & kAttrRqPsn) attr_.rq_psn = epsn_ = a.rq_psn;
+  if (given & kAttrMaxDestRdAtomic) {
+    attr_.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    atomic_cache_.assign(a.max_dest_rd_atomic, AtomicReplay{});
+    atomic_cache_next_ = 0;
+  }
+  if (given & kAttrMinRnrTimer) attr_.min_rnr_timer = a.min_rnr_timer;
+  if (given & kAttrSqPsn) attr_.sq_psn = cursor_psn_ = una_psn_ = max_sent_psn_ = a.sq_psn;
+  if (given & kAttrTimeout) attr_.timeout = a.timeout;
+  if (given & kAttrRetryCnt) attr_.retry_cnt = retry_left_ = a.retry_cnt;
+  if (given & kAttrRnrRetry) attr_.rnr_retry = rnr_left_ = a.rnr_retry;
+  if (given & kAttrMaxQpRdAtomic) attr_.max_rd_atomic = a.max_rd_atomic;
+  if (to == QpState::kRtr && is_rc()) {
+    // rxe's rule (rdma_get_udp_sport): flow label from the AV, or from the
+    // two QP numbers, folded into the port.
+    udp_sport_ = roce::rxe_sport_after_modify(attr_.av.flow_label, qpn_, attr_.dest_qpn);
+  }
+  if (to == QpState::kRtr && !is_rc()) mtu_ = ctx_.active_mtu();
+  attr_.state = to;
+  return {};
+}
+
+// ------------------------------------------------------------------ posting
+
+Status QueuePairImpl::post_send(const SendWr& wr) {
+  const std::string who = "post_send on QP " + hex(qpn_);
+  if (attr_.state != QpState::kRts && attr_.state != QpState::kError) {
+    return fail(EINVAL, who + ": the QP is in " + std::string(qp_state_name(attr_.state)) +
+                            "; sends need RTS (connect() or modify to RTS first)");
+  }
+  if (sq_tail_ - sq_head_ >= sq_.size()) {
+    return fail(ENOMEM, who + ": the send queue is full (" + std::to_string(sq_.size()) +
+                            " work requests outstanding); poll the CQ or create the QP with a larger max_send_wr");
+  }
+  if (wr.sgl.size() > caps_.max_send_sge) {
+    return fail(EINVAL, who + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
+                            std::to_string(caps_.max_send_sge) + " (max_send_sge)");
+  }
+  uint64_t length = 0;
+  for (const Sge& s : wr.sgl) length += s.length;
+  if (length > (1ull << 31)) return fail(EINVAL, who + ": messages are at most 2 GiB");
+  bool atomic = wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd;
+  switch (wr.opcode) {
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm: break;
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm:
+    case WrOpcode::kRdmaRead:
+    case WrOpcode::kAtomicCmpAndSwp:
+    case WrOpcode::kAtomicFetchAndAdd:
+      if (!is_rc()) return fail(EINVAL, who + ": " + wr_opcode_name(wr.opcode) + " needs an RC QP (this one is UD)");
+      break;
+    default: return fail(EINVAL, who + ": unknown opcode " + std::to_string(static_cast<int>(wr.opcode)));
+  }
+  if (atomic && (wr.sgl.size() != 1 || length != 8)) {
+    return fail(EINVAL, who + ": " + wr_opcode_name(wr.opcode) + " needs exactly one 8-byte SGE for the result");
+  }
+  bool is_inline = (wr.flags & kSendInline) && wr.opcode != WrOpcode::kRdmaRead && !atomic;
+  if (is_inline && length > caps_.max_inline_data) {
+    return fail(EINVAL, who + ": " + std::to_string(length) + " bytes of inline data, the QP allows " +
+                            std::to_string(caps_.max_inline_data) + " (max_inline_data)");
+  }
+  if (!is_rc() && length > mtu_) {
+    return fail(EINVAL, who + ": a UD message of " + std::to_string(length) + " bytes exceeds the path MTU " +
+                            std::to_string(mtu_));
+  }
+  if (!is_rc() && !net::Ipv4Address{wr.ud.ip}.is_unicast()) {
+    return fail(EINVAL, who + ": UD destination " + net::Ipv4Address{wr.ud.ip}.str() + " is not unicast");
+  }
+
+  SendWqe& w = sq_at(sq_tail_);
+  w = SendWqe{};
+  w.wr = wr;
+  w.wr.sgl = {};
+  w.num_sge = static_cast<uint32_t>(wr.sgl.size());
+  std::copy(wr.sgl.begin(), wr.sgl.end(), w.sge.begin());
+  w.length = length;
+  w.signaled = sq_sig_all_ || (wr.flags & kSendSignaled);
+  if (is_inline) {
+    // Inline data is read now, through plain pointers as verbs does (the
+    // lkey is not consulted), so the caller may reuse the buffer at once.
+    w.is_inline = true;
+    w.inline_data.resize(length);
+    uint64_t off = 0;
+    for (const Sge& s : wr.sgl) {
+      if (s.length) std::memcpy(w.inline_data.data() + off, reinterpret_cast<const void*>(s.addr), s.length);
+      off += s.length;
+    }
+  }
+  ++sq_tail_;
+  if (attr_.state == QpState::kError) {
+    // Verbs: work posted to a QP in ERROR completes, flushed.
+    complete_send(w, WcStatus::kWrFlushErr, "posted while the QP is in ERROR");
+  }
+  return {};
+}
+
+Status QueuePairImpl::post_recv(const RecvWr& wr) {
+  const std::string who = "post_recv on QP " + hex(qpn_);
+  if (attr_.state == QpState::kReset) {
+    return fail(EINVAL, who + ": the QP is in RESET; receives can be posted from INIT on");
+  }
+  if (rq_tail_ - rq_head_ >= rq_.size()) {
+    return fail(ENOMEM, who + ": the receive queue is full (" + std::to_string(rq_.size()) +
+                            " outstanding); create the QP with a larger max_recv_wr");
+  }
+  if (wr.sgl.size() > caps_.max_recv_sge) {
+    return fail(EINVAL, who + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
+                            std::to_string(caps_.max_recv_sge) + " (max_recv_sge)");
+  }
+  RecvWqe& r = rq_at(rq_tail_);
+  r = RecvWqe{};
+  r.wr_id = wr.wr_id;
+  r.num_sge = static_cast<uint32_t>(wr.sgl.size());
+  std::copy(wr.sgl.begin(), wr.sgl.end(), r.sge.begin());
+  for (const Sge& s : wr.sgl) r.length += s.length;
+  ++rq_tail_;
+  if (attr_.state == QpState::kError) {
+    ++rq_head_;
+    push_completion(recv_cq_, WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::kWrFlushErr,
+                                             .opcode = WcOpcode::kRecv, .qp_num = qpn_,
+                                             .error = "posted while the QP is in ERROR"});
+  }
+  return {};
+}
+
+// ------------------------------------------------------------- completions
+
+void QueuePairImpl::push_completion(CompletionQueueImpl* cq, WorkCompletion&& wc) {
+  if (!cq->push(std::move(wc))) lost_completion_ = true;
+}
+
+void QueuePairImpl::complete_send(SendWqe& w, WcStatus status, std::string error) {
+  if (is_read_or_atomic(w) && w.started && rd_atomic_outstanding_ > 0) --rd_atomic_outstanding_;
+  if (status != WcStatus::kSuccess || w.signaled) {
+    WorkCompletion wc;
+    wc.wr_id = w.wr.wr_id;
+    wc.status = status;
+    wc.opcode = wc_opcode_for(w.wr.opcode);
+    wc.qp_num = qpn_;
+    if (status == WcStatus::kSuccess &&
+        (w.wr.opcode == WrOpcode::kRdmaRead || wc.opcode == WcOpcode::kCompSwap || wc.opcode == WcOpcode::kFetchAdd)) {
+      wc.byte_len = static_cast<uint32_t>(w.length);
+    }
+    wc.error = std::move(error);
+    push_completion(send_cq_, std::move(wc));
+  }
+  // Completions leave in order: only the head completes.
+  ++sq_head_;
+  if (sq_next_ < sq_head_) sq_next_ = sq_head_;
+  w.inline_data.clear();
+}
+
+void QueuePairImpl::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, std::optional<uint32_t> imm,
+                                  uint32_t src_qp, std::string error) {
+  RecvWqe& r = rq_at(rq_head_);
+  WorkCompletion wc;
+  wc.wr_id = r.wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  wc.byte_len = byte_len;
+  wc.qp_num = qpn_;
+  wc.src_qp = src_qp;
+  if (imm) {
+    wc.imm_data = *imm;
+    wc.wc_flags |= kWcWithImm;
+  }
+  if (!is_rc()) wc.wc_flags |= kWcGrh;
+  wc.error = std::move(error);
+  ++rq_head_;
+  push_completion(recv_cq_, std::move(wc));
+}
+
+void QueuePairImpl::enter_error(const std::string& why) {
+  if (attr_.state == QpState::kError) return;
+  attr_.state = QpState::kError;
+  while (sq_head_ < sq_tail_) {
+    complete_send(sq_at(sq_head_), WcStatus::kWrFlushErr, "flushed: QP " + hex(qpn_) + " went to ERROR (" + why + ")");
+  }
+  sq_next_ = sq_head_;
+  while (rq_head_ < rq_tail_) {
+    complete_recv(WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, std::nullopt, 0,
+                  "flushed: QP " + hex(qpn_) + " went to ERROR (" + why + ")");
+  }
+  replies_.clear();
+  in_message_ = InMessage::kNone;
+  timer_.reset();
+  rnr_until_.reset();
+  rd_atomic_outstanding_ = 0;
+}
+
+void QueuePairImpl::fail_from(uint64_t index, WcStatus status, std::string error) {
+  while (sq_head_ < index && sq_head_ < sq_tail_) {
+    complete_send(sq_at(sq_head_), WcStatus::kWrFlushErr, "flushed: a later work request failed (" + error + ")");
+  }
+  if (sq_head_ < sq_tail_) complete_send(sq_at(sq_head_), status, error);
+  enter_error(error);
+}
+
+// -------------------------------------------------------------- data copies
+
+std::optional<KeyCheckError> QueuePairImpl::scatter(const Sge* sge, uint32_t n, uint64_t offset,
+                                                    std::span<const uint8_t> data) {
+  for (uint32_t i = 0; i < n && !data.empty(); ++i) {
+    if (offset >= sge[i].length) {
+      offset -= sge[i].length;
+      continue;
+    }
+    uint64_t take = std::min<uint64_t>(sge[i].length - offset, data.size());
+    auto access = ctx_.memory().check_local(sge[i].lkey, pd_, sge[i].addr + offset, take, true);
+    if (!access) return access.error();
+    std::memcpy(access->data(), data.data(), take);
+    data = data.subspan(take);
+    offset = 0;
+  }
+  return std::nullopt;
+}
+
+roce::FrameSpec QueuePairImpl::frame_spec(uint8_t opcode, uint32_t psn, bool ack_req) {
+  roce::FrameSpec spec;
+  spec.src_mac = ctx_.link().mac();
+  spec.src_ip = ctx_.ip().value;
+  spec.dst_ip = attr_.av.dest_ip;
+  spec.traffic_class = attr_.av.traffic_class;
+  spec.hop_limit = attr_.av.hop_limit;
+  spec.ip_id = ip_id_++;
+  spec.udp_sport = udp_sport_;
+  spec.bth.opcode = opcode;
+  spec.bth.dest_qp = attr_.dest_qpn;
+  spec.bth.psn = psn;
+  spec.bth.ack_req = ack_req;
+  if (mac_) spec.dst_mac = *mac_;
+  return spec;
+}
+
+std::optional<net::MacAddress> QueuePairImpl::peer_mac(uint32_t ip, bool& failed) {
+  failed = false;
+  auto r = ctx_.resolve_locked(net::Ipv4Address{ip});
+  if (!r) {
+    failed = true;
+    return std::nullopt;
+  }
+  return *r;
+}
+
+}  // namespace ufab::transport

@@ -1,0 +1,181 @@
+// One queue pair of the software transport: the RC requester (segmentation,
+// PSNs, ACK/NAK handling, go-back-N retransmission on NAK and timeout, RNR
+// back-off, READ reassembly, atomics), the RC responder (PSN checks,
+// duplicate handling with an atomic replay cache, key and bound checks
+// before any byte lands, NAKs as rxe sends them) and UD datagrams.
+// docs/transport.md describes the design. Everything runs under the
+// Context's lock.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "core/net/addresses.h"
+#include "core/roce/builder.h"
+#include "core/roce/parser.h"
+#include "core/transport/completion_queue.h"
+#include "core/transport/verbs.h"
+
+namespace ufab::transport {
+
+class Context;
+using Clock = std::chrono::steady_clock;
+
+class QueuePairImpl {
+ public:
+  QueuePairImpl(Context& ctx, uint32_t qpn, rdma::PdId pd, rdma::QpType type, CompletionQueueImpl* send_cq,
+                CompletionQueueImpl* recv_cq, const rdma::QpCaps& caps, bool sq_sig_all, uint32_t initial_psn);
+
+  uint32_t qpn() const { return qpn_; }
+  rdma::QpType type() const { return type_; }
+  rdma::QpState state() const { return attr_.state; }
+  const rdma::QpAttr& attr() const { return attr_; }
+  uint32_t initial_psn() const { return initial_psn_; }
+  bool uses(const CompletionQueueImpl* cq) const { return send_cq_ == cq || recv_cq_ == cq; }
+
+  Status modify(const rdma::QpAttr& attr, rdma::QpAttrMask mask);
+  Status post_send(const rdma::SendWr& wr);
+  Status post_recv(const rdma::RecvWr& wr);
+
+  // A parsed packet addressed to this QP.
+  void on_packet(const roce::Packet& pkt);
+  // Retransmission and RNR timers; returns 1 when a timer fired.
+  int on_timer(Clock::time_point now);
+  // Sends what is queued (responses first, then requests) while the NIC
+  // has buffers; returns packets sent.
+  int transmit();
+  // Puts the QP in ERROR and flushes both queues (verbs' error state).
+  void enter_error(const std::string& why);
+  // The CQ could not take a completion of this QP.
+  bool lost_completion() const { return lost_completion_; }
+
+ private:
+  struct SendWqe {
+    rdma::SendWr wr;  // wr.sgl is unused: the SGEs are copied into sge
+    std::array<rdma::Sge, rdma::kMaxSge> sge{};
+    uint32_t num_sge = 0;
+    std::vector<uint8_t> inline_data;
+    bool is_inline = false;
+    bool signaled = false;
+    uint64_t length = 0;
+    bool started = false;
+    uint32_t first_psn = 0;
+    uint32_t npkts = 0;
+    uint32_t rcv_pkts = 0;  // READ response packets taken
+  };
+  struct RecvWqe {
+    uint64_t wr_id = 0;
+    std::array<rdma::Sge, rdma::kMaxSge> sge{};
+    uint32_t num_sge = 0;
+    uint64_t length = 0;
+  };
+  // What the responder owes the requester, in PSN order.
+  struct Reply {
+    enum Kind : uint8_t { kAck, kRead, kAtomicAck } kind = kAck;
+    uint32_t psn = 0;  // ACK: the PSN acknowledged; READ: first response PSN
+    uint32_t msn = 0;
+    uint8_t syndrome = 0;  // ACK: an ACK, RNR NAK or sequence NAK
+    // READ
+    uint64_t va = 0;
+    uint32_t rkey = 0;
+    uint32_t length = 0;
+    uint32_t sent_pkts = 0;
+    // atomic
+    uint64_t original = 0;
+  };
+  struct AtomicReplay {
+    bool valid = false;
+    uint32_t psn = 0;
+    uint64_t original = 0;
+  };
+
+  bool is_rc() const { return type_ == rdma::QpType::kRc; }
+  bool is_read_or_atomic(const SendWqe& w) const;
+  SendWqe& sq_at(uint64_t index) { return sq_[index % sq_.size()]; }
+  RecvWqe& rq_at(uint64_t index) { return rq_[index % rq_.size()]; }
+
+  // Requester.
+  bool start_wqe(SendWqe& w);
+  int send_request_packet(SendWqe& w);  // 1 sent, 0 no buffer/MAC yet, 2 WQE failed (completed), -1 QP left RTS
+  void on_response(const roce::Packet& pkt);
+  void complete_send(SendWqe& w, rdma::WcStatus status, std::string error = {});
+  void rewind(uint32_t psn);
+  void arm_timer();
+  bool retry_exhausted(bool rnr);
+  // Completes the WQEs before sq index `index` as flushed, that one with
+  // `status`, and puts the QP in ERROR.
+  void fail_from(uint64_t index, rdma::WcStatus status, std::string error);
+  void fail_head(rdma::WcStatus status, std::string error) { fail_from(sq_head_, status, std::move(error)); }
+  std::optional<net::MacAddress> peer_mac(uint32_t ip, bool& failed);
+
+  // Responder.
+  void on_request(const roce::Packet& pkt);
+  void on_duplicate(const roce::Packet& pkt);
+  void on_ud_send(const roce::Packet& pkt);
+  void send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, rdma::WcStatus recv_status);
+  void send_rnr_nak(uint32_t psn);
+  void queue_ack(uint32_t psn);
+  bool send_reply_packet(Reply& r);  // true when r is fully sent
+  bool send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& aeth, const roce::ExtHeaders* ext);
+  void complete_recv(rdma::WcStatus status, rdma::WcOpcode opcode, uint32_t byte_len, std::optional<uint32_t> imm,
+                     uint32_t src_qp, std::string error = {});
+
+  // Copies data into / out of SGE lists through the key table.
+  std::optional<rdma::KeyCheckError> scatter(const rdma::Sge* sge, uint32_t n, uint64_t offset,
+                                             std::span<const uint8_t> data);
+  roce::FrameSpec frame_spec(uint8_t opcode, uint32_t psn, bool ack_req);
+  void push_completion(CompletionQueueImpl* cq, rdma::WorkCompletion&& wc);
+
+  Context& ctx_;
+  const uint32_t qpn_;
+  const rdma::PdId pd_;
+  const rdma::QpType type_;
+  CompletionQueueImpl* const send_cq_;
+  CompletionQueueImpl* const recv_cq_;
+  const rdma::QpCaps caps_;
+  const bool sq_sig_all_;
+  const uint32_t initial_psn_;
+  rdma::QpAttr attr_;
+  uint32_t mtu_ = 1024;
+  bool lost_completion_ = false;
+  uint16_t ip_id_ = 0;
+  uint16_t udp_sport_ = 0xC000;
+  std::optional<net::MacAddress> mac_;  // the RC peer's, once resolved
+
+  // Send queue: [head_, next_) started and not complete, [next_, tail_) not sent.
+  std::vector<SendWqe> sq_;
+  uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;
+  uint32_t cursor_psn_ = 0;    // PSN of the next request packet
+  uint32_t una_psn_ = 0;       // oldest PSN not acknowledged
+  uint32_t max_sent_psn_ = 0;  // one past the highest PSN ever sent (retransmit accounting)
+  uint32_t rd_atomic_outstanding_ = 0;
+  uint32_t noack_pkts_ = 0;
+  uint8_t retry_left_ = 7, rnr_left_ = 7;
+  std::optional<Clock::time_point> timer_;      // retransmission deadline
+  std::optional<Clock::time_point> rnr_until_;  // no requests before this (RNR back-off)
+
+  // Receive queue.
+  std::vector<RecvWqe> rq_;
+  uint64_t rq_head_ = 0, rq_tail_ = 0;
+
+  // Responder.
+  uint32_t epsn_ = 0;  // expected PSN
+  uint32_t msn_ = 0;
+  bool nak_sent_ = false;  // a sequence NAK went out for the current gap
+  enum class InMessage : uint8_t { kNone, kSend, kWrite } in_message_ = InMessage::kNone;
+  uint64_t msg_offset_ = 0;  // bytes of the current message so far
+  uint64_t write_va_ = 0;
+  uint32_t write_rkey_ = 0;
+  uint32_t write_length_ = 0;
+  std::deque<Reply> replies_;
+  std::vector<AtomicReplay> atomic_cache_;
+  uint32_t atomic_cache_next_ = 0;
+};
+
+}  // namespace ufab::transport

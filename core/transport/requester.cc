@@ -1,0 +1,423 @@
+// The requester half of a queue pair: turns send work requests into
+// packets, tracks PSNs and acknowledgements, retransmits (go-back-N) on a
+// sequence NAK, an RNR NAK or a timeout, and completes work in order.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "core/transport/context.h"
+#include "core/transport/queue_pair.h"
+
+namespace ufab::transport {
+
+using namespace rdma;
+using roce::psn_add;
+using roce::psn_diff;
+
+namespace {
+
+// Packets in flight per QP before the requester waits for ACKs: far below
+// the 2^23 PSN half-window, and enough to keep a NIC ring busy.
+constexpr uint32_t kMaxInflightPackets = 1024;
+// rxe asks for an ACK at least every this many packets (RXE_MAX_PKT_PER_ACK).
+constexpr uint32_t kMaxPacketsPerAck = 64;
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint8_t send_opcode(WrOpcode op, uint32_t index, uint32_t npkts) {
+  bool first = index == 0, last = index + 1 == npkts;
+  bool imm = op == WrOpcode::kSendWithImm || op == WrOpcode::kRdmaWriteWithImm;
+  namespace o = roce::op;
+  if (op == WrOpcode::kSend || op == WrOpcode::kSendWithImm) {
+    if (first && last) return imm ? o::kRcSendOnlyImm : o::kRcSendOnly;
+    if (first) return o::kRcSendFirst;
+    if (last) return imm ? o::kRcSendLastImm : o::kRcSendLast;
+    return o::kRcSendMiddle;
+  }
+  if (first && last) return imm ? o::kRcWriteOnlyImm : o::kRcWriteOnly;
+  if (first) return o::kRcWriteFirst;
+  if (last) return imm ? o::kRcWriteLastImm : o::kRcWriteLast;
+  return o::kRcWriteMiddle;
+}
+
+WcStatus status_for_nak(uint8_t code) {
+  switch (static_cast<roce::aeth::NakCode>(code)) {
+    case roce::aeth::NakCode::kInvalidRequest: return WcStatus::kRemInvReqErr;
+    case roce::aeth::NakCode::kRemoteAccessError: return WcStatus::kRemAccessErr;
+    case roce::aeth::NakCode::kRemoteOperationalError: return WcStatus::kRemOpErr;
+    default: return WcStatus::kBadRespErr;
+  }
+}
+
+}  // namespace
+
+// Checks a WQE's local keys and gives it its PSNs. False when it cannot
+// start yet (limits) or failed (completed with an error, QP in ERROR).
+bool QueuePairImpl::start_wqe(SendWqe& w) {
+  if (is_read_or_atomic(w) && rd_atomic_outstanding_ >= attr_.max_rd_atomic) return false;
+  if ((w.wr.flags & kSendFence) && rd_atomic_outstanding_ > 0) return false;
+  if (!w.is_inline && is_rc()) {
+    bool writes = is_read_or_atomic(w);
+    for (uint32_t i = 0; i < w.num_sge; ++i) {
+      const Sge& s = w.sge[i];
+      if (s.length == 0) continue;
+      auto access = ctx_.memory().check_local(s.lkey, pd_, s.addr, s.length, writes);
+      if (!access) {
+        fail_from(sq_next_, WcStatus::kLocProtErr, std::string(wr_opcode_name(w.wr.opcode)) + " SGE " +
+                                                        std::to_string(i) + ": " + access.error().message());
+        return false;
+      }
+    }
+  }
+  w.started = true;
+  w.first_psn = cursor_psn_;
+  w.npkts = w.wr.opcode == WrOpcode::kRdmaRead ? roce::packets_for(w.length, mtu_)
+            : is_read_or_atomic(w)             ? 1
+            : is_rc()                          ? roce::packets_for(w.length, mtu_)
+                                               : 1;
+  if (is_read_or_atomic(w)) ++rd_atomic_outstanding_;
+  return true;
+}
+
+// Sends the packet of `w` at cursor_psn_.
+int QueuePairImpl::send_request_packet(SendWqe& w) {
+  uint32_t index = static_cast<uint32_t>(psn_diff(cursor_psn_, w.first_psn));
+  roce::FrameSpec spec;
+  uint64_t offset = 0;
+  uint32_t payload = 0;
+  uint32_t psn_step = 1;
+  bool last;
+
+  if (!is_rc()) {
+    bool failed = false;
+    auto mac = peer_mac(w.wr.ud.ip, failed);
+    if (failed) {
+      complete_send(w, WcStatus::kRetryExcErr,
+                    "UD destination " + net::Ipv4Address{w.wr.ud.ip}.str() + " did not answer ARP");
+      return 2;
+    }
+    if (!mac) return 0;
+    spec = frame_spec(w.wr.opcode == WrOpcode::kSendWithImm ? roce::op::kUdSendOnlyImm : roce::op::kUdSendOnly,
+                      cursor_psn_, false);
+    spec.dst_mac = *mac;
+    spec.dst_ip = w.wr.ud.ip;
+    spec.traffic_class = w.wr.ud.traffic_class;
+    spec.hop_limit = w.wr.ud.hop_limit;
+    spec.bth.dest_qp = w.wr.ud.qpn;
+    spec.ext.deth = {w.wr.ud.qkey, qpn_};
+    spec.ext.immdt.imm = w.wr.imm_data;
+    spec.bth.se = (w.wr.flags & kSendSolicited) != 0;
+    payload = static_cast<uint32_t>(w.length);
+    last = true;
+  } else {
+    if (!mac_) {
+      bool failed = false;
+      mac_ = peer_mac(attr_.av.dest_ip, failed);
+      if (failed) {
+        fail_head(WcStatus::kRetryExcErr,
+                  "peer " + net::Ipv4Address{attr_.av.dest_ip}.str() + " did not answer ARP requests");
+        return -1;
+      }
+      if (!mac_) return 0;
+    }
+    switch (w.wr.opcode) {
+      case WrOpcode::kRdmaRead: {
+        // One request for everything not yet received (a retry asks only
+        // for the rest, as rxe's req_retry does).
+        offset = uint64_t{index} * mtu_;
+        spec = frame_spec(roce::op::kRcReadRequest, cursor_psn_, true);
+        spec.ext.reth = {w.wr.remote_addr + offset, w.wr.rkey, static_cast<uint32_t>(w.length - offset)};
+        psn_step = w.npkts - index;
+        last = true;
+        break;
+      }
+      case WrOpcode::kAtomicCmpAndSwp:
+      case WrOpcode::kAtomicFetchAndAdd: {
+        bool cas = w.wr.opcode == WrOpcode::kAtomicCmpAndSwp;
+        spec = frame_spec(cas ? roce::op::kRcCompareSwap : roce::op::kRcFetchAdd, cursor_psn_, true);
+        spec.ext.atomic_eth = {w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
+                               cas ? w.wr.compare_add : 0};
+        last = true;
+        break;
+      }
+      default: {
+        offset = uint64_t{index} * mtu_;
+        payload = static_cast<uint32_t>(std::min<uint64_t>(mtu_, w.length - offset));
+        last = index + 1 == w.npkts;
+        bool ack_req = last || ++noack_pkts_ >= kMaxPacketsPerAck;
+        spec = frame_spec(send_opcode(w.wr.opcode, index, w.npkts), cursor_psn_, ack_req);
+        if (index == 0 && (w.wr.opcode == WrOpcode::kRdmaWrite || w.wr.opcode == WrOpcode::kRdmaWriteWithImm)) {
+          spec.ext.reth = {w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
+        }
+        spec.ext.immdt.imm = w.wr.imm_data;
+        spec.bth.se = last && (w.wr.flags & kSendSolicited);
+        break;
+      }
+    }
+    if (spec.bth.ack_req) noack_pkts_ = 0;
+  }
+
+  // Gather the payload: inline bytes, or the SGEs through the key table
+  // (re-checked per packet, so a region deregistered meanwhile is caught).
+  std::array<std::span<const uint8_t>, kMaxSge> pieces;
+  std::array<Access, kMaxSge> pins;
+  size_t npieces = 0;
+  if (payload > 0 && w.is_inline) {
+    pieces[npieces++] = std::span<const uint8_t>(w.inline_data).subspan(offset, payload);
+  } else if (payload > 0) {
+    uint64_t skip = offset, want = payload;
+    for (uint32_t i = 0; i < w.num_sge && want > 0; ++i) {
+      const Sge& s = w.sge[i];
+      if (skip >= s.length) {
+        skip -= s.length;
+        continue;
+      }
+      uint64_t take = std::min<uint64_t>(s.length - skip, want);
+      auto access = ctx_.memory().check_local(s.lkey, pd_, s.addr + skip, take, false);
+      if (!access) {
+        if (is_rc()) {
+          fail_from(sq_next_, WcStatus::kLocProtErr, std::string(wr_opcode_name(w.wr.opcode)) + " SGE " +
+                                                         std::to_string(i) + ": " + access.error().message());
+          return -1;
+        }
+        complete_send(w, WcStatus::kLocProtErr, access.error().message());
+        return 2;
+      }
+      pieces[npieces++] = {access->data(), static_cast<size_t>(take)};
+      pins[i] = std::move(*access);
+      want -= take;
+      skip = 0;
+    }
+  }
+  if (!ctx_.send_frame_locked(spec, std::span(pieces.data(), npieces))) return 0;
+
+  if (is_rc() && psn_diff(cursor_psn_, max_sent_psn_) < 0) ++ctx_.stats().retransmits;
+  cursor_psn_ = psn_add(cursor_psn_, psn_step);
+  if (psn_diff(cursor_psn_, max_sent_psn_) > 0) max_sent_psn_ = cursor_psn_;
+  if (last) ++sq_next_;
+  if (!is_rc()) {
+    // Datagrams are done once on the wire.
+    una_psn_ = cursor_psn_;
+    complete_send(w, WcStatus::kSuccess);
+  } else if (!timer_) {
+    arm_timer();
+  }
+  return 1;
+}
+
+void QueuePairImpl::arm_timer() {
+  if (attr_.timeout == 0) {
+    timer_.reset();  // IBA: 0 means wait forever
+    return;
+  }
+  timer_ = ctx_.now() + std::chrono::nanoseconds(uint64_t{4096} << attr_.timeout);
+}
+
+int QueuePairImpl::transmit() {
+  int sent = 0;
+  // Responses first: the peer's requester is waiting for them.
+  while (!replies_.empty()) {
+    if (!send_reply_packet(replies_.front())) return sent;
+    replies_.pop_front();
+    ++sent;
+  }
+  if (attr_.state != QpState::kRts) return sent;
+  if (rnr_until_) {
+    if (ctx_.now() < *rnr_until_) return sent;
+    rnr_until_.reset();
+  }
+  while (sq_next_ < sq_tail_ && attr_.state == QpState::kRts) {
+    SendWqe& w = sq_at(sq_next_);
+    if (!w.started) {
+      if (is_rc() && psn_diff(cursor_psn_, una_psn_) >= static_cast<int32_t>(kMaxInflightPackets)) break;
+      if (!start_wqe(w)) break;
+    }
+    if (is_rc() && psn_diff(cursor_psn_, una_psn_) >= static_cast<int32_t>(kMaxInflightPackets)) break;
+    int r = send_request_packet(w);
+    if (r < 0) break;    // the QP left RTS
+    if (r == 0) break;   // no buffer or MAC yet: the next progress retries
+    if (r == 2) continue;  // the WQE completed with an error; on to the next
+    ++sent;
+  }
+  return sent;
+}
+
+// Go back to `psn` (go-back-N): everything from there is sent again.
+void QueuePairImpl::rewind(uint32_t psn) {
+  una_psn_ = psn;
+  cursor_psn_ = psn;
+  sq_next_ = sq_head_;
+  while (sq_next_ < sq_tail_) {
+    SendWqe& w = sq_at(sq_next_);
+    if (!w.started) break;
+    uint32_t end = psn_add(w.first_psn, w.npkts);
+    if (psn_diff(psn, end) < 0) break;  // psn lies inside w
+    ++sq_next_;
+  }
+  noack_pkts_ = 0;
+}
+
+bool QueuePairImpl::retry_exhausted(bool rnr) {
+  uint8_t& left = rnr ? rnr_left_ : retry_left_;
+  uint8_t limit = rnr ? attr_.rnr_retry : attr_.retry_cnt;
+  if (limit == 7) return false;  // 7: retry forever (rxe treats both counters so)
+  if (left == 0) return true;
+  --left;
+  return false;
+}
+
+int QueuePairImpl::on_timer(Clock::time_point now) {
+  if (!timer_ || now < *timer_ || attr_.state != QpState::kRts) return 0;
+  if (sq_head_ == sq_next_ && psn_diff(cursor_psn_, una_psn_) <= 0) {
+    timer_.reset();  // nothing outstanding
+    return 0;
+  }
+  ++ctx_.stats().timeouts;
+  if (retry_exhausted(false)) {
+    fail_head(WcStatus::kRetryExcErr, "no acknowledgement from " + net::Ipv4Address{attr_.av.dest_ip}.str() +
+                                          " QP " + hex(attr_.dest_qpn) + " after " +
+                                          std::to_string(attr_.retry_cnt) + " retries (timeout " +
+                                          std::to_string(attr_.timeout) + ")");
+    return 1;
+  }
+  // The oldest unacknowledged packet: for a READ, the next response.
+  uint32_t from = una_psn_;
+  if (sq_head_ < sq_tail_) {
+    SendWqe& h = sq_at(sq_head_);
+    if (h.started && h.wr.opcode == WrOpcode::kRdmaRead) from = psn_add(h.first_psn, h.rcv_pkts);
+  }
+  mac_.reset();  // the peer may have moved: ask ARP again
+  rewind(from);
+  arm_timer();
+  return 1;
+}
+
+// ACKs, NAKs, READ responses and atomic ACKs for this QP's requests.
+void QueuePairImpl::on_response(const roce::Packet& pkt) {
+  if (attr_.state != QpState::kRts) {
+    ++ctx_.stats().rx_dropped;
+    return;
+  }
+  const uint32_t psn = pkt.bth.psn;
+  // Only PSNs we sent and that are not acknowledged yet mean anything.
+  if (psn_diff(psn, cursor_psn_) >= 0 || psn_diff(psn, una_psn_) < 0) {
+    ++ctx_.stats().rx_dropped;
+    return;
+  }
+  const uint8_t syndrome = pkt.has(roce::kAeth) ? pkt.ext.aeth.syndrome : 0;
+  const auto type = roce::aeth::type(syndrome);
+  const bool is_ack_opcode = pkt.bth.opcode == roce::op::kRcAck;
+
+  // Earlier SENDs and WRITEs are acknowledged implicitly by any response to
+  // a later PSN; an earlier READ or atomic still waiting means its responses
+  // were lost: ask again.
+  while (sq_head_ < sq_next_) {
+    SendWqe& w = sq_at(sq_head_);
+    uint32_t last_psn = psn_add(w.first_psn, w.npkts - 1);
+    if (psn_diff(last_psn, psn) >= 0) break;
+    if (is_read_or_atomic(w)) {
+      if (retry_exhausted(false)) {
+        fail_head(WcStatus::kRetryExcErr, "responses to " + std::string(wr_opcode_name(w.wr.opcode)) + " lost too often");
+        return;
+      }
+      rewind(psn_add(w.first_psn, w.rcv_pkts));
+      return;
+    }
+    complete_send(w, WcStatus::kSuccess);
+  }
+  if (sq_head_ == sq_next_) return;  // nothing started contains psn
+  SendWqe& w = sq_at(sq_head_);
+  const uint32_t last_psn = psn_add(w.first_psn, w.npkts - 1);
+
+  if (is_ack_opcode && type != roce::aeth::Type::kAck) {
+    if (type == roce::aeth::Type::kRnrNak) {
+      ++ctx_.stats().rnr_naks_received;
+      if (retry_exhausted(true)) {
+        fail_head(WcStatus::kRnrRetryExcErr, "the peer had no receive posted (RNR NAK) " +
+                                                 std::to_string(attr_.rnr_retry) + " times");
+        return;
+      }
+      rewind(psn);
+      rnr_until_ = ctx_.now() + std::chrono::microseconds(roce::aeth::rnr_timer_usec(roce::aeth::value(syndrome)));
+      arm_timer();
+      return;
+    }
+    ++ctx_.stats().naks_received;
+    uint8_t code = roce::aeth::value(syndrome);
+    if (type == roce::aeth::Type::kNak && code == static_cast<uint8_t>(roce::aeth::NakCode::kPsnSequenceError)) {
+      if (retry_exhausted(false)) {
+        fail_head(WcStatus::kRetryExcErr, "PSN sequence errors beyond retry_cnt");
+        return;
+      }
+      rewind(psn);
+      arm_timer();
+      return;
+    }
+    fail_head(status_for_nak(code), std::string(wr_opcode_name(w.wr.opcode)) + " NAKed by " +
+                                        net::Ipv4Address{attr_.av.dest_ip}.str() + ": " +
+                                        roce::aeth::nak_code_name(code) + " (AETH " + hex(syndrome) + ")");
+    return;
+  }
+
+  // Progress: the peer is alive, retries start over.
+  retry_left_ = attr_.retry_cnt;
+  rnr_left_ = attr_.rnr_retry;
+
+  if (is_ack_opcode) {
+    if (is_read_or_atomic(w)) return;  // an ACK cannot answer these
+    una_psn_ = psn_add(psn, 1);
+    if (psn == last_psn) complete_send(w, WcStatus::kSuccess);
+  } else if (pkt.op->kind == roce::OpKind::kReadResponse) {
+    if (w.wr.opcode != WrOpcode::kRdmaRead) {
+      fail_head(WcStatus::kBadRespErr, "READ response for a " + std::string(wr_opcode_name(w.wr.opcode)));
+      return;
+    }
+    uint32_t expected = psn_add(w.first_psn, w.rcv_pkts);
+    if (psn != expected) {
+      if (psn_diff(psn, expected) > 0) rewind(expected);  // a response went missing
+      return;
+    }
+    uint64_t offset = uint64_t{w.rcv_pkts} * mtu_;
+    bool is_last = w.rcv_pkts + 1 == w.npkts;
+    uint64_t want = is_last ? w.length - offset : mtu_;
+    bool position_ok = (w.rcv_pkts == 0) == pkt.op->first() && is_last == pkt.op->last();
+    if (!position_ok || pkt.payload.size() != want) {
+      fail_head(WcStatus::kBadRespErr, "READ response " + std::string(roce::opcode_full_name(pkt.bth.opcode)) +
+                                           " with " + std::to_string(pkt.payload.size()) + " bytes, expected " +
+                                           std::to_string(want));
+      return;
+    }
+    if (auto err = scatter(w.sge.data(), w.num_sge, offset, pkt.payload)) {
+      fail_head(WcStatus::kLocProtErr, "RDMA_READ destination: " + err->message());
+      return;
+    }
+    ++w.rcv_pkts;
+    una_psn_ = psn_add(psn, 1);
+    if (is_last) complete_send(w, WcStatus::kSuccess);
+  } else if (pkt.op->kind == roce::OpKind::kAtomicAck) {
+    if (!is_read_or_atomic(w) || w.wr.opcode == WrOpcode::kRdmaRead || psn != w.first_psn) return;
+    uint64_t original = pkt.ext.atomic_ack.original;
+    uint8_t bytes[8];
+    std::memcpy(bytes, &original, 8);  // host order, like the target memory
+    if (auto err = scatter(w.sge.data(), w.num_sge, 0, bytes)) {
+      fail_head(WcStatus::kLocProtErr, "atomic result: " + err->message());
+      return;
+    }
+    una_psn_ = psn_add(psn, 1);
+    complete_send(w, WcStatus::kSuccess);
+  } else {
+    ++ctx_.stats().rx_dropped;
+    return;
+  }
+  if (sq_head_ == sq_next_ && psn_diff(cursor_psn_, una_psn_) <= 0) {
+    timer_.reset();
+  } else {
+    arm_timer();
+  }
+}
+
+}  // namespace ufab::transport

@@ -1,0 +1,395 @@
+// The responder half of a queue pair: checks every request (PSN, opcode
+// sequence, length, QP access, key, bounds) before a byte lands, executes
+// it, and answers with ACKs, READ responses, atomic ACKs or the NAK IBA
+// 9.7.5 and Linux rxe (rxe_resp.c) give. UD receives live here too.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "core/transport/context.h"
+#include "core/transport/queue_pair.h"
+
+namespace ufab::transport {
+
+using namespace rdma;
+using roce::psn_add;
+using roce::psn_diff;
+namespace aeth = roce::aeth;
+
+namespace {
+
+// Bytes verbs reserves at the start of a UD receive buffer for the GRH; for
+// RoCEv2 over IPv4 the IPv4 header sits in its last 20 bytes (as rxe does).
+constexpr uint32_t kGrhBytes = 40;
+
+constexpr uint8_t kNakInvalid = aeth::nak_syndrome(aeth::NakCode::kInvalidRequest);
+constexpr uint8_t kNakSequence = aeth::nak_syndrome(aeth::NakCode::kPsnSequenceError);
+constexpr uint8_t kNakRemoteOp = aeth::nak_syndrome(aeth::NakCode::kRemoteOperationalError);
+
+}  // namespace
+
+void QueuePairImpl::on_packet(const roce::Packet& pkt) {
+  // A connected QP talks to one peer only (rxe check_addr).
+  if (is_rc() && pkt.ip.src != attr_.av.dest_ip) {
+    ++ctx_.stats().rx_dropped;
+    return;
+  }
+  if (pkt.op->request) {
+    on_request(pkt);
+  } else if (is_rc()) {
+    on_response(pkt);
+  } else {
+    ++ctx_.stats().rx_dropped;
+  }
+}
+
+bool QueuePairImpl::send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& a, const roce::ExtHeaders* ext) {
+  if (!mac_) {
+    bool failed = false;
+    mac_ = peer_mac(attr_.av.dest_ip, failed);
+    if (!mac_) return false;
+  }
+  roce::FrameSpec spec = frame_spec(opcode, psn, false);
+  if (ext != nullptr) spec.ext = *ext;
+  spec.ext.aeth = a;
+  return ctx_.send_frame_locked(spec, {});
+}
+
+// A NAK that ends the connection (invalid request, remote access or
+// operational error): sent at once, then the QP goes to ERROR as verbs'
+// responder does.
+void QueuePairImpl::send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, WcStatus recv_status) {
+  ++ctx_.stats().naks_sent;
+  if (recv_status != WcStatus::kSuccess && rq_head_ < rq_tail_) {
+    complete_recv(recv_status, WcOpcode::kRecv, 0, std::nullopt, 0, why);
+  }
+  replies_.clear();  // nothing queued before the NAK matters once the QP dies
+  (void)send_ack_frame(roce::op::kRcAck, psn, roce::Aeth{syndrome, msn_ & roce::kPsnMask}, nullptr);
+  enter_error("responder: " + why);
+}
+
+void QueuePairImpl::send_rnr_nak(uint32_t psn) {
+  ++ctx_.stats().rnr_naks_sent;
+  replies_.push_back(Reply{.kind = Reply::kAck, .psn = psn, .msn = msn_,
+                           .syndrome = aeth::rnr_nak_syndrome(attr_.min_rnr_timer)});
+}
+
+// ACKs coalesce: a later ACK replaces one not yet sent.
+void QueuePairImpl::queue_ack(uint32_t psn) {
+  if (!replies_.empty() && replies_.back().kind == Reply::kAck && replies_.back().syndrome == aeth::ack_syndrome()) {
+    replies_.back().psn = psn;
+    replies_.back().msn = msn_;
+    return;
+  }
+  replies_.push_back(Reply{.kind = Reply::kAck, .psn = psn, .msn = msn_, .syndrome = aeth::ack_syndrome()});
+}
+
+bool QueuePairImpl::send_reply_packet(Reply& r) {
+  switch (r.kind) {
+    case Reply::kAck:
+      return send_ack_frame(roce::op::kRcAck, r.psn, roce::Aeth{r.syndrome, r.msn & roce::kPsnMask}, nullptr);
+    case Reply::kAtomicAck: {
+      roce::ExtHeaders ext;
+      ext.atomic_ack.original = r.original;
+      return send_ack_frame(roce::op::kRcAtomicAck, r.psn, aeth::ack(r.msn), &ext);
+    }
+    case Reply::kRead: break;
+  }
+  const uint32_t npkts = roce::packets_for(r.length, mtu_);
+  while (r.sent_pkts < npkts) {
+    if (!mac_) {
+      bool failed = false;
+      mac_ = peer_mac(attr_.av.dest_ip, failed);
+      if (!mac_) return false;
+    }
+    uint32_t i = r.sent_pkts;
+    uint64_t offset = uint64_t{i} * mtu_;
+    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(mtu_, r.length - offset));
+    bool first = i == 0, last = i + 1 == npkts;
+    namespace o = roce::op;
+    uint8_t opcode = first && last ? o::kRcReadResponseOnly
+                     : first       ? o::kRcReadResponseFirst
+                     : last        ? o::kRcReadResponseLast
+                                   : o::kRcReadResponseMiddle;
+    roce::FrameSpec spec = frame_spec(opcode, psn_add(r.psn, i), false);
+    spec.ext.aeth = aeth::ack(r.msn);
+    std::span<const uint8_t> piece;
+    Access access;
+    if (len > 0) {
+      // Checked again per packet: the region may have been deregistered
+      // since the request arrived.
+      auto a = ctx_.memory().check_remote(r.rkey, pd_, r.va + offset, len, kRemoteRead);
+      if (!a) {
+        send_nak(a.error().nak_syndrome(), psn_add(r.psn, i), "READ source: " + a.error().message(),
+                 WcStatus::kSuccess);
+        return true;
+      }
+      access = std::move(*a);
+      piece = {access.data(), len};
+    }
+    if (!ctx_.send_frame_locked(spec, std::span(&piece, len > 0 ? 1 : 0))) return false;
+    ++r.sent_pkts;
+  }
+  return true;
+}
+
+void QueuePairImpl::on_request(const roce::Packet& pkt) {
+  if (!is_rc()) {
+    on_ud_send(pkt);
+    return;
+  }
+  if (attr_.state != QpState::kRtr && attr_.state != QpState::kRts) {
+    ++ctx_.stats().rx_dropped;
+    return;
+  }
+  const uint32_t psn = pkt.bth.psn;
+  const int32_t diff = psn_diff(psn, epsn_);
+  if (diff > 0) {
+    // A gap: one NAK per gap (IBA 9.7.5.1.2), repeated only once the
+    // expected PSN has arrived.
+    if (!nak_sent_) {
+      nak_sent_ = true;
+      ++ctx_.stats().naks_sent;
+      replies_.push_back(Reply{.kind = Reply::kAck, .psn = epsn_, .msn = msn_, .syndrome = kNakSequence});
+    }
+    return;
+  }
+  if (diff < 0) {
+    on_duplicate(pkt);
+    return;
+  }
+  nak_sent_ = false;
+
+  const roce::OpcodeInfo& op = *pkt.op;
+  if (op.has(roce::kIeth)) {
+    send_nak(kNakInvalid, psn, std::string(roce::opcode_full_name(pkt.bth.opcode)) + " (SEND with invalidate) is not "
+             "supported by this responder", WcStatus::kSuccess);
+    return;
+  }
+  const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
+  const std::string opname = roce::opcode_full_name(pkt.bth.opcode);
+
+  // Opcode sequence (IBA 9.7.5.1.3 / rxe check_op_seq).
+  bool continues = !op.first();
+  if ((in_message_ == InMessage::kSend && !(continues && op.kind == roce::OpKind::kSend)) ||
+      (in_message_ == InMessage::kWrite && !(continues && op.kind == roce::OpKind::kRdmaWrite)) ||
+      (in_message_ == InMessage::kNone && continues)) {
+    send_nak(kNakInvalid, psn, opname + " out of sequence", WcStatus::kSuccess);
+    return;
+  }
+  // Payload sizes (rxe check_length): FIRST and MIDDLE carry exactly one MTU.
+  if ((op.kind == roce::OpKind::kSend || op.kind == roce::OpKind::kRdmaWrite) &&
+      ((!op.last() && len != mtu_) || (op.last() && !op.first() && (len == 0 || len > mtu_)) ||
+       (op.only() && len > mtu_))) {
+    send_nak(kNakInvalid, psn,
+             opname + " with " + std::to_string(len) + " bytes of payload at path MTU " + std::to_string(mtu_),
+             WcStatus::kSuccess);
+    return;
+  }
+  auto needs_recv = [&] { return op.kind == roce::OpKind::kSend ? op.first() : op.has(roce::kImmDt); };
+  if (needs_recv() && rq_head_ == rq_tail_) {
+    send_rnr_nak(psn);
+    return;
+  }
+
+  switch (op.kind) {
+    case roce::OpKind::kSend: {
+      if (op.first()) msg_offset_ = 0;
+      RecvWqe& r = rq_at(rq_head_);
+      if (msg_offset_ + len > r.length) {
+        send_nak(kNakInvalid, psn,
+                 "SEND of at least " + std::to_string(msg_offset_ + len) + " bytes into a receive of " +
+                     std::to_string(r.length),
+                 WcStatus::kLocLenErr);
+        return;
+      }
+      if (auto err = scatter(r.sge.data(), r.num_sge, msg_offset_, pkt.payload)) {
+        send_nak(kNakRemoteOp, psn, "receive buffer: " + err->message(), WcStatus::kLocProtErr);
+        return;
+      }
+      msg_offset_ += len;
+      in_message_ = op.last() ? InMessage::kNone : InMessage::kSend;
+      if (op.last()) {
+        ++msn_;
+        complete_recv(WcStatus::kSuccess, WcOpcode::kRecv, static_cast<uint32_t>(msg_offset_),
+                      op.has(roce::kImmDt) ? std::optional(pkt.ext.immdt.imm) : std::nullopt, 0);
+      }
+      break;
+    }
+    case roce::OpKind::kRdmaWrite: {
+      if (op.first()) {
+        if (!(attr_.access_flags & kRemoteWrite)) {
+          send_nak(kNakInvalid, psn, "RDMA WRITE to a QP without REMOTE_WRITE access", WcStatus::kSuccess);
+          return;
+        }
+        const roce::Reth& reth = pkt.ext.reth;
+        if (reth.dma_length > 0) {
+          auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite);
+          if (!a) {
+            send_nak(a.error().nak_syndrome(), psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
+            return;
+          }
+        }
+        write_va_ = reth.va;
+        write_rkey_ = reth.rkey;
+        write_length_ = reth.dma_length;
+        msg_offset_ = 0;
+      }
+      if (msg_offset_ + len > write_length_ || (op.last() && msg_offset_ + len != write_length_)) {
+        send_nak(kNakInvalid, psn,
+                 "RDMA WRITE payload (" + std::to_string(msg_offset_ + len) + " bytes so far) disagrees with "
+                 "its RETH length " + std::to_string(write_length_),
+                 WcStatus::kSuccess);
+        return;
+      }
+      if (len > 0) {
+        auto a = ctx_.memory().check_remote(write_rkey_, pd_, write_va_ + msg_offset_, len, kRemoteWrite);
+        if (!a) {
+          send_nak(a.error().nak_syndrome(), psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
+          return;
+        }
+        std::memcpy(a->data(), pkt.payload.data(), len);
+      }
+      msg_offset_ += len;
+      in_message_ = op.last() ? InMessage::kNone : InMessage::kWrite;
+      if (op.last()) {
+        ++msn_;
+        if (op.has(roce::kImmDt)) {
+          complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, write_length_, pkt.ext.immdt.imm, 0);
+        }
+      }
+      break;
+    }
+    case roce::OpKind::kReadRequest: {
+      if (!(attr_.access_flags & kRemoteRead)) {
+        send_nak(kNakInvalid, psn, "RDMA READ from a QP without REMOTE_READ access", WcStatus::kSuccess);
+        return;
+      }
+      const roce::Reth& reth = pkt.ext.reth;
+      if (reth.dma_length > 0) {
+        auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead);
+        if (!a) {
+          send_nak(a.error().nak_syndrome(), psn, "RDMA READ: " + a.error().message(), WcStatus::kSuccess);
+          return;
+        }
+      }
+      size_t outstanding = std::count_if(replies_.begin(), replies_.end(),
+                                         [](const Reply& r) { return r.kind != Reply::kAck; });
+      if (outstanding >= attr_.max_dest_rd_atomic) {
+        send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
+        return;
+      }
+      ++msn_;
+      replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
+                               .length = reth.dma_length});
+      epsn_ = psn_add(psn, roce::packets_for(reth.dma_length, mtu_));
+      return;
+    }
+    case roce::OpKind::kAtomic: {
+      if (!(attr_.access_flags & kRemoteAtomic)) {
+        send_nak(kNakInvalid, psn, "atomic on a QP without REMOTE_ATOMIC access", WcStatus::kSuccess);
+        return;
+      }
+      const roce::AtomicEth& a = pkt.ext.atomic_eth;
+      auto access = ctx_.memory().check_remote(a.rkey, pd_, a.va, 8, kRemoteAtomic);
+      if (!access) {
+        send_nak(access.error().nak_syndrome(), psn, opname + ": " + access.error().message(), WcStatus::kSuccess);
+        return;
+      }
+      auto* target = reinterpret_cast<uint64_t*>(access->data());
+      uint64_t original;
+      if (pkt.bth.opcode == roce::op::kRcCompareSwap) {
+        original = a.compare;
+        __atomic_compare_exchange_n(target, &original, a.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      } else {
+        original = __atomic_fetch_add(target, a.swap_add, __ATOMIC_SEQ_CST);
+      }
+      if (!atomic_cache_.empty()) {
+        atomic_cache_[atomic_cache_next_] = AtomicReplay{true, psn, original};
+        atomic_cache_next_ = (atomic_cache_next_ + 1) % atomic_cache_.size();
+      }
+      ++msn_;
+      replies_.push_back(Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = original});
+      epsn_ = psn_add(psn, 1);
+      return;
+    }
+    default:
+      // FLUSH, ATOMIC_WRITE and SEND with invalidate: not offered yet.
+      send_nak(kNakInvalid, psn, opname + " is not supported by this responder", WcStatus::kSuccess);
+      return;
+  }
+  epsn_ = psn_add(psn, 1);
+  if (pkt.bth.ack_req) queue_ack(psn);
+}
+
+// A request for a PSN already executed (the ACK or response was lost).
+void QueuePairImpl::on_duplicate(const roce::Packet& pkt) {
+  ++ctx_.stats().duplicates;
+  const uint32_t psn = pkt.bth.psn;
+  switch (pkt.op->kind) {
+    case roce::OpKind::kSend:
+    case roce::OpKind::kRdmaWrite:
+      // Not executed again: acknowledge everything received so far.
+      queue_ack(psn_add(epsn_, roce::kPsnMask));
+      return;
+    case roce::OpKind::kReadRequest: {
+      // READs are idempotent: answer again from memory, re-checking the key
+      // (rxe does the same). Later queued READs restart after it.
+      const roce::Reth& reth = pkt.ext.reth;
+      if (!(attr_.access_flags & kRemoteRead)) return;
+      if (reth.dma_length > 0 && !ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead)) {
+        return;
+      }
+      std::erase_if(replies_, [&](const Reply& r) { return r.kind == Reply::kRead && psn_diff(r.psn, psn) >= 0; });
+      replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
+                               .length = reth.dma_length});
+      return;
+    }
+    case roce::OpKind::kAtomic:
+      // Never executed twice: the answer comes from the replay cache.
+      for (const AtomicReplay& c : atomic_cache_) {
+        if (c.valid && c.psn == psn) {
+          replies_.push_back(Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = c.original});
+          return;
+        }
+      }
+      ++ctx_.stats().rx_dropped;  // too old to replay; the requester will time out
+      return;
+    default:
+      ++ctx_.stats().rx_dropped;
+      return;
+  }
+}
+
+void QueuePairImpl::on_ud_send(const roce::Packet& pkt) {
+  if ((attr_.state != QpState::kRtr && attr_.state != QpState::kRts) || pkt.op->kind != roce::OpKind::kSend ||
+      pkt.ext.deth.qkey != attr_.qkey) {
+    ++ctx_.stats().rx_dropped;
+    return;
+  }
+  if (rq_head_ == rq_tail_) {
+    ++ctx_.stats().rx_dropped;  // UD has no RNR: no receive, no datagram
+    return;
+  }
+  RecvWqe& r = rq_at(rq_head_);
+  const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
+  std::optional<uint32_t> imm;
+  if (pkt.op->has(roce::kImmDt)) imm = pkt.ext.immdt.imm;
+  if (kGrhBytes + uint64_t{len} > r.length) {
+    complete_recv(WcStatus::kLocLenErr, WcOpcode::kRecv, 0, imm, pkt.ext.deth.src_qp,
+                  "UD datagram of " + std::to_string(len) + " bytes (+40 GRH) into a receive of " +
+                      std::to_string(r.length));
+    return;
+  }
+  std::array<uint8_t, kGrhBytes> grh{};
+  roce::write_ipv4(std::span<uint8_t, roce::kIpv4Bytes>(grh.data() + 20, roce::kIpv4Bytes), pkt.ip);
+  auto err = scatter(r.sge.data(), r.num_sge, 0, grh);
+  if (!err) err = scatter(r.sge.data(), r.num_sge, kGrhBytes, pkt.payload);
+  if (err) {
+    complete_recv(WcStatus::kLocProtErr, WcOpcode::kRecv, 0, imm, pkt.ext.deth.src_qp, err->message());
+    return;
+  }
+  complete_recv(WcStatus::kSuccess, WcOpcode::kRecv, kGrhBytes + len, imm, pkt.ext.deth.src_qp);
+}
+
+}  // namespace ufab::transport
