@@ -14,7 +14,7 @@ using transport::Clock;
 
 // ------------------------------------------------------------------- Device
 
-Device::Device(std::unique_ptr<transport::Context> context) : context_(std::move(context)) {}
+Device::Device(std::shared_ptr<transport::Context> context) : context_(std::move(context)) {}
 Device::~Device() = default;
 
 Result<std::unique_ptr<Device>> Device::open(const std::string& spec, const DeviceOptions& options) {
@@ -52,14 +52,14 @@ Result<ProtectionDomain> Device::alloc_pd() {
   std::lock_guard lock(context_->mutex());
   auto pd = context_->memory().alloc_pd();
   if (!pd) return std::unexpected(pd.error());
-  return ProtectionDomain(context_.get(), *pd);
+  return ProtectionDomain(context_, *pd);
 }
 
 Result<std::unique_ptr<CompletionQueue>> Device::create_cq(uint32_t depth) {
   std::lock_guard lock(context_->mutex());
   auto cq = context_->create_cq_locked(depth);
   if (!cq) return std::unexpected(cq.error());
-  return std::unique_ptr<CompletionQueue>(new CompletionQueue(context_.get(), *cq));
+  return std::unique_ptr<CompletionQueue>(new CompletionQueue(context_, *cq));
 }
 
 int Device::progress() {
@@ -70,23 +70,26 @@ int Device::progress() {
 // --------------------------------------------------------- ProtectionDomain
 
 ProtectionDomain::ProtectionDomain(ProtectionDomain&& other) noexcept
-    : context_(std::exchange(other.context_, nullptr)), id_(other.id_) {}
+    : context_(std::move(other.context_)), id_(other.id_) {}
 
 ProtectionDomain& ProtectionDomain::operator=(ProtectionDomain&& other) noexcept {
   if (this != &other) {
-    this->~ProtectionDomain();
-    context_ = std::exchange(other.context_, nullptr);
+    release();
+    context_ = std::move(other.context_);
     id_ = other.id_;
   }
   return *this;
 }
 
-ProtectionDomain::~ProtectionDomain() {
+ProtectionDomain::~ProtectionDomain() { release(); }
+
+void ProtectionDomain::release() {
   if (context_ == nullptr) return;
   std::lock_guard lock(context_->mutex());
   // EBUSY while regions remain: they keep the PD's id alive in the table
   // and are freed with it when the device closes.
   (void)context_->memory().dealloc_pd(id_);
+  context_.reset();
 }
 
 Result<MemoryRegion> ProtectionDomain::register_mr(void* addr, uint64_t length, AccessFlags access) {
@@ -107,12 +110,12 @@ Result<std::unique_ptr<QueuePair>> ProtectionDomain::create_qp(const QpInit& ini
 // ------------------------------------------------------------- MemoryRegion
 
 MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
-    : context_(std::exchange(other.context_, nullptr)), keys_(other.keys_), addr_(other.addr_), length_(other.length_) {}
+    : context_(std::move(other.context_)), keys_(other.keys_), addr_(other.addr_), length_(other.length_) {}
 
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
   if (this != &other) {
     (void)deregister();
-    context_ = std::exchange(other.context_, nullptr);
+    context_ = std::move(other.context_);
     keys_ = other.keys_;
     addr_ = other.addr_;
     length_ = other.length_;
@@ -131,7 +134,7 @@ Status MemoryRegion::deregister() {
   // No device lock here: checks in flight hold pins, and deregister_mr
   // waits for them, which needs the transport to keep running.
   auto s = context_->memory().deregister_mr(keys_.lkey);
-  if (s) context_ = nullptr;
+  if (s) context_.reset();
   return s;
 }
 

@@ -14,6 +14,9 @@
 //   qp->connect(peer_connection_data);       // INIT -> RTR -> RTS in one call
 //   qp->post_send(wr);  cq->poll(completions);
 //
+// Lifetimes: every object keeps its device's transport alive, so they may
+// be destroyed in any order; the NIC closes with the last of them.
+//
 // Threads: every object may be used from any thread; calls on one Device
 // serialize on that device's lock. Progress (receiving, acknowledging,
 // retransmitting) happens inside poll/wait/post calls, or on a progress
@@ -86,8 +89,8 @@ class Device {
   transport::Context& context() { return *context_; }
 
  private:
-  explicit Device(std::unique_ptr<transport::Context> context);
-  std::unique_ptr<transport::Context> context_;
+  explicit Device(std::shared_ptr<transport::Context> context);
+  std::shared_ptr<transport::Context> context_;
 };
 
 class ProtectionDomain {
@@ -116,8 +119,9 @@ class ProtectionDomain {
 
  private:
   friend class Device;
-  ProtectionDomain(transport::Context* context, PdId id) : context_(context), id_(id) {}
-  transport::Context* context_ = nullptr;
+  ProtectionDomain(std::shared_ptr<transport::Context> context, PdId id) : context_(std::move(context)), id_(id) {}
+  void release();
+  std::shared_ptr<transport::Context> context_;
   PdId id_;
 };
 
@@ -139,9 +143,9 @@ class MemoryRegion {
 
  private:
   friend class ProtectionDomain;
-  MemoryRegion(transport::Context* context, MemoryKeys keys, void* addr, uint64_t length)
-      : context_(context), keys_(keys), addr_(addr), length_(length) {}
-  transport::Context* context_ = nullptr;
+  MemoryRegion(std::shared_ptr<transport::Context> context, MemoryKeys keys, void* addr, uint64_t length)
+      : context_(std::move(context)), keys_(keys), addr_(addr), length_(length) {}
+  std::shared_ptr<transport::Context> context_;
   MemoryKeys keys_;
   void* addr_ = nullptr;
   uint64_t length_ = 0;
@@ -171,9 +175,9 @@ class CompletionQueue {
  private:
   friend class Device;
   friend class ProtectionDomain;
-  CompletionQueue(transport::Context* context, transport::CompletionQueueImpl* impl)
-      : context_(context), impl_(impl) {}
-  transport::Context* context_;
+  CompletionQueue(std::shared_ptr<transport::Context> context, transport::CompletionQueueImpl* impl)
+      : context_(std::move(context)), impl_(impl) {}
+  std::shared_ptr<transport::Context> context_;
   transport::CompletionQueueImpl* impl_;
 };
 
@@ -210,8 +214,9 @@ class QueuePair {
 
  private:
   friend class ProtectionDomain;
-  QueuePair(transport::Context* context, transport::QueuePairImpl* impl) : context_(context), impl_(impl) {}
-  transport::Context* context_;
+  QueuePair(std::shared_ptr<transport::Context> context, transport::QueuePairImpl* impl)
+      : context_(std::move(context)), impl_(impl) {}
+  std::shared_ptr<transport::Context> context_;
   transport::QueuePairImpl* impl_;
 };
 

@@ -17,8 +17,9 @@ using roce::psn_diff;
 namespace {
 
 // Packets in flight per QP before the requester waits for ACKs: far below
-// the 2^23 PSN half-window, and enough to keep a NIC ring busy.
-constexpr uint32_t kMaxInflightPackets = 1024;
+// the 2^23 PSN half-window, enough to keep a NIC ring busy, and small enough
+// that a loss (go-back-N resends everything after it) costs little.
+constexpr uint32_t kMaxInflightPackets = 256;
 // rxe asks for an ACK at least every this many packets (RXE_MAX_PKT_PER_ACK).
 constexpr uint32_t kMaxPacketsPerAck = 64;
 
@@ -272,6 +273,9 @@ bool QueuePairImpl::retry_exhausted(bool rnr) {
 
 int QueuePairImpl::on_timer(Clock::time_point now) {
   if (!timer_ || now < *timer_ || attr_.state != QpState::kRts) return 0;
+  // Acknowledged beyond the cursor (answers to packets sent before a
+  // rewind): skip what the peer already has.
+  if (psn_diff(una_psn_, cursor_psn_) > 0) rewind(una_psn_);
   if (sq_head_ == sq_next_ && psn_diff(cursor_psn_, una_psn_) <= 0) {
     timer_.reset();  // nothing outstanding
     return 0;
@@ -303,8 +307,10 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
     return;
   }
   const uint32_t psn = pkt.bth.psn;
-  // Only PSNs we sent and that are not acknowledged yet mean anything.
-  if (psn_diff(psn, cursor_psn_) >= 0 || psn_diff(psn, una_psn_) < 0) {
+  // Only PSNs we sent and that are not acknowledged yet mean anything. After
+  // a rewind the cursor is behind what was sent before; answers to those
+  // packets still count.
+  if (psn_diff(psn, max_sent_psn_) >= 0 || psn_diff(psn, una_psn_) < 0) {
     ++ctx_.stats().rx_dropped;
     return;
   }
@@ -315,7 +321,7 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
   // Earlier SENDs and WRITEs are acknowledged implicitly by any response to
   // a later PSN; an earlier READ or atomic still waiting means its responses
   // were lost: ask again.
-  while (sq_head_ < sq_next_) {
+  while (sq_head_ < sq_tail_ && sq_at(sq_head_).started) {
     SendWqe& w = sq_at(sq_head_);
     uint32_t last_psn = psn_add(w.first_psn, w.npkts - 1);
     if (psn_diff(last_psn, psn) >= 0) break;
@@ -329,7 +335,7 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
     }
     complete_send(w, WcStatus::kSuccess);
   }
-  if (sq_head_ == sq_next_) return;  // nothing started contains psn
+  if (sq_head_ == sq_tail_ || !sq_at(sq_head_).started) return;  // nothing started contains psn
   SendWqe& w = sq_at(sq_head_);
   const uint32_t last_psn = psn_add(w.first_psn, w.npkts - 1);
 
@@ -413,6 +419,9 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
     ++ctx_.stats().rx_dropped;
     return;
   }
+  // Acknowledged beyond the cursor (answers to packets sent before a
+  // rewind): skip what the peer already has.
+  if (psn_diff(una_psn_, cursor_psn_) > 0) rewind(una_psn_);
   if (sq_head_ == sq_next_ && psn_diff(cursor_psn_, una_psn_) <= 0) {
     timer_.reset();
   } else {
