@@ -149,6 +149,91 @@ TEST_F(Loopback, BadRkeyIsRemoteAccessErrorAndBothSidesGoToError) {
   EXPECT_EQ(b_.qp->state(), QpState::kError);
 }
 
+// UD: datagrams with the 40-byte GRH area, Q_Key checked, one MTU at most.
+TEST_F(Loopback, UdDatagramsCarryGrhAndAreFilteredByQkey) {
+  auto ua = a_.pd->create_qp({.type = QpType::kUd, .send_cq = a_.cq.get(), .recv_cq = a_.cq.get()});
+  auto ub = b_.pd->create_qp({.type = QpType::kUd, .send_cq = b_.cq.get(), .recv_cq = b_.cq.get()});
+  ASSERT_TRUE(ua && ub);
+  ASSERT_TRUE((*ua)->connect({}, QpAttr{.qkey = 0x1111}));
+  ASSERT_TRUE((*ub)->connect({}, QpAttr{.qkey = 0x2222}));
+  Sge r = b_.mr->sge(0, 40 + 1024);
+  ASSERT_TRUE((*ub)->post_recv({.wr_id = 77, .sgl = {&r, 1}}));
+  for (uint32_t i = 0; i < 1024; ++i) a_.buf[i] = static_cast<uint8_t>(i ^ 0x5a);
+  Sge s = a_.mr->sge(0, 1024);
+  UdDestination to{.ip = b_.dev->ip(), .qpn = (*ub)->qp_num(), .qkey = 0x9999};
+  // Wrong Q_Key: dropped at the receiver, the receive stays posted.
+  ASSERT_TRUE((*ua)->post_send({.wr_id = 1, .opcode = WrOpcode::kSend, .flags = kSendSignaled, .sgl = {&s, 1}, .ud = to}));
+  EXPECT_EQ(next(a_).status, WcStatus::kSuccess);
+  for (int i = 0; i < 20; ++i) a_.dev->progress(), b_.dev->progress();
+  WorkCompletion none[1];
+  EXPECT_EQ(*b_.cq->poll(none), 0u);
+  EXPECT_GT(b_.dev->stats().rx_dropped, 0u);
+
+  to.qkey = 0x2222;
+  ASSERT_TRUE((*ua)->post_send({.wr_id = 2, .opcode = WrOpcode::kSendWithImm, .flags = kSendSignaled,
+                                .sgl = {&s, 1}, .imm_data = 0xabcdef01, .ud = to}));
+  EXPECT_EQ(next(a_).status, WcStatus::kSuccess);
+  WorkCompletion wc = next(b_);
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+  EXPECT_EQ(wc.wr_id, 77u);
+  EXPECT_EQ(wc.byte_len, 40u + 1024u);
+  EXPECT_EQ(wc.src_qp, (*ua)->qp_num());
+  EXPECT_EQ(wc.imm_data, 0xabcdef01u);
+  EXPECT_TRUE(wc.wc_flags & kWcGrh);
+  EXPECT_TRUE(wc.wc_flags & kWcWithImm);
+  EXPECT_EQ(b_.buf[20] >> 4, 4);  // the IPv4 header sits in the GRH area's last 20 bytes
+  uint32_t src;
+  std::memcpy(&src, b_.buf.data() + 32, 4);
+  EXPECT_EQ(__builtin_bswap32(src), a_.dev->ip());
+  EXPECT_EQ(0, std::memcmp(b_.buf.data() + 40, a_.buf.data(), 1024));
+
+  // More than one MTU cannot be a datagram: refused at post time.
+  Sge big = a_.mr->sge(0, 1025);
+  auto posted = (*ua)->post_send({.wr_id = 3, .opcode = WrOpcode::kSend, .sgl = {&big, 1}, .ud = to});
+  ASSERT_FALSE(posted);
+  EXPECT_EQ(posted.error().code(), EINVAL);
+  // RC opcodes are refused on UD.
+  posted = (*ua)->post_send({.wr_id = 4, .opcode = WrOpcode::kRdmaWrite, .sgl = {&s, 1}, .ud = to});
+  ASSERT_FALSE(posted);
+  EXPECT_NE(posted.error().message().find("needs an RC QP"), std::string::npos);
+}
+
+// The state machine: transitions and required attributes as verbs has them.
+TEST_F(Loopback, ModifyChecksTransitionsAndAttributes) {
+  auto qp = a_.pd->create_qp({.type = QpType::kRc, .send_cq = a_.cq.get(), .recv_cq = a_.cq.get()});
+  ASSERT_TRUE(qp);
+  QpAttr attr;
+  attr.state = QpState::kRts;
+  auto s = (*qp)->modify(attr, kAttrState);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message().find("RESET -> RTS is not a valid transition"), std::string::npos) << s.error().message();
+  attr.state = QpState::kInit;
+  s = (*qp)->modify(attr, kAttrState | kAttrPort);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message().find("missing access_flags, pkey_index"), std::string::npos) << s.error().message();
+  ASSERT_TRUE((*qp)->modify(attr, kAttrState | kAttrPort | kAttrPkeyIndex | kAttrAccessFlags));
+  EXPECT_EQ((*qp)->state(), QpState::kInit);
+  Sge sge = a_.mr->sge(0, 8);
+  auto posted = (*qp)->post_send({.opcode = WrOpcode::kSend, .sgl = {&sge, 1}});
+  ASSERT_FALSE(posted);
+  EXPECT_NE(posted.error().message().find("sends need RTS"), std::string::npos);
+  attr.state = QpState::kRtr;
+  attr.path_mtu = 4096;
+  attr.av.dest_ip = b_.dev->ip();
+  attr.dest_qpn = 0x100;
+  s = (*qp)->modify(attr, kAttrState | kAttrAv | kAttrPathMtu | kAttrDestQpn | kAttrRqPsn | kAttrMaxDestRdAtomic |
+                              kAttrMinRnrTimer);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message().find("exceeds the port's active MTU 1024"), std::string::npos) << s.error().message();
+  EXPECT_EQ((*qp)->state(), QpState::kInit);  // nothing changed
+  attr.state = QpState::kError;
+  ASSERT_TRUE((*qp)->modify(attr, kAttrState));
+  EXPECT_EQ((*qp)->state(), QpState::kError);
+  attr.state = QpState::kReset;
+  ASSERT_TRUE((*qp)->modify(attr, kAttrState));
+  EXPECT_EQ((*qp)->state(), QpState::kReset);
+}
+
 // 5% loss, duplication and reordering each way: every message arrives once,
 // in order, intact. (The two-process fault tests run far more messages.)
 TEST_F(Loopback, LossyLinkDeliversEveryMessageOnceInOrder) {
