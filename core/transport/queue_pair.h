@@ -121,6 +121,8 @@ class QueuePairImpl {
   void send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, rdma::WcStatus recv_status);
   void send_rnr_nak(uint32_t psn);
   void queue_ack(uint32_t psn);
+  // READ responses and atomic ACKs queued (bounded by max_dest_rd_atomic).
+  size_t pending_rd_atomic() const;
   bool send_reply_packet(Reply& r);  // true when r is fully sent
   bool send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& aeth, const roce::ExtHeaders* ext);
   void complete_recv(rdma::WcStatus status, rdma::WcOpcode opcode, uint32_t byte_len, std::optional<uint32_t> imm,

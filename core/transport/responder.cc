@@ -43,6 +43,11 @@ void QueuePairImpl::on_packet(const roce::Packet& pkt) {
   }
 }
 
+size_t QueuePairImpl::pending_rd_atomic() const {
+  return static_cast<size_t>(
+      std::count_if(replies_.begin(), replies_.end(), [](const Reply& r) { return r.kind != Reply::kAck; }));
+}
+
 bool QueuePairImpl::send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& a, const roce::ExtHeaders* ext) {
   if (!mac_) {
     bool failed = false;
@@ -273,9 +278,7 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
           return;
         }
       }
-      size_t outstanding = std::count_if(replies_.begin(), replies_.end(),
-                                         [](const Reply& r) { return r.kind != Reply::kAck; });
-      if (outstanding >= attr_.max_dest_rd_atomic) {
+      if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) {
         send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
         return;
       }
@@ -288,6 +291,10 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
     case roce::OpKind::kAtomic: {
       if (!(attr_.access_flags & kRemoteAtomic)) {
         send_nak(kNakInvalid, psn, "atomic on a QP without REMOTE_ATOMIC access", WcStatus::kSuccess);
+        return;
+      }
+      if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) {
+        send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
         return;
       }
       const roce::AtomicEth& a = pkt.ext.atomic_eth;
@@ -341,6 +348,10 @@ void QueuePairImpl::on_duplicate(const roce::Packet& pkt) {
         return;
       }
       std::erase_if(replies_, [&](const Reply& r) { return r.kind == Reply::kRead && psn_diff(r.psn, psn) >= 0; });
+      if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) {
+        ++ctx_.stats().rx_dropped;  // a flood of old READs must not queue unbounded responses
+        return;
+      }
       replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
                                .length = reth.dma_length});
       return;
@@ -349,6 +360,7 @@ void QueuePairImpl::on_duplicate(const roce::Packet& pkt) {
       // Never executed twice: the answer comes from the replay cache.
       for (const AtomicReplay& c : atomic_cache_) {
         if (c.valid && c.psn == psn) {
+          if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) break;
           replies_.push_back(Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = c.original});
           return;
         }
