@@ -41,6 +41,7 @@ Result<std::unique_ptr<Context>> Context::create(std::unique_ptr<Link> link, net
   auto table = rdma::MemoryRegionTable::create();
   if (!table) return std::unexpected(table.error());
   ctx->memory_ = std::move(*table);
+  ctx->link_mac_ = link->mac();
   ctx->link_ = std::move(link);
   // QP numbers start at a random place, so a restarted process does not
   // reuse the numbers a peer may still send to; 0 and 1 are special (IBA).
@@ -154,16 +155,25 @@ void Context::on_frame_locked(std::span<const uint8_t> frame) {
     }
     return;
   }
+  // Unicast RoCE to our MAC only: a NIC in promiscuous mode (or the
+  // software NIC) hands us other hosts' frames too.
+  if (frame.size() >= 6 && !std::equal(frame.begin(), frame.begin() + 6, link_mac_.begin())) {
+    ++stats_.rx_other;
+    return;
+  }
   if (roce::parse_frame(frame, packet_) != roce::ParseError::kOk) {
-    // Most of what is not RoCE is just other traffic on the link (IPv6,
-    // LLDP, ...); count those apart from broken RoCE frames.
-    bool roce_port = packet_.udp.dport == roce::kRoceV2Port && packet_.ip.protocol == roce::kIpProtoUdp &&
-                     packet_.eth.ethertype == roce::kEtherTypeIpv4;
+    // Most of what is not RoCE is other traffic on the link (IPv6, LLDP,
+    // ...); count it apart from broken RoCE frames, judging by the raw
+    // bytes (packet_ may hold an earlier frame's fields).
+    bool roce_port = frame.size() >= roce::kBthOffset && frame[12] == 0x08 && frame[13] == 0x00 &&
+                     frame[23] == roce::kIpProtoUdp && frame[36] == (roce::kRoceV2Port >> 8) &&
+                     frame[37] == (roce::kRoceV2Port & 0xFF);
     ++(roce_port ? stats_.rx_parse_errors : stats_.rx_other);
     return;
   }
   ++stats_.rx_roce;
-  if (packet_.ip.dst != ip_.value) {
+  // rxe's check_keys: the default partition only (full or limited member).
+  if (packet_.ip.dst != ip_.value || (packet_.bth.pkey & 0x7FFF) != 0x7FFF) {
     ++stats_.rx_dropped;
     return;
   }

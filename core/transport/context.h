@@ -81,6 +81,7 @@ class Context {
   std::mutex mu_;
   std::unique_ptr<Link> link_;
   net::Ipv4Address ip_;
+  net::MacAddress link_mac_{};
   uint32_t active_mtu_ = 1024;
   std::unique_ptr<rdma::MemoryRegionTable> memory_;
   std::optional<net::ArpResponder> arp_responder_;

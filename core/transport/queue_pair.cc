@@ -135,6 +135,10 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
     replies_.clear();
     atomic_cache_.clear();
     in_message_ = InMessage::kNone;
+    msg_offset_ = 0;
+    msn_ = 0;
+    nak_sent_ = false;
+    noack_pkts_ = 0;
     timer_.reset();
     rnr_until_.reset();
     mac_.reset();

@@ -223,6 +223,7 @@ int QueuePairImpl::transmit() {
   // Responses first: the peer's requester is waiting for them.
   while (!replies_.empty()) {
     if (!send_reply_packet(replies_.front())) return sent;
+    if (replies_.empty()) return sent;  // the reply turned into a NAK that ended the QP
     replies_.pop_front();
     ++sent;
   }
@@ -230,6 +231,7 @@ int QueuePairImpl::transmit() {
   if (rnr_until_) {
     if (ctx_.now() < *rnr_until_) return sent;
     rnr_until_.reset();
+    arm_timer();  // the ACK timeout starts with the retry, not with the RNR NAK
   }
   while (sq_next_ < sq_tail_ && attr_.state == QpState::kRts) {
     SendWqe& w = sq_at(sq_next_);
@@ -273,6 +275,7 @@ bool QueuePairImpl::retry_exhausted(bool rnr) {
 
 int QueuePairImpl::on_timer(Clock::time_point now) {
   if (!timer_ || now < *timer_ || attr_.state != QpState::kRts) return 0;
+  if (rnr_until_) return 0;  // waiting out an RNR NAK is not a missing ACK
   // Acknowledged beyond the cursor (answers to packets sent before a
   // rewind): skip what the peer already has.
   if (psn_diff(una_psn_, cursor_psn_) > 0) rewind(una_psn_);
@@ -342,6 +345,7 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
   if (is_ack_opcode && type != roce::aeth::Type::kAck) {
     if (type == roce::aeth::Type::kRnrNak) {
       ++ctx_.stats().rnr_naks_received;
+      retry_left_ = attr_.retry_cnt;  // the peer is alive: only RNR retries count down
       if (retry_exhausted(true)) {
         fail_head(WcStatus::kRnrRetryExcErr, "the peer had no receive posted (RNR NAK) " +
                                                  std::to_string(attr_.rnr_retry) + " times");

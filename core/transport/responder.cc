@@ -191,6 +191,21 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
              WcStatus::kSuccess);
     return;
   }
+  // QP access before resources, as rxe (check_op_valid, then
+  // check_resource): a forbidden operation is an invalid request, not RNR.
+  AccessFlags needed = op.kind == roce::OpKind::kRdmaWrite   ? kRemoteWrite
+                       : op.kind == roce::OpKind::kReadRequest ? kRemoteRead
+                       : op.kind == roce::OpKind::kAtomic      ? kRemoteAtomic
+                                                               : 0;
+  if (needed && !(attr_.access_flags & needed)) {
+    send_nak(kNakInvalid, psn, opname + " on a QP without " + access_string(needed) + " access", WcStatus::kSuccess);
+    return;
+  }
+  // IBA C9-94: a DMA length above 2^31 is an invalid request.
+  if (op.has(roce::kReth) && pkt.ext.reth.dma_length > (1u << 31)) {
+    send_nak(kNakInvalid, psn, opname + " with a DMA length above 2^31", WcStatus::kSuccess);
+    return;
+  }
   auto needs_recv = [&] { return op.kind == roce::OpKind::kSend ? op.first() : op.has(roce::kImmDt); };
   if (needs_recv() && rq_head_ == rq_tail_) {
     send_rnr_nak(psn);
@@ -223,10 +238,6 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
     }
     case roce::OpKind::kRdmaWrite: {
       if (op.first()) {
-        if (!(attr_.access_flags & kRemoteWrite)) {
-          send_nak(kNakInvalid, psn, "RDMA WRITE to a QP without REMOTE_WRITE access", WcStatus::kSuccess);
-          return;
-        }
         const roce::Reth& reth = pkt.ext.reth;
         if (reth.dma_length > 0) {
           auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite);
@@ -266,10 +277,6 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
       break;
     }
     case roce::OpKind::kReadRequest: {
-      if (!(attr_.access_flags & kRemoteRead)) {
-        send_nak(kNakInvalid, psn, "RDMA READ from a QP without REMOTE_READ access", WcStatus::kSuccess);
-        return;
-      }
       const roce::Reth& reth = pkt.ext.reth;
       if (reth.dma_length > 0) {
         auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead);
@@ -289,10 +296,6 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
       return;
     }
     case roce::OpKind::kAtomic: {
-      if (!(attr_.access_flags & kRemoteAtomic)) {
-        send_nak(kNakInvalid, psn, "atomic on a QP without REMOTE_ATOMIC access", WcStatus::kSuccess);
-        return;
-      }
       if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) {
         send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
         return;

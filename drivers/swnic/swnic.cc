@@ -638,7 +638,14 @@ void SwNic::detach() {
     me.present.store(0, std::memory_order_release);
     me.pid.store(0, std::memory_order_relaxed);
     me.start_time.store(0, std::memory_order_relaxed);
-    uint32_t left = h->port[peer_].present.load(std::memory_order_acquire) ? 1 : 0;
+    // A peer that was killed never cleared its mark: count it as gone, so
+    // the segment does not outlive both processes.
+    PortState& peer = h->port[peer_];
+    uint32_t left = peer.present.load(std::memory_order_acquire) &&
+                            process_alive(peer.pid.load(std::memory_order_relaxed),
+                                          peer.start_time.load(std::memory_order_relaxed))
+                        ? 1
+                        : 0;
     h->refs.store(left, std::memory_order_release);
     if (left == 0) {
       h->magic.store(kDeadMagic, std::memory_order_release);

@@ -2,7 +2,7 @@
 # Builds ufab's fuzz targets with clang (libFuzzer + ASan + UBSan) and runs
 # each for a bounded time over its committed seed corpus.
 #
-#   tests/fuzz/run.sh [SECONDS] [TARGET...]   default 30 s; targets: roce_parse arp
+#   tests/fuzz/run.sh [SECONDS] [TARGET...]   default 30 s; targets: roce_parse arp rdma_receive
 #
 # Bazel builds ufab with gcc, which has no libFuzzer, so this compiles the
 # targets straight from the sources into a cache outside the repository
@@ -16,6 +16,11 @@
 # >= 202002L, which clang 16 implements but still reports as 201907L, hence
 # the macro override below.
 #
+# rdma_receive builds the whole RDMA stack (api, transport, swnic and the
+# other built-in drivers, dma, vfio) from source, which takes a few minutes
+# the first time; each fuzzing process opens its own swnic link
+# (/dev/shm/ufab-swnic-rfz<pid>, removed when the process exits normally).
+#
 # Environment: CXX_FUZZ (default clang++-16), FUZZ_JOBS (parallel fuzzing
 # processes, default 1), FUZZ_ARGS (extra libFuzzer flags).
 set -euo pipefail
@@ -26,7 +31,7 @@ case "$secs" in
 esac
 shift || true
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(roce_parse arp)
+[ "${#targets[@]}" -gt 0 ] || targets=(roce_parse arp rdma_receive)
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cache=${UFAB_FUZZ_CACHE:-$HOME/.cache/ufab/fuzz}
@@ -45,11 +50,14 @@ if [ -z "$rt_dir" ] || ! ls "$rt_dir"/libclang_rt.fuzzer*.a >/dev/null 2>&1; the
     die "libFuzzer runtime missing ($rt_dir): install libclang-rt-16-dev"
 fi
 
-# fuzz NAME SOURCES...: build (when stale) and run one target.
+# fuzz NAME SOURCES...: build (when stale) and run one target. Headers the
+# target includes beyond core/*/*.h and base/*.h go in $extra_headers, link
+# options in $extra_libs.
 fuzz() {
 local name=$1
 shift
 local srcs=("$@")
+local headers=("$root"/core/*/*.h "$root"/base/*.h ${extra_headers:-})
 local work=$cache/$name
 local bin=$cache/${name}_fuzzer
 mkdir -p "$work/corpus" "$work/crashes"
@@ -58,7 +66,7 @@ mkdir -p "$work/corpus" "$work/crashes"
 stale=0
 [ -x "$bin" ] || stale=1
 if [ "$stale" = 0 ]; then
-  for f in "${srcs[@]}" "$root"/core/*/*.h "$root"/base/*.h "$0"; do
+  for f in "${srcs[@]}" "${headers[@]}" "$0"; do
     [ "$f" -nt "$bin" ] && stale=1 && break
   done
 fi
@@ -67,7 +75,7 @@ if [ "$stale" = 1 ]; then
   "$cxx" -std=c++2b -U__cpp_concepts -D__cpp_concepts=202002L -Wno-builtin-macro-redefined \
     -O1 -g -fno-omit-frame-pointer \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -Wall -Wextra -Werror -I "$root" "${srcs[@]}" -o "$bin.tmp"
+    -Wall -Wextra -Werror -I "$root" "${srcs[@]}" ${extra_libs:-} -o "$bin.tmp"
   mv "$bin.tmp" "$bin"
 fi
 
@@ -109,7 +117,19 @@ for t in "${targets[@]}"; do
       fuzz roce_parse "$root/tests/fuzz/roce_parse_fuzzer.cc" "$root"/core/roce/{builder,headers,icrc,opcodes,parser}.cc ||
         status=1 ;;
     arp) fuzz arp "$root/tests/fuzz/arp_fuzzer.cc" "$root"/core/net/{arp,addresses}.cc || status=1 ;;
-    *) die "unknown target '$t' (roce_parse, arp)" ;;
+    rdma_receive)
+      extra_headers="$root/api/*.h $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
+      extra_libs="-lrt -ldl -lpthread" \
+      fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root/api/rdma.cc" \
+        "$root"/core/transport/{completion_queue,context,link,queue_pair,requester,responder,verbs}.cc \
+        "$root"/core/rdma/memory.cc "$root"/core/roce/{builder,gid,headers,icrc,opcodes,parser}.cc \
+        "$root"/core/net/{arp,addresses}.cc "$root"/core/{nic,nic_open,plugin_registry,plugin_ops}.cc \
+        "$root"/drivers/builtin.cc "$root"/drivers/swnic/swnic.cc "$root"/drivers/e1000e/e1000e.cc \
+        "$root"/drivers/virtio_net/{virtio_net,virtio_pci,virtqueue}.cc "$root"/dma/{buffer_pool,dma}.cc \
+        "$root"/vfio/{container,device,group,info_caps,iommu,iova_allocator,kernel,pci_config,text}.cc \
+        "$root"/base/{files,json,pci_address}.cc ||
+        status=1 ;;
+    *) die "unknown target '$t' (roce_parse, arp, rdma_receive)" ;;
   esac
 done
 exit "$status"
