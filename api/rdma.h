@@ -51,9 +51,9 @@ class QueuePair;
 struct DeviceOptions {
   // This port's IPv4 address, dotted quad (required: a vfio-bound NIC has no
   // kernel netdev to take it from). GID index 0 is ::ffff:<ip>.
-  std::string ip;
+  std::string ip{};
   // Plugin parameters for the NIC (e.g. swnic's "loss", "seed").
-  std::map<std::string, std::string> params;
+  std::map<std::string, std::string> params{};
   // Run a thread that drives progress, so peers are answered while the
   // application does not call into ufab.
   bool progress_thread = false;
@@ -111,7 +111,7 @@ class ProtectionDomain {
     QpType type = QpType::kRc;
     CompletionQueue* send_cq = nullptr;
     CompletionQueue* recv_cq = nullptr;
-    QpCaps caps;
+    QpCaps caps{};
     // Every send produces a completion, whatever kSendSignaled says.
     bool sq_sig_all = false;
   };

@@ -111,15 +111,25 @@ void Context::destroy_qp_locked(QueuePairImpl* qp) {
 Result<std::optional<net::MacAddress>> Context::resolve_locked(net::Ipv4Address ip) {
   auto r = arp_resolver_->resolve(ip, Clock::now());
   if (!r) return std::unexpected(r.error());
-  if (r->request) {
-    auto buf = link_->tx_acquire();
-    if (buf.size() >= r->request->size()) {
-      std::copy(r->request->begin(), r->request->end(), buf.begin());
-      link_->tx_commit(r->request->size());
-      ++stats_.tx_frames;
-    }
-  }
+  if (r->request) send_arp_locked(*r->request);
   return r->mac;
+}
+
+void Context::send_arp_locked(const net::ArpFrame& frame) {
+  // ARP is rare and a lost one costs a second (the retry interval), so it
+  // gets a flush to free a buffer rather than a drop when the NIC is busy.
+  auto buf = link_->tx_acquire();
+  if (buf.empty()) {
+    link_->tx_flush();
+    buf = link_->tx_acquire();
+  }
+  if (buf.size() < frame.size()) {
+    ++stats_.tx_stalls;
+    return;
+  }
+  std::copy(frame.begin(), frame.end(), buf.begin());
+  link_->tx_commit(frame.size());
+  ++stats_.tx_frames;
 }
 
 bool Context::send_frame_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload) {
@@ -145,14 +155,7 @@ void Context::on_frame_locked(std::span<const uint8_t> frame) {
   if (frame.size() >= 14 && frame[12] == 0x08 && frame[13] == 0x06) {
     ++stats_.rx_arp;
     arp_resolver_->on_frame(frame, now_);
-    if (auto reply = arp_responder_->on_frame(frame)) {
-      auto buf = link_->tx_acquire();
-      if (buf.size() >= reply->size()) {
-        std::copy(reply->begin(), reply->end(), buf.begin());
-        link_->tx_commit(reply->size());
-        ++stats_.tx_frames;
-      }
-    }
+    if (auto reply = arp_responder_->on_frame(frame)) send_arp_locked(*reply);
     return;
   }
   // Unicast RoCE to our MAC only: a NIC in promiscuous mode (or the

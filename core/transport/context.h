@@ -76,6 +76,7 @@ class Context {
  private:
   Context() = default;
   void on_frame_locked(std::span<const uint8_t> frame);
+  void send_arp_locked(const net::ArpFrame& frame);
   void progress_thread_main();
 
   std::mutex mu_;

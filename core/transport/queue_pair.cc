@@ -139,6 +139,7 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
     msn_ = 0;
     nak_sent_ = false;
     noack_pkts_ = 0;
+    read_retry_.reset();
     timer_.reset();
     rnr_until_.reset();
     mac_.reset();

@@ -88,6 +88,7 @@ class QueuePairImpl {
     uint32_t sent_pkts = 0;
     // atomic
     uint64_t original = 0;
+    bool replay = false;  // an answer to a duplicate request
   };
   struct AtomicReplay {
     bool valid = false;
@@ -121,8 +122,9 @@ class QueuePairImpl {
   void send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, rdma::WcStatus recv_status);
   void send_rnr_nak(uint32_t psn);
   void queue_ack(uint32_t psn);
-  // READ responses and atomic ACKs queued (bounded by max_dest_rd_atomic).
-  size_t pending_rd_atomic() const;
+  // READ responses and atomic ACKs queued, for new requests or for
+  // duplicates (each bounded by max_dest_rd_atomic).
+  size_t pending_rd_atomic(bool replays) const;
   bool send_reply_packet(Reply& r);  // true when r is fully sent
   bool send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& aeth, const roce::ExtHeaders* ext);
   void complete_recv(rdma::WcStatus status, rdma::WcOpcode opcode, uint32_t byte_len, std::optional<uint32_t> imm,
@@ -158,6 +160,7 @@ class QueuePairImpl {
   uint32_t max_sent_psn_ = 0;  // one past the highest PSN ever sent (retransmit accounting)
   uint32_t rd_atomic_outstanding_ = 0;
   uint32_t noack_pkts_ = 0;
+  std::optional<uint32_t> read_retry_;  // READ response PSN last asked for again
   uint8_t retry_left_ = 7, rnr_left_ = 7;
   std::optional<Clock::time_point> timer_;      // retransmission deadline
   std::optional<Clock::time_point> rnr_until_;  // no requests before this (RNR back-off)

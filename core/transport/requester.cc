@@ -297,7 +297,6 @@ int QueuePairImpl::on_timer(Clock::time_point now) {
     SendWqe& h = sq_at(sq_head_);
     if (h.started && h.wr.opcode == WrOpcode::kRdmaRead) from = psn_add(h.first_psn, h.rcv_pkts);
   }
-  mac_.reset();  // the peer may have moved: ask ARP again
   rewind(from);
   arm_timer();
   return 1;
@@ -388,13 +387,20 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
     }
     uint32_t expected = psn_add(w.first_psn, w.rcv_pkts);
     if (psn != expected) {
-      if (psn_diff(psn, expected) > 0) rewind(expected);  // a response went missing
+      // A response went missing: ask for the rest once; stragglers of the
+      // old answer that follow must not trigger more requests.
+      if (psn_diff(psn, expected) > 0 && !(read_retry_ && *read_retry_ == expected)) {
+        read_retry_ = expected;
+        rewind(expected);
+      }
       return;
     }
     uint64_t offset = uint64_t{w.rcv_pkts} * mtu_;
     bool is_last = w.rcv_pkts + 1 == w.npkts;
     uint64_t want = is_last ? w.length - offset : mtu_;
-    bool position_ok = (w.rcv_pkts == 0) == pkt.op->first() && is_last == pkt.op->last();
+    // A re-requested READ is answered from FIRST (or ONLY) again, so only
+    // the end of the message is checked against the position.
+    bool position_ok = is_last == pkt.op->last() && (w.rcv_pkts > 0 || pkt.op->first());
     if (!position_ok || pkt.payload.size() != want) {
       fail_head(WcStatus::kBadRespErr, "READ response " + std::string(roce::opcode_full_name(pkt.bth.opcode)) +
                                            " with " + std::to_string(pkt.payload.size()) + " bytes, expected " +

@@ -43,9 +43,10 @@ void QueuePairImpl::on_packet(const roce::Packet& pkt) {
   }
 }
 
-size_t QueuePairImpl::pending_rd_atomic() const {
-  return static_cast<size_t>(
-      std::count_if(replies_.begin(), replies_.end(), [](const Reply& r) { return r.kind != Reply::kAck; }));
+size_t QueuePairImpl::pending_rd_atomic(bool replays) const {
+  return static_cast<size_t>(std::count_if(replies_.begin(), replies_.end(), [replays](const Reply& r) {
+    return r.kind != Reply::kAck && r.replay == replays;
+  }));
 }
 
 bool QueuePairImpl::send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& a, const roce::ExtHeaders* ext) {
@@ -285,7 +286,7 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
           return;
         }
       }
-      if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) {
+      if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
         send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
         return;
       }
@@ -296,7 +297,7 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
       return;
     }
     case roce::OpKind::kAtomic: {
-      if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) {
+      if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
         send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
         return;
       }
@@ -351,20 +352,21 @@ void QueuePairImpl::on_duplicate(const roce::Packet& pkt) {
         return;
       }
       std::erase_if(replies_, [&](const Reply& r) { return r.kind == Reply::kRead && psn_diff(r.psn, psn) >= 0; });
-      if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) {
+      if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) {
         ++ctx_.stats().rx_dropped;  // a flood of old READs must not queue unbounded responses
         return;
       }
       replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
-                               .length = reth.dma_length});
+                               .length = reth.dma_length, .replay = true});
       return;
     }
     case roce::OpKind::kAtomic:
       // Never executed twice: the answer comes from the replay cache.
       for (const AtomicReplay& c : atomic_cache_) {
         if (c.valid && c.psn == psn) {
-          if (pending_rd_atomic() >= attr_.max_dest_rd_atomic) break;
-          replies_.push_back(Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = c.original});
+          if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) break;
+          replies_.push_back(
+              Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = c.original, .replay = true});
           return;
         }
       }

@@ -62,7 +62,7 @@ struct SendWr {
   uint64_t wr_id = 0;
   WrOpcode opcode = WrOpcode::kSend;
   SendFlags flags = 0;
-  std::span<const Sge> sgl;
+  std::span<const Sge> sgl{};
   uint32_t imm_data = 0;  // SEND_WITH_IMM, RDMA_WRITE_WITH_IMM: the 32-bit value as a number
   // RDMA_WRITE*, RDMA_READ, atomics: the peer's address and rkey.
   uint64_t remote_addr = 0;
@@ -73,12 +73,12 @@ struct SendWr {
   uint64_t compare_add = 0;
   uint64_t swap = 0;
   // UD queue pairs only.
-  UdDestination ud;
+  UdDestination ud{};
 };
 
 struct RecvWr {
   uint64_t wr_id = 0;
-  std::span<const Sge> sgl;
+  std::span<const Sge> sgl{};
 };
 
 enum class WcStatus : uint8_t {
@@ -127,7 +127,7 @@ struct WorkCompletion {
   // the peer: remote access error (AETH 0x62) for RDMA_READ of 4096 bytes".
   // Static storage is not possible here, so errors carry a short string;
   // successes never allocate.
-  std::string error;
+  std::string error{};
 };
 
 enum class QpType : uint8_t { kRc = 2, kUd = 4 };  // IBV_QPT_RC, IBV_QPT_UD
@@ -175,7 +175,7 @@ struct QpAttr {
   uint16_t pkey_index = 0;       // must be 0 (one partition, as rxe)
   uint8_t port = 1;              // must be 1
   uint32_t qkey = 0;             // UD
-  AddressVector av;              // RC, RTR
+  AddressVector av{};            // RC, RTR
   uint32_t path_mtu = 1024;      // bytes: 256, 512, 1024, 2048 or 4096 (RTR)
   uint32_t dest_qpn = 0;         // RTR
   uint32_t rq_psn = 0;           // RTR: PSN the responder expects first
