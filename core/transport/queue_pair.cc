@@ -14,13 +14,13 @@ using namespace rdma;
 using roce::psn_add;
 using roce::psn_diff;
 
-namespace {
-
 std::string hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
   return buf;
 }
+
+namespace {
 
 // Which attributes each transition requires and allows (IBA 10.3.1 table
 // 91, as libibverbs' ibv_modify_qp documents it), RC and UD.

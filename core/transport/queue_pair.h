@@ -27,6 +27,9 @@ namespace ufab::transport {
 class Context;
 using Clock = std::chrono::steady_clock;
 
+// "0x1a2b" for QP numbers, keys and syndromes in messages.
+std::string hex(uint64_t v);
+
 class QueuePairImpl {
  public:
   QueuePairImpl(Context& ctx, uint32_t qpn, rdma::PdId pd, rdma::QpType type, CompletionQueueImpl* send_cq,

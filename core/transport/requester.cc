@@ -23,12 +23,6 @@ constexpr uint32_t kMaxInflightPackets = 256;
 // rxe asks for an ACK at least every this many packets (RXE_MAX_PKT_PER_ACK).
 constexpr uint32_t kMaxPacketsPerAck = 64;
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 uint8_t send_opcode(WrOpcode op, uint32_t index, uint32_t npkts) {
   bool first = index == 0, last = index + 1 == npkts;
   bool imm = op == WrOpcode::kSendWithImm || op == WrOpcode::kRdmaWriteWithImm;
