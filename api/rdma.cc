@@ -99,6 +99,18 @@ Result<MemoryRegion> ProtectionDomain::register_mr(void* addr, uint64_t length, 
   return MemoryRegion(context_, *keys, addr, length);
 }
 
+Result<AddressHandle> ProtectionDomain::create_ah(const AddressVector& av) {
+  net::Ipv4Address ip{av.dest_ip};
+  std::lock_guard lock(context_->mutex());
+  if (!ip.is_unicast() || ip == context_->ip()) {
+    return fail(EINVAL, "address handle for " + ip.str() + ": not a unicast IPv4 address of a peer (GID ::ffff:a.b.c.d)");
+  }
+  auto mac = context_->resolve_locked(ip);  // sends the first ARP request now
+  if (!mac) return std::unexpected(mac.error().context("address handle for " + ip.str()));
+  context_->link().tx_flush();
+  return AddressHandle(av);
+}
+
 Result<std::unique_ptr<QueuePair>> ProtectionDomain::create_qp(const QpInit& init) {
   std::lock_guard lock(context_->mutex());
   auto qp = context_->create_qp_locked(id_, init.type, init.send_cq ? init.send_cq->impl_ : nullptr,

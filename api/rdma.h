@@ -44,6 +44,7 @@ class QueuePairImpl;
 namespace ufab::rdma {
 
 class ProtectionDomain;
+class AddressHandle;
 class MemoryRegion;
 class CompletionQueue;
 class QueuePair;
@@ -107,6 +108,11 @@ class ProtectionDomain {
   // MemoryRegion is destroyed. Keys are not guessable in sequence.
   Result<MemoryRegion> register_mr(void* addr, uint64_t length, AccessFlags access);
 
+  // An address handle for UD sends (verbs' ibv_create_ah): the peer's
+  // address as GID ::ffff:ip plus TOS and TTL. Creating one starts ARP for
+  // the peer, so the first datagram need not wait for it.
+  Result<AddressHandle> create_ah(const AddressVector& av);
+
   struct QpInit {
     QpType type = QpType::kRc;
     CompletionQueue* send_cq = nullptr;
@@ -123,6 +129,22 @@ class ProtectionDomain {
   void release();
   std::shared_ptr<transport::Context> context_;
   PdId id_;
+};
+
+class AddressHandle {
+ public:
+  const AddressVector& av() const { return av_; }
+  // Where a UD send goes: this address, the peer's QP number and Q_Key
+  // (SendWr::ud).
+  UdDestination to(uint32_t qpn, uint32_t qkey) const {
+    return UdDestination{.ip = av_.dest_ip, .qpn = qpn, .qkey = qkey, .traffic_class = av_.traffic_class,
+                         .hop_limit = av_.hop_limit};
+  }
+
+ private:
+  friend class ProtectionDomain;
+  explicit AddressHandle(const AddressVector& av) : av_(av) {}
+  AddressVector av_;
 };
 
 class MemoryRegion {

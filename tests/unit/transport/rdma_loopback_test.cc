@@ -160,7 +160,11 @@ TEST_F(Loopback, UdDatagramsCarryGrhAndAreFilteredByQkey) {
   ASSERT_TRUE((*ub)->post_recv({.wr_id = 77, .sgl = {&r, 1}}));
   for (uint32_t i = 0; i < 1024; ++i) a_.buf[i] = static_cast<uint8_t>(i ^ 0x5a);
   Sge s = a_.mr->sge(0, 1024);
-  UdDestination to{.ip = b_.dev->ip(), .qpn = (*ub)->qp_num(), .qkey = 0x9999};
+  auto ah = a_.pd->create_ah({.dest_ip = b_.dev->ip()});
+  ASSERT_TRUE(ah) << ah.error().message();
+  EXPECT_FALSE(a_.pd->create_ah({.dest_ip = a_.dev->ip()}));  // ourselves
+  EXPECT_FALSE(a_.pd->create_ah({.dest_ip = 0xE0000001}));    // multicast
+  UdDestination to = ah->to((*ub)->qp_num(), 0x9999);
   // Wrong Q_Key: dropped at the receiver, the receive stays posted.
   ASSERT_TRUE((*ua)->post_send({.wr_id = 1, .opcode = WrOpcode::kSend, .flags = kSendSignaled, .sgl = {&s, 1}, .ud = to}));
   EXPECT_EQ(next(a_).status, WcStatus::kSuccess);
