@@ -489,6 +489,9 @@ class HostilePeer : public ::testing::Test {
     tuning.access_flags = access;
     tuning.min_rnr_timer = kRnrTimer;
     tuning.path_mtu = kMtu;
+    // The test peer answers by hand; a retransmission (67 ms by default,
+    // easily reached on a loaded machine) would add frames it does not expect.
+    tuning.timeout = 20;
     auto st = (*qp)->connect(rdma::ConnectionData{.ip = kPeerIp, .qpn = kPeerQpn, .psn = kPsn}, tuning);
     EXPECT_TRUE(st) << st.error().message();
     EXPECT_EQ((*qp)->state(), QpState::kRts);

@@ -10,579 +10,36 @@
 // that a peer can provoke, with the QP states afterwards; CQ overflow; and
 // the errors post_send/post_recv report at post time.
 //
-// Every wait has a deadline. The child dies with the parent
-// (PR_SET_PDEATHSIG), is killed when the parent fails, and has an alarm()
-// as a last resort. Every test uses its own swnic name and checks that no
-// segment is left in /dev/shm.
-#include <fcntl.h>
+// Every wait has a deadline. The two processes, their control channel and
+// the checks that work in both: two_process.h.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <memory>
-#include <optional>
 #include <source_location>
 #include <span>
 #include <string>
 #include <thread>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "api/rdma.h"
+#include "tests/unit/transport/two_process.h"
 
 namespace ufab::rdma_swnic_test {
 namespace {
 
-using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-using rdma::CompletionQueue;
-using rdma::ConnectionData;
-using rdma::Device;
-using rdma::MemoryRegion;
-using rdma::QpAttr;
-using rdma::QpState;
-using rdma::QueuePair;
-using rdma::RecvWr;
-using rdma::SendWr;
-using rdma::Sge;
-using rdma::WcOpcode;
-using rdma::WcStatus;
-using rdma::WorkCompletion;
-using rdma::WrOpcode;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+using namespace ::ufab::two_process;
 
 // ---------------------------------------------------------------------------
-// Failures, from either process.
-//
-// Scenario code runs in both processes, so it does not use gtest's macros:
-// TCHECK* record a failure (in the parent as a gtest failure, in the child
-// as a message sent to the parent at once); TREQUIRE* also return false from
-// the enclosing function, which every scenario function returns.
-
-class Channel;
-bool g_child = false;
-Channel* g_child_channel = nullptr;
-int g_child_failures = 0;
-
-void record_failure(const char* file, int line, const std::string& msg);
-
-void record_failure(const std::source_location& loc, const std::string& msg) {
-  record_failure(loc.file_name(), static_cast<int>(loc.line()), msg);
-}
-
-template <typename T>
-std::string show(const T& v) {
-  if constexpr (std::is_same_v<T, WcStatus>) {
-    return std::string(rdma::wc_status_name(v)) + " (" + std::to_string(static_cast<int>(v)) + ")";
-  } else if constexpr (std::is_same_v<T, WcOpcode>) {
-    return std::string(rdma::wc_opcode_name(v)) + " (" + std::to_string(static_cast<int>(v)) + ")";
-  } else if constexpr (std::is_same_v<T, QpState>) {
-    return std::string(rdma::qp_state_name(v)) + " (" + std::to_string(static_cast<int>(v)) + ")";
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return v ? "true" : "false";
-  } else if constexpr (std::is_enum_v<T>) {
-    return std::to_string(static_cast<long long>(v));
-  } else if constexpr (std::is_integral_v<T>) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%lld (0x%llx)", static_cast<long long>(v),
-                  static_cast<unsigned long long>(v));
-    return buf;
-  } else if constexpr (std::is_arithmetic_v<T>) {
-    return std::to_string(v);
-  } else if constexpr (std::is_convertible_v<T, std::string>) {
-    return std::string(v);
-  } else {
-    return "?";
-  }
-}
-
-#define TCHECK(cond)                                                                  \
-  do {                                                                                \
-    if (!(cond)) ::ufab::rdma_swnic_test::record_failure(__FILE__, __LINE__, "check failed: " #cond); \
-  } while (0)
-
-#define TCHECK_MSG(cond, msg)                                                                     \
-  do {                                                                                            \
-    if (!(cond))                                                                                  \
-      ::ufab::rdma_swnic_test::record_failure(__FILE__, __LINE__,                                \
-                                              std::string("check failed: " #cond ": ") + (msg)); \
-  } while (0)
-
-#define TCHECK_EQ(a, b)                                                                             \
-  do {                                                                                              \
-    const auto& tcheck_a_ = (a);                                                                    \
-    const auto& tcheck_b_ = (b);                                                                    \
-    if (!(tcheck_a_ == tcheck_b_))                                                                  \
-      ::ufab::rdma_swnic_test::record_failure(                                                      \
-          __FILE__, __LINE__,                                                                       \
-          std::string(#a " == " #b ": ") + ::ufab::rdma_swnic_test::show(tcheck_a_) + " vs " +      \
-              ::ufab::rdma_swnic_test::show(tcheck_b_));                                            \
-  } while (0)
-
-#define TREQUIRE(cond)                                                                   \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      ::ufab::rdma_swnic_test::record_failure(__FILE__, __LINE__, "required: " #cond);   \
-      return false;                                                                      \
-    }                                                                                    \
-  } while (0)
-
-#define TREQUIRE_OK(res)                                                                          \
-  do {                                                                                            \
-    const auto& treq_r_ = (res);                                                                  \
-    if (!treq_r_) {                                                                               \
-      ::ufab::rdma_swnic_test::record_failure(__FILE__, __LINE__,                                \
-                                              std::string(#res " failed: ") +                     \
-                                                  treq_r_.error().message() + " (errno " +        \
-                                                  std::to_string(treq_r_.error().code()) + ")"); \
-      return false;                                                                               \
-    }                                                                                             \
-  } while (0)
-
-// ---------------------------------------------------------------------------
-// The control channel between the two processes: a SOCK_STREAM socketpair
-// carrying frames [type u8][length u32][bytes]. 'M' is a message of the
-// scenario, 'F' a failure the child reports, 'A' "I gave up" (the receiver
-// of an 'A' stops waiting at once instead of running into its deadline).
-
-class Channel {
- public:
-  Channel() = default;
-  explicit Channel(int fd) : fd_(fd) {}
-  ~Channel() { close(); }
-  Channel(const Channel&) = delete;
-  Channel& operator=(const Channel&) = delete;
-
-  void reset(int fd) {
-    close();
-    fd_ = fd;
-  }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  bool eof() const { return eof_; }
-  const std::string& last_error() const { return last_error_; }
-  int child_failures_seen() const { return child_failures_; }
-
-  bool send_frame(char type, const void* data, size_t len) {
-    std::string frame(5 + len, '\0');
-    frame[0] = type;
-    uint32_t l = static_cast<uint32_t>(len);
-    std::memcpy(frame.data() + 1, &l, 4);
-    if (len) std::memcpy(frame.data() + 5, data, len);
-    size_t off = 0;
-    while (off < frame.size()) {
-      ssize_t n = ::send(fd_, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        last_error_ = std::string("send: ") + std::strerror(errno);
-        return false;
-      }
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  bool send(const std::string& s) { return send_frame('M', s.data(), s.size()); }
-  template <typename T>
-  bool send_value(const T& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    return send_frame('M', &v, sizeof v);
-  }
-  template <typename T>
-  bool send_vector(const std::vector<T>& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    return send_frame('M', v.data(), v.size() * sizeof(T));
-  }
-
-  // The next 'M' frame. While waiting, drives `drive`'s progress (so the
-  // peer's RDMA traffic is answered) unless it is null. False on deadline,
-  // end of file, an 'A' frame or an error (last_error() says which).
-  bool recv(std::string* out, Clock::time_point deadline, Device* drive) {
-    for (;;) {
-      char type = 0;
-      std::string payload;
-      if (!next_frame(&type, &payload, deadline, drive)) return false;
-      if (type == 'M') {
-        *out = std::move(payload);
-        return true;
-      }
-      if (type == 'A') {
-        last_error_ = "the peer gave up";
-        return false;
-      }
-    }
-  }
-  template <typename T>
-  bool recv_value(T* v, Clock::time_point deadline, Device* drive) {
-    std::string s;
-    if (!recv(&s, deadline, drive)) return false;
-    if (s.size() != sizeof(T)) {
-      last_error_ = "message of " + std::to_string(s.size()) + " bytes, expected " + std::to_string(sizeof(T));
-      return false;
-    }
-    std::memcpy(v, s.data(), sizeof(T));
-    return true;
-  }
-  template <typename T>
-  bool recv_vector(std::vector<T>* v, Clock::time_point deadline, Device* drive) {
-    std::string s;
-    if (!recv(&s, deadline, drive)) return false;
-    if (s.size() % sizeof(T)) {
-      last_error_ = "message of " + std::to_string(s.size()) + " bytes";
-      return false;
-    }
-    v->resize(s.size() / sizeof(T));
-    if (!s.empty()) std::memcpy(v->data(), s.data(), s.size());
-    return true;
-  }
-
-  // Reads (and handles 'F' frames) until the peer closes its end.
-  bool wait_eof(Clock::time_point deadline, Device* drive) {
-    char type;
-    std::string payload;
-    while (!eof_) {
-      if (!next_frame(&type, &payload, deadline, drive) && !eof_) return false;
-    }
-    return true;
-  }
-
- private:
-  bool next_frame(char* type, std::string* payload, Clock::time_point deadline, Device* drive) {
-    for (;;) {
-      if (buf_.size() >= 5) {
-        uint32_t len;
-        std::memcpy(&len, buf_.data() + 1, 4);
-        if (buf_.size() >= 5 + static_cast<size_t>(len)) {
-          *type = buf_[0];
-          payload->assign(buf_, 5, len);
-          buf_.erase(0, 5 + static_cast<size_t>(len));
-          if (*type == 'F') {
-            ++child_failures_;
-            ADD_FAILURE() << "[child process] " << *payload;
-            continue;
-          }
-          return true;
-        }
-      }
-      if (eof_) {
-        last_error_ = "the peer closed the channel";
-        return false;
-      }
-      if (Clock::now() > deadline) {
-        last_error_ = "deadline passed";
-        return false;
-      }
-      struct pollfd pfd = {fd_, POLLIN, 0};
-      int r = ::poll(&pfd, 1, drive ? 0 : 20);
-      if (r < 0 && errno != EINTR) {
-        last_error_ = std::string("poll: ") + std::strerror(errno);
-        return false;
-      }
-      if (r <= 0) {
-        if (drive) drive->progress();
-        continue;
-      }
-      char tmp[65536];
-      ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        last_error_ = std::string("recv: ") + std::strerror(errno);
-        return false;
-      }
-      if (n == 0) {
-        eof_ = true;
-        continue;
-      }
-      buf_.append(tmp, static_cast<size_t>(n));
-    }
-  }
-
-  int fd_ = -1;
-  std::string buf_;
-  bool eof_ = false;
-  int child_failures_ = 0;
-  std::string last_error_;
-};
-
-void record_failure(const char* file, int line, const std::string& msg) {
-  if (g_child) {
-    ++g_child_failures;
-    std::string text = std::string(file) + ":" + std::to_string(line) + ": " + msg;
-    std::fprintf(stderr, "[child %d] %s\n", static_cast<int>(::getpid()), text.c_str());
-    if (g_child_channel) g_child_channel->send_frame('F', text.data(), text.size());
-  } else {
-    ADD_FAILURE_AT(file, line) << msg;
-  }
-}
-
-
-// ---------------------------------------------------------------------------
-// One end: which process, its port, the channel to the peer.
-
-struct Side {
-  int role = 0;  // 0: the test process, port 0, 10.0.0.1; 1: the child, port 1, 10.0.0.2
-  std::string link;
-  Channel ch;
-  std::unique_ptr<Device> dev;
-  std::optional<rdma::ProtectionDomain> pd;
-
-  bool parent() const { return role == 0; }
-
-  // A barrier: both ends call it with the same tag. Drives progress while
-  // it waits (drive = false leaves this end silent, for queue-full tests).
-  bool sync(const std::string& tag, milliseconds limit = 30s, bool drive = true,
-            std::source_location loc = std::source_location::current()) {
-    if (!ch.send(tag)) {
-      record_failure(loc, "sync '" + tag + "': " + ch.last_error());
-      return false;
-    }
-    std::string got;
-    if (!ch.recv(&got, Clock::now() + limit, drive ? dev.get() : nullptr)) {
-      record_failure(loc, "sync '" + tag + "': " + ch.last_error());
-      return false;
-    }
-    if (got != tag) {
-      record_failure(loc, "sync: this end is at '" + tag + "', the peer at '" + got + "'");
-      return false;
-    }
-    return true;
-  }
-
-  template <typename T>
-  bool exchange(const T& mine, T* theirs, milliseconds limit = 30s,
-                std::source_location loc = std::source_location::current()) {
-    if (!ch.send_value(mine) || !ch.recv_value(theirs, Clock::now() + limit, dev.get())) {
-      record_failure(loc, "exchange: " + ch.last_error());
-      return false;
-    }
-    return true;
-  }
-
-  template <typename T>
-  bool exchange_vector(const std::vector<T>& mine, std::vector<T>* theirs, milliseconds limit = 30s,
-                       std::source_location loc = std::source_location::current()) {
-    if (!ch.send_vector(mine) || !ch.recv_vector(theirs, Clock::now() + limit, dev.get())) {
-      record_failure(loc, "exchange: " + ch.last_error());
-      return false;
-    }
-    return true;
-  }
-};
-
-struct PairOptions {
-  std::map<std::string, std::string> params[2];
-  bool progress_thread[2] = {false, false};
-  std::chrono::seconds limit{120};  // the whole scenario
-  bool child_may_die = false;       // the scenario kills the child on purpose
-};
-
-std::string sanitized_test_name() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string n = info ? std::string(info->test_suite_name()) + "." + info->name() : "test";
-  for (char& c : n)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
-  if (n.size() > 120) n.resize(120);
-  return n;
-}
-
-Result<std::unique_ptr<Device>> open_port(const std::string& link, int port,
-                                          const std::map<std::string, std::string>& params,
-                                          bool progress_thread) {
-  rdma::DeviceOptions o;
-  o.ip = port == 0 ? "10.0.0.1" : "10.0.0.2";
-  o.params = params;
-  o.progress_thread = progress_thread;
-  return Device::open("swnic:" + link + ":" + std::to_string(port), o);
-}
-
-bool shm_exists(const std::string& link) {
-  struct stat st;
-  return ::stat(("/dev/shm/ufab-swnic-" + link).c_str(), &st) == 0;
-}
-
-int child_main(const PairOptions& opt, const std::string& link, int fd, pid_t parent,
-               const std::function<bool(Side&)>& body) {
-  g_child = true;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) return 90;
-  ::alarm(static_cast<unsigned>(opt.limit.count()) + 30);  // last resort
-  Side s;
-  s.role = 1;
-  s.link = link;
-  s.ch.reset(fd);
-  g_child_channel = &s.ch;
-  std::string token;
-  if (!s.ch.recv(&token, Clock::now() + 30s, nullptr)) return 91;  // parent never opened port 0
-  auto dev = open_port(link, 1, opt.params[1], opt.progress_thread[1]);
-  if (!dev) {
-    record_failure(__FILE__, __LINE__, "opening port 1: " + dev.error().message());
-    s.ch.send_frame('A', nullptr, 0);
-    return 92;
-  }
-  s.dev = std::move(*dev);
-  auto pd = s.dev->alloc_pd();
-  if (!pd) {
-    record_failure(__FILE__, __LINE__, "alloc_pd: " + pd.error().message());
-    s.ch.send_frame('A', nullptr, 0);
-    return 93;
-  }
-  s.pd.emplace(std::move(*pd));
-  if (!s.ch.send("ready")) return 94;
-  bool ok = body(s);
-  if (!ok || g_child_failures) s.ch.send_frame('A', nullptr, 0);
-  auto t0 = Clock::now();
-  s.pd.reset();
-  s.dev.reset();  // closes port 1 before the channel closes (at exit)
-  if (ms_since(t0) > 500) std::fprintf(stderr, "[child] closing the device took %.0f ms\n", ms_since(t0));
-  return g_child_failures ? 1 : (ok ? 0 : 2);
-}
-
-// Kills and reaps the child unless it was reaped already.
-struct ChildGuard {
-  pid_t pid = -1;
-  ~ChildGuard() { kill(); }
-  void kill() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    int st;
-    ::waitpid(pid, &st, 0);
-    pid = -1;
-  }
-  // Exit status, -1 for a timeout (the child is then killed), 128+signal
-  // for a signal.
-  int wait(milliseconds limit) {
-    auto deadline = Clock::now() + limit;
-    for (;;) {
-      int st = 0;
-      pid_t r = ::waitpid(pid, &st, WNOHANG);
-      if (r == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      if (r < 0) {
-        pid = -1;
-        return -2;
-      }
-      if (Clock::now() > deadline) {
-        kill();
-        return -1;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-  }
-};
-
-// Runs `body` in both processes: here as port 0 (opened first, with
-// stale=reset), in a forked child as port 1.
-void run_pair(const PairOptions& opt, const std::function<bool(Side&)>& body) {
-  static int counter = 0;
-  std::string link = "rs" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-                     sanitized_test_name();
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0) << std::strerror(errno);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0) << std::strerror(errno);
-  if (pid == 0) {
-    ::close(sv[0]);
-    int rc = 99;
-    try {
-      rc = child_main(opt, link, sv[1], parent, body);
-    } catch (...) {
-      rc = 98;
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::_exit(rc);
-  }
-  ::close(sv[1]);
-  // Declared before the guard: on an early return the guard kills the child
-  // first, then port 0 closes as the last user and removes the segment.
-  Side s;
-  s.role = 0;
-  s.link = link;
-  s.ch.reset(sv[0]);
-  ChildGuard guard{pid};
-
-  auto params = opt.params[0];
-  params["stale"] = "reset";
-  auto dev = open_port(link, 0, params, opt.progress_thread[0]);
-  ASSERT_TRUE(dev) << "opening port 0: " << dev.error().message();
-  s.dev = std::move(*dev);
-  auto pd = s.dev->alloc_pd();
-  ASSERT_TRUE(pd) << pd.error().message();
-  s.pd.emplace(std::move(*pd));
-  ASSERT_TRUE(s.ch.send("opened")) << s.ch.last_error();
-  std::string ready;
-  ASSERT_TRUE(s.ch.recv(&ready, Clock::now() + 30s, s.dev.get())) << "child: " << s.ch.last_error();
-  ASSERT_EQ(ready, "ready");
-
-  auto start = Clock::now();
-  bool ok = body(s);
-  bool failed = !ok || ::testing::Test::HasFailure();
-  if (failed) {
-    // Collect what the child already reported, then stop it.
-    s.ch.send_frame('A', nullptr, 0);
-    s.ch.wait_eof(Clock::now() + 2s, s.dev.get());
-    guard.kill();
-  } else {
-    auto deadline = start + opt.limit + 10s;
-    if (!s.ch.wait_eof(deadline, s.dev.get())) ADD_FAILURE() << "the child did not finish: " << s.ch.last_error();
-    int st = guard.wait(10s);
-    if (!opt.child_may_die && st != 0 && s.ch.child_failures_seen() == 0)
-      ADD_FAILURE() << "the child exited with status " << st;
-  }
-  s.pd.reset();
-  s.dev.reset();
-  if (shm_exists(link)) {
-    // swnic's close leaves the segment when the other port is still marked
-    // present, which is the case when the child was killed: clean up then.
-    if (failed || opt.child_may_die)
-      std::fprintf(stderr, "note: removing /dev/shm/ufab-swnic-%s left by the killed child\n", link.c_str());
-    else
-      ADD_FAILURE() << "/dev/shm/ufab-swnic-" << link << " left behind";
-    ::unlink(("/dev/shm/ufab-swnic-" + link).c_str());
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Memory, patterns, completions.
-
-struct Arena {
-  explicit Arena(size_t n) : size(n) {
-    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    p = m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
-  }
-  ~Arena() {
-    if (p) ::munmap(p, size);
-  }
-  Arena(const Arena&) = delete;
-  Arena& operator=(const Arena&) = delete;
-  uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
-  uint8_t* p = nullptr;
-  size_t size = 0;
-};
+// Patterns.
 
 // Byte `off` of the message named by `seed`: every message (size, direction,
 // tag) and every offset in it differ, so misplaced, reordered or stale data
@@ -615,7 +72,7 @@ int64_t byte_mismatch(const uint8_t* p, uint64_t len, uint8_t v) {
   do {                                                                                            \
     int64_t tcp_bad_ = ::ufab::rdma_swnic_test::pattern_mismatch((p), (len), (seed), (first_off)); \
     if (tcp_bad_ >= 0)                                                                            \
-      ::ufab::rdma_swnic_test::record_failure(                                                    \
+      ::ufab::two_process::record_failure(                                                    \
           __FILE__, __LINE__,                                                                     \
           std::string("data differs at byte ") + std::to_string(tcp_bad_) + " of " +             \
               std::to_string(static_cast<uint64_t>(len)) + " (" #p ")");                         \
@@ -625,207 +82,10 @@ int64_t byte_mismatch(const uint8_t* p, uint64_t len, uint8_t v) {
   do {                                                                                            \
     int64_t tcb_bad_ = ::ufab::rdma_swnic_test::byte_mismatch((p), (len), (v));                   \
     if (tcb_bad_ >= 0)                                                                            \
-      ::ufab::rdma_swnic_test::record_failure(                                                    \
+      ::ufab::two_process::record_failure(                                                    \
           __FILE__, __LINE__,                                                                     \
           std::string("byte ") + std::to_string(tcb_bad_) + " of " #p " was overwritten");        \
   } while (0)
-
-// Polls until `n` completions arrived; a failure when fewer came in `limit`.
-std::vector<WorkCompletion> poll_n(CompletionQueue& cq, size_t n, milliseconds limit = 20s,
-                                   std::source_location loc = std::source_location::current()) {
-  std::vector<WorkCompletion> got;
-  got.reserve(n);
-  std::vector<WorkCompletion> buf(std::max<size_t>(n, 1));
-  auto deadline = Clock::now() + limit;
-  while (got.size() < n) {
-    auto r = cq.poll(std::span<WorkCompletion>(buf.data(), n - got.size()));
-    if (!r) {
-      record_failure(loc, "poll: " + r.error().message());
-      return got;
-    }
-    for (size_t i = 0; i < *r; ++i) got.push_back(std::move(buf[i]));
-    if (got.size() >= n) break;
-    if (Clock::now() > deadline) {
-      record_failure(loc, "only " + std::to_string(got.size()) + " of " + std::to_string(n) +
-                              " completions after " + std::to_string(limit.count()) + " ms");
-      break;
-    }
-  }
-  return got;
-}
-
-// No completion for `quiet`.
-void expect_none(CompletionQueue& cq, milliseconds quiet,
-                 std::source_location loc = std::source_location::current()) {
-  WorkCompletion wc;
-  auto deadline = Clock::now() + quiet;
-  while (Clock::now() < deadline) {
-    auto r = cq.poll(std::span<WorkCompletion>(&wc, 1));
-    if (!r) {
-      record_failure(loc, "poll: " + r.error().message());
-      return;
-    }
-    if (*r) {
-      record_failure(loc, "unexpected completion: wr_id " + show(wc.wr_id) + " status " + show(wc.status) +
-                              " opcode " + show(wc.opcode) + " " + wc.error);
-      return;
-    }
-    std::this_thread::sleep_for(100us);
-  }
-}
-
-struct WcExpect {
-  uint64_t wr_id = 0;
-  WcStatus status = WcStatus::kSuccess;
-  std::optional<WcOpcode> opcode = std::nullopt;  // unchecked when empty (undefined for errors in verbs)
-  std::optional<uint32_t> byte_len = std::nullopt;
-  std::optional<uint32_t> imm = std::nullopt;  // with_imm flag and value
-  bool no_imm = false;          // the with_imm flag must be clear
-  uint32_t qp_num = 0;          // checked when not 0
-};
-
-void expect_wc(const WorkCompletion& wc, const WcExpect& e,
-               std::source_location loc = std::source_location::current()) {
-  std::string where = " (wr_id " + show(e.wr_id) + ")";
-  if (wc.wr_id != e.wr_id) record_failure(loc, "wr_id " + show(wc.wr_id) + ", expected " + show(e.wr_id));
-  if (wc.status != e.status)
-    record_failure(loc, "status " + show(wc.status) + ", expected " + show(e.status) + where + ": " + wc.error);
-  if (e.status == WcStatus::kSuccess && !wc.error.empty())
-    record_failure(loc, "a successful completion carries an error text: " + wc.error);
-  if (e.status != WcStatus::kSuccess && wc.status == e.status && wc.error.empty())
-    record_failure(loc, "an error completion without a text" + where);
-  if (e.opcode && wc.opcode != *e.opcode)
-    record_failure(loc, "opcode " + show(wc.opcode) + ", expected " + show(*e.opcode) + where);
-  if (e.byte_len && wc.byte_len != *e.byte_len)
-    record_failure(loc, "byte_len " + show(wc.byte_len) + ", expected " + show(*e.byte_len) + where);
-  if (e.imm) {
-    if (!(wc.wc_flags & rdma::kWcWithImm)) record_failure(loc, "WITH_IMM flag missing" + where);
-    if (wc.imm_data != *e.imm)
-      record_failure(loc, "imm_data " + show(wc.imm_data) + ", expected " + show(*e.imm) + where);
-  }
-  if (e.no_imm && (wc.wc_flags & rdma::kWcWithImm)) record_failure(loc, "unexpected WITH_IMM flag" + where);
-  if (e.qp_num && wc.qp_num != e.qp_num)
-    record_failure(loc, "qp_num " + show(wc.qp_num) + ", expected " + show(e.qp_num) + where);
-}
-
-// Waits (driving progress) until the QP is in `want`.
-bool wait_state(Device& dev, QueuePair& qp, QpState want, milliseconds limit = 10s,
-                std::source_location loc = std::source_location::current()) {
-  auto deadline = Clock::now() + limit;
-  while (qp.state() != want) {
-    if (Clock::now() > deadline) {
-      record_failure(loc, "QP state " + show(qp.state()) + " after " + std::to_string(limit.count()) +
-                              " ms, expected " + show(want));
-      return false;
-    }
-    dev.progress();
-    std::this_thread::sleep_for(50us);
-  }
-  return true;
-}
-
-// Drives progress for a while (the peer's requests are answered).
-void drive_for(Device& dev, milliseconds d) {
-  auto deadline = Clock::now() + d;
-  while (Clock::now() < deadline) {
-    dev.progress();
-    std::this_thread::sleep_for(20us);
-  }
-}
-
-// ---------------------------------------------------------------------------
-// A connected RC QP with its own CQs.
-
-struct Conn {
-  std::unique_ptr<CompletionQueue> scq, rcq;
-  std::unique_ptr<QueuePair> qp;
-  ConnectionData peer{};
-};
-
-struct ConnOptions {
-  QpAttr tuning{};
-  rdma::QpCaps caps{};
-  uint32_t cq_depth = 512;
-  ConnectionData advertise{};  // rkey / addr / length told to the peer
-  bool sq_sig_all = false;
-  // Connect by hand (modify INIT -> RTR -> RTS) with this first send PSN,
-  // e.g. just below 2^24 so the PSNs wrap early.
-  std::optional<uint32_t> psn = std::nullopt;
-};
-
-// Both ends call it in step: create, exchange, connect, sync.
-bool make_conn(Side& s, Conn& c, const ConnOptions& o = {}) {
-  auto scq = s.dev->create_cq(o.cq_depth);
-  TREQUIRE_OK(scq);
-  c.scq = std::move(*scq);
-  auto rcq = s.dev->create_cq(o.cq_depth);
-  TREQUIRE_OK(rcq);
-  c.rcq = std::move(*rcq);
-  auto qp = s.pd->create_qp(
-      {.type = rdma::QpType::kRc, .send_cq = c.scq.get(), .recv_cq = c.rcq.get(), .caps = o.caps, .sq_sig_all = o.sq_sig_all});
-  TREQUIRE_OK(qp);
-  c.qp = std::move(*qp);
-  TCHECK_EQ(c.qp->state(), QpState::kReset);
-  ConnectionData mine = c.qp->local();
-  TCHECK_EQ(mine.ip, s.dev->ip());
-  TCHECK_EQ(mine.qpn, c.qp->qp_num());
-  mine.rkey = o.advertise.rkey;
-  mine.addr = o.advertise.addr;
-  mine.length = o.advertise.length;
-  if (o.psn) mine.psn = *o.psn;
-  TREQUIRE(s.exchange(mine, &c.peer));
-  if (o.psn) {
-    QpAttr a = o.tuning;
-    a.state = QpState::kInit;
-    a.pkey_index = 0;
-    a.port = 1;
-    TREQUIRE_OK(c.qp->modify(a, rdma::kAttrState | rdma::kAttrPkeyIndex | rdma::kAttrPort | rdma::kAttrAccessFlags));
-    a.state = QpState::kRtr;
-    a.av.dest_ip = c.peer.ip;
-    a.dest_qpn = c.peer.qpn;
-    a.rq_psn = c.peer.psn;
-    TREQUIRE_OK(c.qp->modify(a, rdma::kAttrState | rdma::kAttrAv | rdma::kAttrPathMtu | rdma::kAttrDestQpn |
-                                    rdma::kAttrRqPsn | rdma::kAttrMaxDestRdAtomic | rdma::kAttrMinRnrTimer));
-    a.state = QpState::kRts;
-    a.sq_psn = *o.psn;
-    TREQUIRE_OK(c.qp->modify(a, rdma::kAttrState | rdma::kAttrSqPsn | rdma::kAttrTimeout | rdma::kAttrRetryCnt |
-                                    rdma::kAttrRnrRetry | rdma::kAttrMaxQpRdAtomic));
-  } else {
-    TREQUIRE_OK(c.qp->connect(c.peer, o.tuning));
-  }
-  TCHECK_EQ(c.qp->state(), QpState::kRts);
-  TREQUIRE(s.sync("connected"));
-  return true;
-}
-
-ConnectionData advertise(const MemoryRegion& mr) {
-  ConnectionData d;
-  d.rkey = mr.rkey();
-  d.addr = reinterpret_cast<uint64_t>(mr.addr());
-  d.length = static_cast<uint32_t>(mr.length());
-  return d;
-}
-
-Status post_send(QueuePair& qp, uint64_t wr_id, WrOpcode op, std::span<const Sge> sgl,
-                 rdma::SendFlags flags = rdma::kSendSignaled, uint64_t remote_addr = 0, uint32_t rkey = 0,
-                 uint32_t imm = 0) {
-  SendWr wr;
-  wr.wr_id = wr_id;
-  wr.opcode = op;
-  wr.flags = flags;
-  wr.sgl = sgl;
-  wr.imm_data = imm;
-  wr.remote_addr = remote_addr;
-  wr.rkey = rkey;
-  return qp.post_send(wr);
-}
-
-Status post_recv(QueuePair& qp, uint64_t wr_id, std::span<const Sge> sgl) {
-  RecvWr wr;
-  wr.wr_id = wr_id;
-  wr.sgl = sgl;
-  return qp.post_recv(wr);
-}
 
 Status post_atomic(QueuePair& qp, uint64_t wr_id, WrOpcode op, const Sge& result, uint64_t remote_addr,
                    uint32_t rkey, uint64_t compare_add, uint64_t swap) {
@@ -841,7 +101,28 @@ Status post_atomic(QueuePair& qp, uint64_t wr_id, WrOpcode op, const Sge& result
   return qp.post_send(wr);
 }
 
-std::span<const Sge> one(const Sge& s) { return std::span<const Sge>(&s, 1); }
+// What most scenarios start from: a 64 KiB arena registered for local
+// writes and one connection made with `o`; then `body`.
+using ConnectedBody = std::function<bool(Side&, Arena&, MemoryRegion&, Conn&)>;
+std::function<bool(Side&)> connected(ConnectedBody body, ConnOptions o = {}) {
+  return [body = std::move(body), o](Side& s) {
+    Arena arena(1 << 16);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite);
+    TREQUIRE(mr);
+    Conn c;
+    TREQUIRE(make_conn(s, c, o));
+    return body(s, arena, *mr, c);
+  };
+}
+
+// A request of `c` that completes in error on `cq` (c's send or receive CQ),
+// after which the QP goes to ERROR.
+bool expect_error(Side& s, Conn& c, CompletionQueue& cq, uint64_t wr_id, WcStatus status, milliseconds limit = 20s,
+                  std::source_location loc = std::source_location::current()) {
+  if (!expect_one(cq, {.wr_id = wr_id, .status = status, .qp_num = c.qp->qp_num()}, limit, loc)) return false;
+  if (!wait_state(*s.dev, *c.qp, QpState::kError, 10s, loc)) record_failure(loc, "check failed: the QP in ERROR");
+  return true;
+}
 
 // ===========================================================================
 // 1. Every operation, both directions.
@@ -1148,9 +429,7 @@ bool phase_sge(OpsCtx& x) {
       msg_off += read_pieces[k];
     }
   } else {
-    auto wcs = poll_n(*x.c.rcq, 1);
-    TREQUIRE(wcs.size() == 1);
-    expect_wc(wcs[0], {.wr_id = 0x800, .opcode = WcOpcode::kRecv, .byte_len = total});
+    TREQUIRE(expect_one(*x.c.rcq, {.wr_id = 0x800, .opcode = WcOpcode::kRecv, .byte_len = total}));
     uint64_t msg_off = 0;
     for (size_t k = 0; k < 3; ++k) {
       uint32_t n = std::min<uint32_t>(recv_pieces[k], static_cast<uint32_t>(total - msg_off));
@@ -1188,9 +467,7 @@ bool phase_unsignaled(OpsCtx& x) {
       Sge sge = x.mr.sge(kScratch + 4096 * i, len);
       TREQUIRE_OK(post_send(x.qp(), 0x910 + i, WrOpcode::kSend, one(sge), i == 5 ? rdma::kSendSignaled : 0));
     }
-    auto wcs = poll_n(*x.c.scq, 1);
-    TREQUIRE(wcs.size() == 1);
-    expect_wc(wcs[0], {.wr_id = 0x915, .opcode = WcOpcode::kSend});
+    TREQUIRE(expect_one(*x.c.scq, {.wr_id = 0x915, .opcode = WcOpcode::kSend}));
     expect_none(*x.c.scq, 50ms);
   } else {
     auto wcs = poll_n(*x.c.rcq, 6);
@@ -1208,9 +485,8 @@ bool phase_unsignaled(OpsCtx& x) {
 bool every_operation(Side& s, bool psn_wrap) {
   TCHECK_EQ(s.dev->active_mtu(), 1024u);
   Arena arena(kArenaSize);
-  TREQUIRE(arena.p);
-  auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite | rdma::kRemoteAccess);
-  TREQUIRE_OK(mr);
+  auto mr = register_arena(s, arena, rdma::kLocalWrite | rdma::kRemoteAccess);
+  TREQUIRE(mr);
   TCHECK(mr->rkey() != 0);
   Conn c;
   ConnOptions o;
@@ -1265,9 +541,8 @@ uint32_t many_len(uint32_t q, uint32_t m, int sender) {
 bool many_qps(Side& s) {
   const uint64_t per_side = uint64_t{kManyQps} * kManyMsgs * kManySlot;
   Arena arena(2 * per_side);  // receive slots, then send slots
-  TREQUIRE(arena.p);
-  auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-  TREQUIRE_OK(mr);
+  auto mr = register_arena(s, arena, rdma::kLocalWrite);
+  TREQUIRE(mr);
   auto scq = s.dev->create_cq(kManyQps * kManyMsgs);
   TREQUIRE_OK(scq);
   auto rcq = s.dev->create_cq(kManyQps * kManyMsgs);
@@ -1351,18 +626,12 @@ TEST(RdmaSwnic, ManyQueuePairsAtOnce) {
 // ===========================================================================
 // 3. Blocking waits on a CQ.
 
-bool cq_wait(Side& s) {
-  Arena arena(1 << 16);
-  TREQUIRE(arena.p);
-  auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-  TREQUIRE_OK(mr);
-  Conn c;
-  TREQUIRE(make_conn(s, c));
+bool cq_wait(Side& s, Arena& arena, MemoryRegion& mr, Conn& c) {
   WorkCompletion wc;
   std::span<WorkCompletion> out(&wc, 1);
   if (s.parent()) {
     // A receive completion that arrives 300 ms after the wait started.
-    Sge sge = mr->sge(0, 4096);
+    Sge sge = mr.sge(0, 4096);
     TREQUIRE_OK(post_recv(*c.qp, 0xA1, one(sge)));
     TREQUIRE(s.sync("armed"));
     auto t0 = Clock::now();
@@ -1390,7 +659,7 @@ bool cq_wait(Side& s) {
     // A send completion (woken by the ACK) for a SEND the peer can take only
     // after it posts a receive 200 ms later (RNR NAKs meanwhile).
     fill_pattern(arena.p + 8192, 3000, 0xA2);
-    Sge ssge = mr->sge(8192, 3000);
+    Sge ssge = mr.sge(8192, 3000);
     TREQUIRE_OK(post_send(*c.qp, 0xA2, WrOpcode::kSend, one(ssge)));
     TREQUIRE(s.sync("sent"));
     t0 = Clock::now();
@@ -1405,19 +674,15 @@ bool cq_wait(Side& s) {
     TREQUIRE(s.sync("armed"));
     std::this_thread::sleep_for(300ms);
     fill_pattern(arena.p, 1000, 0xA1);
-    Sge sge = mr->sge(0, 1000);
+    Sge sge = mr.sge(0, 1000);
     TREQUIRE_OK(post_send(*c.qp, 0xB1, WrOpcode::kSend, one(sge)));
-    auto wcs = poll_n(*c.scq, 1);
-    TREQUIRE(wcs.size() == 1);
-    expect_wc(wcs[0], {.wr_id = 0xB1, .opcode = WcOpcode::kSend});
+    TREQUIRE(expect_one(*c.scq, {.wr_id = 0xB1, .opcode = WcOpcode::kSend}));
     TREQUIRE(s.sync("received"));
     TREQUIRE(s.sync("sent"));
     drive_for(*s.dev, 200ms);
-    Sge rsge = mr->sge(8192, 4096);
+    Sge rsge = mr.sge(8192, 4096);
     TREQUIRE_OK(post_recv(*c.qp, 0xB2, one(rsge)));
-    auto rw = poll_n(*c.rcq, 1);
-    TREQUIRE(rw.size() == 1);
-    expect_wc(rw[0], {.wr_id = 0xB2, .opcode = WcOpcode::kRecv, .byte_len = 3000});
+    TREQUIRE(expect_one(*c.rcq, {.wr_id = 0xB2, .opcode = WcOpcode::kRecv, .byte_len = 3000}));
     TCHECK_PATTERN(arena.p + 8192, 3000, 0xA2, 0);
     TREQUIRE(s.sync("done"));
   }
@@ -1425,13 +690,13 @@ bool cq_wait(Side& s) {
 }
 
 TEST(RdmaSwnic, CqWaitBlocksUntilACompletionOrTheTimeout) {
-  run_pair({}, cq_wait);
+  run_pair({}, connected(cq_wait));
 }
 
 TEST(RdmaSwnic, CqWaitWithProgressThread) {
   PairOptions o;
   o.progress_thread[0] = true;
-  run_pair(o, cq_wait);
+  run_pair(o, connected(cq_wait));
 }
 
 // With a progress thread, the CQ's eventfd becomes readable while the
@@ -1439,15 +704,9 @@ TEST(RdmaSwnic, CqWaitWithProgressThread) {
 TEST(RdmaSwnic, CqEventFdWithProgressThread) {
   PairOptions o;
   o.progress_thread[0] = true;
-  run_pair(o, [](Side& s) {
-    Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-    TREQUIRE_OK(mr);
-    Conn c;
-    TREQUIRE(make_conn(s, c));
+  run_pair(o, connected([](Side& s, Arena&, MemoryRegion& mr, Conn& c) {
     if (s.parent()) {
-      Sge sge = mr->sge(0, 4096);
+      Sge sge = mr.sge(0, 4096);
       TREQUIRE_OK(post_recv(*c.qp, 0xC1, one(sge)));
       c.rcq->request_notify();
       TREQUIRE(s.sync("armed", 30s, false));
@@ -1456,22 +715,18 @@ TEST(RdmaSwnic, CqEventFdWithProgressThread) {
       TCHECK_EQ(r, 1);
       uint64_t v = 0;
       if (r == 1) TCHECK_EQ(::read(pfd.fd, &v, sizeof v), static_cast<ssize_t>(sizeof v));
-      auto wcs = poll_n(*c.rcq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0xC1, .opcode = WcOpcode::kRecv, .byte_len = 100});
+      TREQUIRE(expect_one(*c.rcq, {.wr_id = 0xC1, .opcode = WcOpcode::kRecv, .byte_len = 100}));
       TREQUIRE(s.sync("done"));
     } else {
       TREQUIRE(s.sync("armed"));
       std::this_thread::sleep_for(100ms);
-      Sge sge = mr->sge(0, 100);
+      Sge sge = mr.sge(0, 100);
       TREQUIRE_OK(post_send(*c.qp, 0xD1, WrOpcode::kSend, one(sge)));
-      auto wcs = poll_n(*c.scq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0xD1, .opcode = WcOpcode::kSend});
+      TREQUIRE(expect_one(*c.scq, {.wr_id = 0xD1, .opcode = WcOpcode::kSend}));
       TREQUIRE(s.sync("done"));
     }
     return true;
-  });
+  }));
 }
 
 // ===========================================================================
@@ -1480,17 +735,11 @@ TEST(RdmaSwnic, CqEventFdWithProgressThread) {
 // Receive buffer too small: LOC_LEN_ERR at the receiver, REM_INV_REQ_ERR at
 // the sender; both QPs go to ERROR. The child is the sender here.
 TEST(RdmaSwnicErrors, LocalLengthError) {
-  run_pair({}, [](Side& s) {
-    Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-    TREQUIRE_OK(mr);
-    Conn c;
-    TREQUIRE(make_conn(s, c));
+  run_pair({}, connected([](Side& s, Arena&, MemoryRegion& mr, Conn& c) {
     if (s.parent()) {
-      Sge sge = mr->sge(0, 16);
+      Sge sge = mr.sge(0, 16);
       TREQUIRE_OK(post_recv(*c.qp, 0x11, one(sge)));
-      Sge sge2 = mr->sge(4096, 4096);
+      Sge sge2 = mr.sge(4096, 4096);
       TREQUIRE_OK(post_recv(*c.qp, 0x12, one(sge2)));  // flushed when the QP goes to ERROR
       TREQUIRE(s.sync("posted"));
       auto wcs = poll_n(*c.rcq, 2);
@@ -1501,16 +750,13 @@ TEST(RdmaSwnicErrors, LocalLengthError) {
       TREQUIRE(s.sync("done"));
     } else {
       TREQUIRE(s.sync("posted"));
-      Sge sge = mr->sge(0, 100);
+      Sge sge = mr.sge(0, 100);
       TREQUIRE_OK(post_send(*c.qp, 0x21, WrOpcode::kSend, one(sge)));
-      auto wcs = poll_n(*c.scq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x21, .status = WcStatus::kRemInvReqErr, .qp_num = c.qp->qp_num()});
-      TCHECK(wait_state(*s.dev, *c.qp, QpState::kError));
+      TREQUIRE(expect_error(s, c, *c.scq, 0x21, WcStatus::kRemInvReqErr));
       TREQUIRE(s.sync("done"));
     }
     return true;
-  });
+  }));
 }
 
 // A bad lkey, an SGE outside its region and an lkey of another PD in a
@@ -1533,10 +779,7 @@ TEST(RdmaSwnicErrors, LocalProtectionError) {
                     {.addr = arena.addr(1 << 15), .length = 64, .lkey = mr2->lkey()}};
       for (int i = 0; i < 3; ++i) TREQUIRE_OK(post_send(*c[i].qp, 0x30 + static_cast<uint64_t>(i), WrOpcode::kSend, one(bad[i])));
       for (int i = 0; i < 3; ++i) {
-        auto wcs = poll_n(*c[i].scq, 1);
-        TREQUIRE(wcs.size() == 1);
-        expect_wc(wcs[0], {.wr_id = 0x30 + static_cast<uint64_t>(i), .status = WcStatus::kLocProtErr, .qp_num = c[i].qp->qp_num()});
-        TCHECK(wait_state(*s.dev, *c[i].qp, QpState::kError));
+        TREQUIRE(expect_error(s, c[i], *c[i].scq, 0x30 + static_cast<uint64_t>(i), WcStatus::kLocProtErr));
       }
       TREQUIRE(s.sync("sent"));
     } else {
@@ -1596,10 +839,7 @@ TEST(RdmaSwnicErrors, RemoteAccessError) {
                             peer.no_read.rkey));
       TREQUIRE_OK(post_atomic(*c[4].qp, 0x54, WrOpcode::kAtomicFetchAndAdd, res, peer.no_atomic.addr, peer.no_atomic.rkey, 1, 0));
       for (int i = 0; i < kCases; ++i) {
-        auto wcs = poll_n(*c[i].scq, 1);
-        TREQUIRE(wcs.size() == 1);
-        expect_wc(wcs[0], {.wr_id = 0x50 + static_cast<uint64_t>(i), .status = WcStatus::kRemAccessErr, .qp_num = c[i].qp->qp_num()});
-        TCHECK(wait_state(*s.dev, *c[i].qp, QpState::kError));
+        TREQUIRE(expect_error(s, c[i], *c[i].scq, 0x50 + static_cast<uint64_t>(i), WcStatus::kRemAccessErr));
       }
       TREQUIRE(s.sync("done"));
     } else {
@@ -1618,42 +858,29 @@ TEST(RdmaSwnicErrors, RemoteAccessError) {
 // receiver and REM_OP_ERR at the sender (NAK "remote operational error");
 // both QPs go to ERROR.
 TEST(RdmaSwnicErrors, RemoteOperationalError) {
-  run_pair({}, [](Side& s) {
-    Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-    TREQUIRE_OK(mr);
-    Conn c;
-    TREQUIRE(make_conn(s, c));
+  run_pair({}, connected([](Side& s, Arena& arena, MemoryRegion& mr, Conn& c) {
     if (!s.parent()) {
-      Sge bad{.addr = arena.addr(), .length = 4096, .lkey = mr->lkey() ^ 0x5A};
+      Sge bad{.addr = arena.addr(), .length = 4096, .lkey = mr.lkey() ^ 0x5A};
       TREQUIRE_OK(post_recv(*c.qp, 0x65, one(bad)));
       TREQUIRE(s.sync("posted"));
-      auto wcs = poll_n(*c.rcq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x65, .status = WcStatus::kLocProtErr, .qp_num = c.qp->qp_num()});
-      TCHECK(wait_state(*s.dev, *c.qp, QpState::kError));
+      TREQUIRE(expect_error(s, c, *c.rcq, 0x65, WcStatus::kLocProtErr));
     } else {
       TREQUIRE(s.sync("posted"));
-      Sge sge = mr->sge(0, 100);
+      Sge sge = mr.sge(0, 100);
       TREQUIRE_OK(post_send(*c.qp, 0x66, WrOpcode::kSend, one(sge)));
-      auto wcs = poll_n(*c.scq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x66, .status = WcStatus::kRemOpErr, .qp_num = c.qp->qp_num()});
-      TCHECK(wait_state(*s.dev, *c.qp, QpState::kError));
+      TREQUIRE(expect_error(s, c, *c.scq, 0x66, WcStatus::kRemOpErr));
     }
     TREQUIRE(s.sync("done"));
     return true;
-  });
+  }));
 }
 
 // A misaligned atomic: REM_INV_REQ_ERR, and the target is untouched.
 TEST(RdmaSwnicErrors, RemoteInvalidRequest) {
   run_pair({}, [](Side& s) {
     Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite | rdma::kRemoteAccess);
-    TREQUIRE_OK(mr);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite | rdma::kRemoteAccess);
+    TREQUIRE(mr);
     auto* w = reinterpret_cast<uint64_t*>(arena.p);
     w[0] = 1;
     w[1] = 2;
@@ -1664,10 +891,7 @@ TEST(RdmaSwnicErrors, RemoteInvalidRequest) {
     if (s.parent()) {
       Sge res = mr->sge(4096, 8);
       TREQUIRE_OK(post_atomic(*c.qp, 0x60, WrOpcode::kAtomicCmpAndSwp, res, c.peer.addr + 4, c.peer.rkey, 1, 9));
-      auto wcs = poll_n(*c.scq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x60, .status = WcStatus::kRemInvReqErr, .qp_num = c.qp->qp_num()});
-      TCHECK(wait_state(*s.dev, *c.qp, QpState::kError));
+      TREQUIRE(expect_error(s, c, *c.scq, 0x60, WcStatus::kRemInvReqErr));
     }
     TREQUIRE(s.sync("done"));
     if (!s.parent()) {
@@ -1697,9 +921,8 @@ void retry_exceeded(Gone mode) {
   if (mode == Gone::kOwnPortDrops) o.params[0] = {{"loss", "1.0"}};
   run_pair(o, [mode](Side& s) {
     Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-    TREQUIRE_OK(mr);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite);
+    TREQUIRE(mr);
     Conn c, arp, w;
     ConnOptions co;
     co.tuning.timeout = 8;
@@ -1717,9 +940,7 @@ void retry_exceeded(Gone mode) {
         TREQUIRE(s.sync("warm-up receive posted"));
         Sge sge = mr->sge(0, 100);
         TREQUIRE_OK(post_send(*w.qp, 0x6F, WrOpcode::kSend, one(sge)));
-        auto wcs = poll_n(*w.scq, 1);
-        TREQUIRE(wcs.size() == 1);
-        expect_wc(wcs[0], {.wr_id = 0x6F, .opcode = WcOpcode::kSend});
+        TREQUIRE(expect_one(*w.scq, {.wr_id = 0x6F, .opcode = WcOpcode::kSend}));
       }
       if (peer_goes) {
         TREQUIRE(s.sync("going"));
@@ -1732,16 +953,15 @@ void retry_exceeded(Gone mode) {
       auto before = s.dev->stats();
       auto t0 = Clock::now();
       TREQUIRE_OK(post_send(*c.qp, 0x70, WrOpcode::kSend, one(sge)));
-      auto wcs = poll_n(*c.scq, 1, 10s);
+      auto wc = expect_one(*c.scq, {.wr_id = 0x70, .status = WcStatus::kRetryExcErr, .qp_num = c.qp->qp_num()}, 10s);
       double ms = ms_since(t0);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x70, .status = WcStatus::kRetryExcErr, .qp_num = c.qp->qp_num()});
+      TREQUIRE(wc);
       TCHECK(wait_state(*s.dev, *c.qp, QpState::kError));
       auto st = s.dev->stats();
       uint64_t timeouts = st.timeouts - before.timeouts, retransmits = st.retransmits - before.retransmits;
       std::fprintf(stderr, "RETRY_EXC_ERR (mode %d) after %.1f ms: %llu timeouts, %llu retransmits: %s\n",
                    static_cast<int>(mode), ms, static_cast<unsigned long long>(timeouts),
-                   static_cast<unsigned long long>(retransmits), wcs[0].error.c_str());
+                   static_cast<unsigned long long>(retransmits), wc->error.c_str());
       if (warm || mode == Gone::kOwnPortDrops) {
         // The transport's own retries: retry_cnt 2 = 3 timeouts, 2
         // retransmissions of both packets of the 2000-byte SEND.
@@ -1756,9 +976,7 @@ void retry_exceeded(Gone mode) {
           Sge sge = mr->sge(0, 4096);
           TREQUIRE_OK(post_recv(*w.qp, 0x6E, one(sge)));
           TREQUIRE(s.sync("warm-up receive posted"));
-          auto wcs = poll_n(*w.rcq, 1);
-          TREQUIRE(wcs.size() == 1);
-          expect_wc(wcs[0], {.wr_id = 0x6E, .opcode = WcOpcode::kRecv, .byte_len = 100});
+          TREQUIRE(expect_one(*w.rcq, {.wr_id = 0x6E, .opcode = WcOpcode::kRecv, .byte_len = 100}));
         }
         TREQUIRE(s.sync("going"));
         if (mode == Gone::kPeerKilled) ::kill(::getpid(), SIGKILL);
@@ -1796,9 +1014,8 @@ TEST(RdmaSwnicErrors, RetryExceededOwnPortDropsEverything) { retry_exceeded(Gone
 TEST(RdmaSwnicErrors, RnrRetryExceeded) {
   run_pair({}, [](Side& s) {
     Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-    TREQUIRE_OK(mr);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite);
+    TREQUIRE(mr);
     Conn c, late;
     ConnOptions o;
     o.tuning.min_rnr_timer = 1;
@@ -1810,19 +1027,14 @@ TEST(RdmaSwnicErrors, RnrRetryExceeded) {
       Sge sge = mr->sge(0, 64);
       auto t0 = Clock::now();
       TREQUIRE_OK(post_send(*c.qp, 0x80, WrOpcode::kSend, one(sge)));
-      auto wcs = poll_n(*c.scq, 1, 10s);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x80, .status = WcStatus::kRnrRetryExcErr, .qp_num = c.qp->qp_num()});
-      TCHECK(wait_state(*s.dev, *c.qp, QpState::kError));
+      TREQUIRE(expect_error(s, c, *c.scq, 0x80, WcStatus::kRnrRetryExcErr, 10s));
       auto st = s.dev->stats();
       std::fprintf(stderr, "RNR_RETRY_EXC_ERR after %.1f ms, %llu RNR NAKs received\n", ms_since(t0),
                    static_cast<unsigned long long>(st.rnr_naks_received));
       TCHECK(st.rnr_naks_received >= 2);
       TREQUIRE(s.sync("first done"));
       TREQUIRE_OK(post_send(*late.qp, 0x81, WrOpcode::kSend, one(sge)));
-      wcs = poll_n(*late.scq, 1, 10s);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x81, .opcode = WcOpcode::kSend});
+      TREQUIRE(expect_one(*late.scq, {.wr_id = 0x81, .opcode = WcOpcode::kSend}, 10s));
       TREQUIRE(s.sync("second done"));
     } else {
       TREQUIRE(s.sync("first done"));
@@ -1831,9 +1043,7 @@ TEST(RdmaSwnicErrors, RnrRetryExceeded) {
       drive_for(*s.dev, 100ms);
       Sge sge = mr->sge(0, 64);
       TREQUIRE_OK(post_recv(*late.qp, 0x82, one(sge)));
-      auto wcs = poll_n(*late.rcq, 1, 10s);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x82, .opcode = WcOpcode::kRecv, .byte_len = 64});
+      TREQUIRE(expect_one(*late.rcq, {.wr_id = 0x82, .opcode = WcOpcode::kRecv, .byte_len = 64}, 10s));
       TCHECK(s.dev->stats().rnr_naks_sent >= 2);
       TREQUIRE(s.sync("second done"));
     }
@@ -1845,39 +1055,29 @@ TEST(RdmaSwnicErrors, RnrRetryExceeded) {
 // timeout 10 (4.2 ms), retry_cnt 2, rnr_retry 7 (infinite), the responder's
 // RNR timer 18 (5.12 ms) and its receive posted 40 ms late: success.
 TEST(RdmaSwnicErrors, RnrWaitLongerThanAckTimeoutIsNoRetry) {
-  run_pair({}, [](Side& s) {
-    Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-    TREQUIRE_OK(mr);
-    Conn c;
-    ConnOptions o;
-    o.tuning.timeout = 10;
-    o.tuning.retry_cnt = 2;
-    o.tuning.rnr_retry = 7;
-    o.tuning.min_rnr_timer = 18;
-    TREQUIRE(make_conn(s, c, o));
+  ConnOptions o;
+  o.tuning.timeout = 10;
+  o.tuning.retry_cnt = 2;
+  o.tuning.rnr_retry = 7;
+  o.tuning.min_rnr_timer = 18;
+  run_pair({}, connected([](Side& s, Arena&, MemoryRegion& mr, Conn& c) {
     if (s.parent()) {
-      Sge sge = mr->sge(0, 64);
+      Sge sge = mr.sge(0, 64);
       TREQUIRE_OK(post_send(*c.qp, 0x85, WrOpcode::kSend, one(sge)));
-      auto wcs = poll_n(*c.scq, 1, 10s);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x85, .opcode = WcOpcode::kSend});
+      TREQUIRE(expect_one(*c.scq, {.wr_id = 0x85, .opcode = WcOpcode::kSend}, 10s));
       auto st = s.dev->stats();
       std::fprintf(stderr, "RNR wait: %llu RNR NAKs, %llu timeouts\n",
                    static_cast<unsigned long long>(st.rnr_naks_received), static_cast<unsigned long long>(st.timeouts));
       TREQUIRE(s.sync("done"));
     } else {
       drive_for(*s.dev, 40ms);
-      Sge sge = mr->sge(0, 64);
+      Sge sge = mr.sge(0, 64);
       TREQUIRE_OK(post_recv(*c.qp, 0x86, one(sge)));
-      auto wcs = poll_n(*c.rcq, 1, 10s);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0x86, .opcode = WcOpcode::kRecv, .byte_len = 64});
+      TREQUIRE(expect_one(*c.rcq, {.wr_id = 0x86, .opcode = WcOpcode::kRecv, .byte_len = 64}, 10s));
       TREQUIRE(s.sync("done"));
     }
     return true;
-  });
+  }, o));
 }
 
 // WR_FLUSH_ERR: work queued behind a failed request, receives of a QP that
@@ -1885,9 +1085,8 @@ TEST(RdmaSwnicErrors, RnrWaitLongerThanAckTimeoutIsNoRetry) {
 TEST(RdmaSwnicErrors, WorkRequestFlushed) {
   run_pair({}, [](Side& s) {
     Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite);
-    TREQUIRE_OK(mr);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite);
+    TREQUIRE(mr);
     Conn c, m;
     TREQUIRE(make_conn(s, c));
     TREQUIRE(make_conn(s, m));
@@ -1918,14 +1117,8 @@ TEST(RdmaSwnicErrors, WorkRequestFlushed) {
       auto pr = post_recv(*c.qp, 0x92, one(r0));
       TCHECK_MSG(ps.has_value(), ps ? "" : ps.error().message());
       TCHECK_MSG(pr.has_value(), pr ? "" : pr.error().message());
-      if (ps) {
-        wcs = poll_n(*c.scq, 1);
-        if (wcs.size() == 1) expect_wc(wcs[0], {.wr_id = 0xA4, .status = WcStatus::kWrFlushErr});
-      }
-      if (pr) {
-        rw = poll_n(*c.rcq, 1);
-        if (rw.size() == 1) expect_wc(rw[0], {.wr_id = 0x92, .status = WcStatus::kWrFlushErr});
-      }
+      if (ps) expect_one(*c.scq, {.wr_id = 0xA4, .status = WcStatus::kWrFlushErr});
+      if (pr) expect_one(*c.rcq, {.wr_id = 0x92, .status = WcStatus::kWrFlushErr});
 
       // modify(ERROR) flushes the receives that wait.
       TREQUIRE_OK(post_recv(*m.qp, 0x93, one(r0)));
@@ -1956,9 +1149,8 @@ TEST(RdmaSwnicErrors, WorkRequestFlushed) {
 TEST(RdmaSwnicErrors, CqOverflow) {
   run_pair({}, [](Side& s) {
     Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite | rdma::kRemoteWrite);
-    TREQUIRE_OK(mr);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite | rdma::kRemoteWrite);
+    TREQUIRE(mr);
     Conn c;
     ConnOptions o;
     o.cq_depth = 4;
@@ -2005,47 +1197,9 @@ TEST(RdmaSwnicErrors, CqOverflow) {
 TEST(RdmaSwnic, PostTimeErrors) {
   run_pair({}, [](Side& s) {
     Arena arena(1 << 16);
-    TREQUIRE(arena.p);
-    auto mr = s.pd->register_mr(arena.p, arena.size, rdma::kLocalWrite | rdma::kRemoteWrite);
-    TREQUIRE_OK(mr);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite | rdma::kRemoteWrite);
+    TREQUIRE(mr);
     rdma::QpCaps caps{.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 4, .max_recv_sge = 4, .max_inline_data = 256};
-    if (!s.parent()) {
-      // The parent connects by hand; exchange, then connect.
-      auto scq = s.dev->create_cq(64);
-      TREQUIRE_OK(scq);
-      auto rcq = s.dev->create_cq(64);
-      TREQUIRE_OK(rcq);
-      auto qp = s.pd->create_qp({.type = rdma::QpType::kRc, .send_cq = scq->get(), .recv_cq = rcq->get(), .caps = caps});
-      TREQUIRE_OK(qp);
-      ConnectionData mine = (*qp)->local(), peer;
-      mine.rkey = mr->rkey();
-      mine.addr = arena.addr();
-      mine.length = static_cast<uint32_t>(arena.size);
-      TREQUIRE(s.exchange(mine, &peer));
-      TREQUIRE_OK((*qp)->connect(peer));
-      for (uint64_t i = 0; i < 4; ++i) {
-        Sge sge = mr->sge(4096 * i, 4096);
-        TREQUIRE_OK(post_recv(**qp, 0xC0 + i, one(sge)));
-      }
-      TREQUIRE(s.sync("child ready"));
-      TREQUIRE(s.sync("one send"));
-      auto wcs = poll_n(**rcq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0xC0, .opcode = WcOpcode::kRecv, .byte_len = 321});
-      TCHECK_PATTERN(arena.p, 321, 0xF00D, 0);
-      expect_none(**rcq, 50ms);  // the failed posts sent nothing
-      Sge back = mr->sge(32768, 77);
-      fill_pattern(arena.p + 32768, 77, 0xBAC);
-      TREQUIRE_OK(post_send(**qp, 0xC9, WrOpcode::kSend, one(back)));
-      wcs = poll_n(**scq, 1);
-      TREQUIRE(wcs.size() == 1);
-      expect_wc(wcs[0], {.wr_id = 0xC9, .opcode = WcOpcode::kSend});
-      // Silent (no progress) while the parent fills its send queue.
-      TREQUIRE(s.sync("stop"));
-      TREQUIRE(s.sync("go", 30s, false));
-      TREQUIRE(s.sync("end"));
-      return true;
-    }
     auto scq = s.dev->create_cq(64);
     TREQUIRE_OK(scq);
     auto rcq = s.dev->create_cq(64);
@@ -2053,6 +1207,33 @@ TEST(RdmaSwnic, PostTimeErrors) {
     auto qpr = s.pd->create_qp({.type = rdma::QpType::kRc, .send_cq = scq->get(), .recv_cq = rcq->get(), .caps = caps});
     TREQUIRE_OK(qpr);
     QueuePair& qp = **qpr;
+    if (!s.parent()) {
+      // The parent connects by hand; exchange, then connect.
+      ConnectionData mine = qp.local(), peer;
+      mine.rkey = mr->rkey();
+      mine.addr = arena.addr();
+      mine.length = static_cast<uint32_t>(arena.size);
+      TREQUIRE(s.exchange(mine, &peer));
+      TREQUIRE_OK(qp.connect(peer));
+      for (uint64_t i = 0; i < 4; ++i) {
+        Sge sge = mr->sge(4096 * i, 4096);
+        TREQUIRE_OK(post_recv(qp, 0xC0 + i, one(sge)));
+      }
+      TREQUIRE(s.sync("child ready"));
+      TREQUIRE(s.sync("one send"));
+      TREQUIRE(expect_one(**rcq, {.wr_id = 0xC0, .opcode = WcOpcode::kRecv, .byte_len = 321}));
+      TCHECK_PATTERN(arena.p, 321, 0xF00D, 0);
+      expect_none(**rcq, 50ms);  // the failed posts sent nothing
+      Sge back = mr->sge(32768, 77);
+      fill_pattern(arena.p + 32768, 77, 0xBAC);
+      TREQUIRE_OK(post_send(qp, 0xC9, WrOpcode::kSend, one(back)));
+      TREQUIRE(expect_one(**scq, {.wr_id = 0xC9, .opcode = WcOpcode::kSend}));
+      // Silent (no progress) while the parent fills its send queue.
+      TREQUIRE(s.sync("stop"));
+      TREQUIRE(s.sync("go", 30s, false));
+      TREQUIRE(s.sync("end"));
+      return true;
+    }
     ConnectionData mine = qp.local(), peer;
     TREQUIRE(s.exchange(mine, &peer));
     Sge sge = mr->sge(0, 64);
@@ -2113,15 +1294,11 @@ TEST(RdmaSwnic, PostTimeErrors) {
     fill_pattern(arena.p, 321, 0xF00D);
     Sge ok = mr->sge(0, 321);
     TREQUIRE_OK(post_send(qp, 0xD9, WrOpcode::kSend, one(ok)));
-    auto wcs = poll_n(**scq, 1);
-    TREQUIRE(wcs.size() == 1);
-    expect_wc(wcs[0], {.wr_id = 0xD9, .opcode = WcOpcode::kSend});
+    TREQUIRE(expect_one(**scq, {.wr_id = 0xD9, .opcode = WcOpcode::kSend}));
     expect_none(**scq, 20ms);
     TREQUIRE(s.sync("one send"));
     // The receive posted in INIT takes the peer's answer.
-    auto rw = poll_n(**rcq, 1);
-    TREQUIRE(rw.size() == 1);
-    expect_wc(rw[0], {.wr_id = 0xD3, .opcode = WcOpcode::kRecv, .byte_len = 77});
+    TREQUIRE(expect_one(**rcq, {.wr_id = 0xD3, .opcode = WcOpcode::kRecv, .byte_len = 77}));
     TCHECK_PATTERN(arena.p + 16384, 77, 0xBAC, 0);
 
     // Queue full: the peer is silent, so nothing completes.
@@ -2134,7 +1311,7 @@ TEST(RdmaSwnic, PostTimeErrors) {
     for (uint64_t i = 0; i < caps.max_recv_wr; ++i) TREQUIRE_OK(post_recv(qp, 0xF0 + i, one(w)));
     expect_post_fails(post_recv(qp, 0xFF, one(w)), "receive queue full (max_recv_wr + 1)");
     TREQUIRE(s.sync("go"));
-    wcs = poll_n(**scq, caps.max_send_wr);
+    auto wcs = poll_n(**scq, caps.max_send_wr);
     TREQUIRE(wcs.size() == caps.max_send_wr);
     for (uint64_t i = 0; i < caps.max_send_wr; ++i) expect_wc(wcs[i], {.wr_id = 0xE0 + i, .opcode = WcOpcode::kRdmaWrite});
     expect_none(**scq, 20ms);
