@@ -340,8 +340,12 @@ void QueuePairImpl::on_duplicate(const roce::Packet& pkt) {
   switch (pkt.op->kind) {
     case roce::OpKind::kSend:
     case roce::OpKind::kRdmaWrite:
-      // Not executed again: acknowledge everything received so far.
-      queue_ack(psn_add(epsn_, roce::kPsnMask));
+      // Not executed again. Acknowledge everything received so far, but
+      // only where the requester asked (AckReq): a go-back-N resend ends
+      // with such a packet anyway, and rxe's completer can complete a WQE
+      // it is still resending when ACKs arrive in the middle of the resend
+      // (seen as a stalled rxe requester in the interop tests).
+      if (pkt.bth.ack_req) queue_ack(psn_add(epsn_, roce::kPsnMask));
       return;
     case roce::OpKind::kReadRequest: {
       // READs are idempotent: answer again from memory, re-checking the key

@@ -45,5 +45,6 @@ int cmd_unbind(const Options& opts);
 int cmd_doctor(const Options& opts);
 int cmd_plugins(const Options& opts);
 int cmd_pktgen(const Options& opts);
+int cmd_pingpong(const Options& opts);
 
 }  // namespace ufab::cli

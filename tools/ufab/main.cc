@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 
 #include "base/json.h"
@@ -34,6 +35,19 @@ commands:
                        frame's header and sequence, as testpmd's txonly
       --timeout S      bound on the whole run (default 120)
       --param K=V      driver parameter for both ports (repeatable)
+  pingpong DEVICE --ip A.B.C.D [SERVER_HOST]
+                       ibv_rc_pingpong's RC ping-pong on port DEVICE, against
+                       ibv_rc_pingpong (rdma_rxe, any RoCE NIC) or another
+                       ufab; server without SERVER_HOST, client with it
+      --ip A.B.C.D     this port's IPv4 address (GID ::ffff:A.B.C.D); required
+      -p, --port N     TCP port of the exchange (default 18515; server: 0 = any)
+      -s, --size N     bytes per message (default 4096)
+      -n, --iters N    round trips (default 1000)
+      -r, --rx-depth N receives posted at a time (default 500)
+      -m, --mtu N      path MTU: 256..4096 (default 1024)
+      --timeout S      bound on each wait: client, exchange, each completion
+                       (default 30)
+      --param K=V      driver parameter (repeatable), e.g. stale=reset
 
 options:
   --json               machine-readable output on stdout
@@ -47,11 +61,32 @@ override /sys, /proc, /dev and /run/ufab (for tests and containers).
 exit status: 0 success, 1 failed or refused, 2 usage error.
 )";
 
-// Options that take a value, and the one command each belongs to.
-const std::map<std::string, std::string> kValueOptions = {
-    {"count", "pktgen"}, {"duration", "pktgen"}, {"size", "pktgen"},
-    {"burst", "pktgen"}, {"timeout", "pktgen"},  {"param", "pktgen"}, {"verify", "pktgen"},
+// Options that take a value, and the commands each belongs to.
+const std::map<std::string, std::set<std::string>> kValueOptions = {
+    {"count", {"pktgen"}},
+    {"duration", {"pktgen"}},
+    {"size", {"pktgen", "pingpong"}},
+    {"burst", {"pktgen"}},
+    {"timeout", {"pktgen", "pingpong"}},
+    {"param", {"pktgen", "pingpong"}},
+    {"verify", {"pktgen"}},
+    {"ip", {"pingpong"}},
+    {"port", {"pingpong"}},
+    {"iters", {"pingpong"}},
+    {"rx-depth", {"pingpong"}},
+    {"mtu", {"pingpong"}},
 };
+
+// Short forms, as ibv_rc_pingpong spells them ("-s 64" or "-s64").
+const std::map<char, std::string> kShortOptions = {
+    {'p', "port"}, {'s', "size"}, {'n', "iters"}, {'r', "rx-depth"}, {'m', "mtu"},
+};
+
+std::string joined(const std::set<std::string>& commands) {
+  std::string out;
+  for (const auto& c : commands) out += (out.empty() ? "`ufab " : " and `ufab ") + c + "`";
+  return out;
+}
 
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "ufab: %s\n(run `ufab --help` for usage)\n", msg.c_str());
@@ -114,6 +149,15 @@ int run(int argc, char** argv) {
       } else {
         return usage_error("option --" + name + " needs a value");
       }
+    } else if (a.size() >= 2 && a[0] == '-' && a[1] != '-' && kShortOptions.count(a[1])) {
+      const std::string& name = kShortOptions.at(a[1]);
+      if (a.size() > 2) {
+        opts.values[name].push_back(a.substr(2));
+      } else if (i + 1 < argc) {
+        opts.values[name].push_back(argv[++i]);
+      } else {
+        return usage_error("option -" + std::string(1, a[1]) + " needs a value");
+      }
     } else if (a.size() > 1 && a[0] == '-') {
       return usage_error("unknown option '" + a + "'");
     } else if (command.empty()) {
@@ -137,6 +181,8 @@ int run(int argc, char** argv) {
       {"doctor", {cmd_doctor, 0, 1, "ufab doctor [BDF]"}},
       {"plugins", {cmd_plugins, 0, 0, "ufab plugins"}},
       {"pktgen", {cmd_pktgen, 2, 2, "ufab pktgen FROM TO [--count N|--duration S] [--size N|MIN-MAX]"}},
+      {"pingpong",
+       {cmd_pingpong, 1, 2, "ufab pingpong DEVICE --ip A.B.C.D [SERVER_HOST] [-p PORT] [-s SIZE] [-n ITERS]"}},
   };
   auto it = commands.find(command);
   if (it == commands.end()) return usage_error("unknown command '" + command + "'");
@@ -146,8 +192,8 @@ int run(int argc, char** argv) {
   }
   if (opts.force && command != "bind") return usage_error("--force applies only to `ufab bind`");
   for (const auto& [name, values] : opts.values) {
-    if (kValueOptions.at(name) != command) {
-      return usage_error("--" + name + " applies only to `ufab " + kValueOptions.at(name) + "`");
+    if (!kValueOptions.at(name).count(command)) {
+      return usage_error("--" + name + " applies only to " + joined(kValueOptions.at(name)));
     }
   }
   return spec.fn(opts);
