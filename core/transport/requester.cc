@@ -229,10 +229,7 @@ int QueuePairImpl::transmit() {
   }
   while (sq_next_ < sq_tail_ && attr_.state == QpState::kRts) {
     SendWqe& w = sq_at(sq_next_);
-    if (!w.started) {
-      if (is_rc() && psn_diff(cursor_psn_, una_psn_) >= static_cast<int32_t>(kMaxInflightPackets)) break;
-      if (!start_wqe(w)) break;
-    }
+    if (!w.started && !start_wqe(w)) break;
     if (is_rc() && psn_diff(cursor_psn_, una_psn_) >= static_cast<int32_t>(kMaxInflightPackets)) break;
     int r = send_request_packet(w);
     if (r < 0) break;    // the QP left RTS
