@@ -6,13 +6,14 @@
 // errors as values: each fallible call returns Result<T> whose Error says
 // what failed, why and what to do.
 //
+//   (each Result checked; examples/rdma_example.cc shows how)
 //   auto dev = rdma::Device::open("swnic:lab:0", {.ip = "10.0.0.1"});
 //   auto pd  = (*dev)->alloc_pd();
 //   auto mr  = pd->register_mr(buf, len, rdma::kLocalWrite | rdma::kRemoteWrite);
 //   auto cq  = (*dev)->create_cq(256);
-//   auto qp  = pd->create_qp({.type = rdma::QpType::kRc, .send_cq = cq.get(), .recv_cq = cq.get()});
-//   qp->connect(peer_connection_data);       // INIT -> RTR -> RTS in one call
-//   qp->post_send(wr);  cq->poll(completions);
+//   auto qp  = pd->create_qp({.type = rdma::QpType::kRc, .send_cq = cq->get(), .recv_cq = cq->get()});
+//   (*qp)->connect(peer_connection_data);    // INIT -> RTR -> RTS in one call
+//   (*qp)->post_send(wr);  (*cq)->poll(completions);
 //
 // Lifetimes: every object keeps its device's transport alive, so they may
 // be destroyed in any order; the NIC closes with the last of them.
