@@ -22,6 +22,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java g++ libgtest-dev libpci-dev pci.ids pciutils
   busybox-static cpio kmod xz-utils zstd jq iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils
   clang-16 libclang-rt-16-dev
+  tshark
 )
 
 missing=()
@@ -66,6 +67,13 @@ if [ "$need_update" -eq 1 ]; then
   $SUDO apt-get update -q || die "apt-get update failed: check the network and /etc/apt/sources.list.d/"
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
+  # tshark (dissects the interop suite's capture) pulls in wireshark-common,
+  # whose debconf question (dumpcap setuid for non-root capture) would
+  # otherwise prompt: answer it no beforehand.
+  if [[ " ${missing[*]} " == *" tshark "* ]]; then
+    echo 'wireshark-common wireshark-common/install-setuid boolean false' | $SUDO debconf-set-selections ||
+      die "debconf-set-selections failed"
+  fi
   log "installing: ${missing[*]}"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" ||
     die "apt-get install failed for: ${missing[*]}"
