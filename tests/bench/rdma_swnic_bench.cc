@@ -4,7 +4,8 @@
 //
 //   bazel-bin/tests/bench/rdma_swnic_bench [--seconds S] [--json FILE]
 //
-// Prints a table; --json writes the same figures.
+// Prints a table; --json writes the same figures. UFAB_BENCH_STATS=1 also
+// prints both devices' transport counters after each WRITE run.
 #include <unistd.h>
 
 #include <atomic>
