@@ -64,23 +64,6 @@ std::string sockaddr_text(const sockaddr_storage& ss) {
   return host_port(text, ntohs(sin6.sin6_port));
 }
 
-// What the peer sent, fit for an error message: quoted, non-printable bytes
-// as \xNN, cut after 64 bytes.
-std::string shown(std::string_view bytes) {
-  std::string out = "'";
-  for (size_t i = 0; i < bytes.size() && i < 64; ++i) {
-    unsigned char c = static_cast<unsigned char>(bytes[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += char(c);
-    } else {
-      char esc[5];
-      std::snprintf(esc, sizeof esc, "\\x%02x", c);
-      out += esc;
-    }
-  }
-  return out + (bytes.size() > 64 ? "'..." : "'");
-}
-
 using AddrInfoPtr = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
 
 Result<AddrInfoPtr> resolve(const std::string& host, uint16_t port, int flags, const std::string& where) {
@@ -128,17 +111,6 @@ Result<size_t> recv_some(int fd, std::span<uint8_t> buf, Clock::time_point deadl
   }
 }
 
-std::optional<uint64_t> parse_hex(std::string_view text, size_t digits) {
-  if (text.size() != digits) return std::nullopt;
-  uint64_t v = 0;
-  for (char c : text) {
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-    if (d < 0) return std::nullopt;
-    v = v << 4 | uint64_t(d);
-  }
-  return v;
-}
-
 std::optional<uint32_t> parse_u32(std::string_view text) {
   if (text.empty() || text.size() > 10) return std::nullopt;
   uint64_t v = 0;
@@ -159,6 +131,32 @@ Status check_24_bits(const char* what, uint32_t qpn, uint32_t psn) {
 constexpr char kMagic[] = "UFAB1";
 
 }  // namespace
+
+std::string shown(std::string_view bytes) {
+  std::string out = "'";
+  for (size_t i = 0; i < bytes.size() && i < 64; ++i) {
+    unsigned char c = static_cast<unsigned char>(bytes[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += char(c);
+    } else {
+      char esc[5];
+      std::snprintf(esc, sizeof esc, "\\x%02x", c);
+      out += esc;
+    }
+  }
+  return out + (bytes.size() > 64 ? "'..." : "'");
+}
+
+std::optional<uint64_t> parse_hex(std::string_view text, size_t digits) {
+  if (text.size() != digits) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (d < 0) return std::nullopt;
+    v = v << 4 | uint64_t(d);
+  }
+  return v;
+}
 
 Result<TcpChannel> TcpChannel::connect(const std::string& host, uint16_t port, milliseconds timeout) {
   const std::string where = host_port(host, port);

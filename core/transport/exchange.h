@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +24,12 @@
 namespace ufab::transport {
 
 class TcpListener;
+
+// What a peer sent, fit for an error message: quoted, non-printable bytes as
+// \xNN, cut after 64 bytes.
+std::string shown(std::string_view bytes);
+// Exactly `digits` hex digits, either case; nothing else.
+std::optional<uint64_t> parse_hex(std::string_view text, size_t digits);
 
 // A connected TCP stream. Sockets are non-blocking underneath; every wait is
 // a poll() against the call's deadline, EINTR restarts the wait, and sends

@@ -1,0 +1,290 @@
+#include "core/transport/perftest_exchange.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace ufab::transport {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto kLong = 5000ms;
+
+// perftest's own format string (perftest_communication.h KEY_PRINT_FMT_GID),
+// verbatim, so the codec is checked against what perftest writes.
+constexpr char kPerftestFmt[] =
+    "%04x:%04x:%06x:%06x:%08x:%016llx:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:%02x:"
+    "%02x:%08x:";
+
+std::string error_of(const auto& r) { return r ? std::string("(no error)") : r.error().message(); }
+
+PerftestKeys sample() {
+  PerftestKeys k;
+  k.out_reads = 16;
+  k.qpn = 0x11;
+  k.psn = 0xabcdef;
+  k.rkey = 0x1234abcd;
+  k.vaddr = 0x00007f12345678c0;
+  k.gid = roce::gid_from_ipv4(0x0a000001);
+  return k;
+}
+
+PerftestKeyBytes as_perftest_writes(const PerftestKeys& k) {
+  char msg[kPerftestKeysSize];
+  const uint8_t* g = k.gid.data();
+  std::snprintf(msg, sizeof msg, kPerftestFmt, k.lid, k.out_reads, k.qpn, k.psn, k.rkey,
+                static_cast<unsigned long long>(k.vaddr), g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9],
+                g[10], g[11], g[12], g[13], g[14], g[15], k.srqn);
+  PerftestKeyBytes b;
+  std::memcpy(b.data(), msg, b.size());
+  return b;
+}
+
+TEST(PerftestKeys, EncodesExactlyAsPerftest) {
+  PerftestKeys k = sample();
+  k.srqn = 0x42;
+  auto ours = encode_perftest_keys(k);
+  ASSERT_TRUE(ours) << error_of(ours);
+  EXPECT_EQ(*ours, as_perftest_writes(k));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(ours->data())),
+            "0000:0010:000011:abcdef:1234abcd:00007f12345678c0:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:01:"
+            "00000042:");
+}
+
+TEST(PerftestKeys, DecodesWhatPerftestWrites) {
+  PerftestKeys k = sample();
+  k.lid = 0xffff;
+  k.vaddr = ~0ull;
+  auto d = decode_perftest_keys(as_perftest_writes(k));
+  ASSERT_TRUE(d) << error_of(d);
+  EXPECT_EQ(d->lid, k.lid);
+  EXPECT_EQ(d->out_reads, k.out_reads);
+  EXPECT_EQ(d->qpn, k.qpn);
+  EXPECT_EQ(d->psn, k.psn);
+  EXPECT_EQ(d->rkey, k.rkey);
+  EXPECT_EQ(d->vaddr, k.vaddr);
+  EXPECT_EQ(d->gid, k.gid);
+  EXPECT_EQ(d->srqn, k.srqn);
+}
+
+TEST(PerftestKeys, AcceptsUpperCaseHex) {
+  auto b = as_perftest_writes(sample());
+  for (auto& c : b) c = uint8_t(std::toupper(c));
+  auto d = decode_perftest_keys(b);
+  ASSERT_TRUE(d) << error_of(d);
+  EXPECT_EQ(d->rkey, 0x1234abcdu);
+}
+
+TEST(PerftestKeys, RejectsMalformed) {
+  const PerftestKeyBytes good = as_perftest_writes(sample());
+  struct Case {
+    size_t at;
+    char c;
+    const char* says;
+  } cases[] = {{4, '-', "after field lid"},     {2, 'g', "field lid"},      {12, 'x', "field qpn"},
+               {49, ' ', "after field vaddr"},  {52, '.', "field gid"},     {60, 'z', "field gid"},
+               {99, 'q', "field srqn"},         {106, 'x', "field srqn"},   {107, 'x', "terminating NUL"}};
+  for (const Case& c : cases) {
+    PerftestKeyBytes b = good;
+    b[c.at] = uint8_t(c.c);
+    auto d = decode_perftest_keys(b);
+    ASSERT_FALSE(d) << "byte " << c.at;
+    EXPECT_EQ(d.error().code(), EPROTO);
+    EXPECT_NE(d.error().message().find(c.says), std::string::npos) << d.error().message();
+  }
+  auto short_one = decode_perftest_keys(std::span<const uint8_t>(good.data(), 59));  // the IB (no GID) format's size
+  ASSERT_FALSE(short_one);
+  EXPECT_NE(short_one.error().message().find("expected 108 bytes, got 59"), std::string::npos);
+}
+
+TEST(PerftestKeys, RefusesQpnOver24Bits) {
+  PerftestKeys k = sample();
+  k.qpn = 0x1000000;
+  auto e = encode_perftest_keys(k);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().code(), EINVAL);
+}
+
+// The server side of a perftest run as perftest writes it: read(), then
+// write() of fixed blocks; what it read is kept for the test to check.
+struct FakePerftestServer {
+  explicit FakePerftestServer(const char* version, int peer_mtu = 3) {
+    auto l = TcpChannel::listen(0, "127.0.0.1");
+    EXPECT_TRUE(l) << error_of(l);
+    listener.emplace(std::move(*l));
+    thread = std::thread([this, version, peer_mtu] {
+      auto ch = listener->accept(kLong);
+      if (!ch) return;
+      auto block = [&](std::span<const uint8_t> out, size_t in_size) {
+        std::vector<uint8_t> in(in_size);
+        auto n = ch->recv_exact(in, kLong);
+        if (!n || *n == 0) return std::vector<uint8_t>{};
+        (void)ch->send_all(out, kLong);
+        return in;
+      };
+      char v[16] = {};
+      std::memcpy(v, version, std::strlen(version));
+      got_version = block({reinterpret_cast<uint8_t*>(v), 16}, 16);
+      uint32_t cycle = htonl(8192), cache = htonl(32);
+      got_cycle = block({reinterpret_cast<uint8_t*>(&cycle), 4}, 4);
+      got_cache = block({reinterpret_cast<uint8_t*>(&cache), 4}, 4);
+      char mtu[2] = {char('0' + peer_mtu), 0};
+      got_mtu = block({reinterpret_cast<uint8_t*>(mtu), 2}, 2);
+      PerftestKeys k = sample();
+      k.qpn = 0x77;
+      auto keys = as_perftest_writes(k);
+      got_keys = block(keys, kPerftestKeysSize);
+      for (int i = 0; i < 5; ++i) {
+        uint64_t v64 = i == 0 ? 65536 : i == 1 ? 5000 : std::bit_cast<uint64_t>(1234.5 * i);
+        uint8_t be[8];
+        for (int j = 0; j < 8; ++j) be[j] = uint8_t(v64 >> (56 - 8 * j));
+        auto r = block(be, 8);
+        uint64_t got = 0;
+        for (uint8_t x : r) got = got << 8 | x;
+        report.push_back(got);
+      }
+    });
+  }
+  ~FakePerftestServer() {
+    if (thread.joinable()) thread.join();
+  }
+  std::optional<TcpListener> listener;
+  std::thread thread;
+  std::vector<uint8_t> got_version, got_cycle, got_cache, got_mtu, got_keys;
+  std::vector<uint64_t> report;
+};
+
+TEST(PerftestChannel, ClientSpeaksPerftestsSequence) {
+  FakePerftestServer server("6.06");
+  auto ch = PerftestChannel::connect("127.0.0.1", server.listener->port(), kLong);
+  ASSERT_TRUE(ch) << error_of(ch);
+  EXPECT_TRUE(ch->client());
+  auto agreed = ch->hello(4096, 64, 5, kLong);
+  ASSERT_TRUE(agreed) << error_of(agreed);
+  EXPECT_EQ(ch->peer_version(), "6.06");
+  EXPECT_EQ(agreed->cycle_buffer, 8192u);  // the larger
+  EXPECT_EQ(agreed->cache_line, 64u);
+  EXPECT_EQ(agreed->mtu_enum, 3u);  // the smaller
+  auto keys = ch->swap_keys(sample(), kLong);
+  ASSERT_TRUE(keys) << error_of(keys);
+  EXPECT_EQ(keys->qpn, 0x77u);
+  auto rep = ch->swap_bw_report({.size = 8, .iters = 1000, .bw_peak = 1.5, .bw_avg = 2.5, .msg_rate_avg = 0.25}, kLong);
+  ASSERT_TRUE(rep) << error_of(rep);
+  EXPECT_EQ(rep->size, 65536u);
+  EXPECT_EQ(rep->iters, 5000u);
+  EXPECT_EQ(rep->bw_avg, 1234.5 * 3);
+  server.thread.join();
+  char version[17] = {};
+  std::memcpy(version, server.got_version.data(), 16);
+  EXPECT_STREQ(version, "6.06");
+  EXPECT_EQ(server.got_version, std::vector<uint8_t>({'6', '.', '0', '6', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(server.got_cycle, std::vector<uint8_t>({0, 0, 0x10, 0}));
+  EXPECT_EQ(server.got_cache, std::vector<uint8_t>({0, 0, 0, 64}));
+  EXPECT_EQ(server.got_mtu, std::vector<uint8_t>({'5', 0}));
+  auto sent = as_perftest_writes(sample());
+  EXPECT_EQ(server.got_keys, std::vector<uint8_t>(sent.begin(), sent.end()));
+  ASSERT_EQ(server.report.size(), 5u);
+  EXPECT_EQ(server.report[0], 8u);
+  EXPECT_EQ(server.report[1], 1000u);
+  EXPECT_EQ(std::bit_cast<double>(server.report[2]), 1.5);
+  EXPECT_EQ(std::bit_cast<double>(server.report[4]), 0.25);
+}
+
+TEST(PerftestChannel, RefusesOldPeers) {
+  FakePerftestServer server("5.60");
+  auto ch = PerftestChannel::connect("127.0.0.1", server.listener->port(), kLong);
+  ASSERT_TRUE(ch) << error_of(ch);
+  auto agreed = ch->hello(4096, 64, 3, kLong);
+  ASSERT_FALSE(agreed);
+  EXPECT_NE(agreed.error().message().find("perftest 5.60"), std::string::npos) << agreed.error().message();
+  EXPECT_NE(agreed.error().message().find("5.70 or later"), std::string::npos);
+}
+
+TEST(PerftestChannel, RefusesAPeerThatIsNotPerftest) {
+  auto l = TcpChannel::listen(0, "127.0.0.1");
+  ASSERT_TRUE(l);
+  std::thread peer([&] {
+    auto ch = l->accept(kLong);
+    if (!ch) return;
+    std::vector<uint8_t> in(16);
+    (void)ch->recv_exact(in, kLong);
+    (void)ch->send_all(std::string_view("UFAB1 10.0.0.1 0"), kLong);
+  });
+  auto ch = PerftestChannel::connect("127.0.0.1", l->port(), kLong);
+  ASSERT_TRUE(ch);
+  auto agreed = ch->hello(4096, 64, 3, kLong);
+  peer.join();
+  ASSERT_FALSE(agreed);
+  EXPECT_NE(agreed.error().message().find("not a NUL-terminated version"), std::string::npos)
+      << agreed.error().message();
+}
+
+TEST(PerftestChannel, ServerAndClientMeet) {
+  auto l = TcpChannel::listen(0, "127.0.0.1");
+  ASSERT_TRUE(l);
+  std::optional<Result<PerftestKeys>> server_saw;
+  std::thread server([&] {
+    auto ch = PerftestChannel::accept(*l, kLong);
+    ASSERT_TRUE(ch) << error_of(ch);
+    EXPECT_FALSE(ch->client());
+    auto a = ch->hello(4096, 64, 3, kLong);
+    ASSERT_TRUE(a) << error_of(a);
+    PerftestKeys k = sample();
+    k.qpn = 0x99;
+    server_saw = ch->swap_keys(k, kLong);
+    EXPECT_TRUE(ch->close(k, kLong));
+  });
+  auto ch = PerftestChannel::connect("127.0.0.1", l->port(), kLong);
+  ASSERT_TRUE(ch) << error_of(ch);
+  auto a = ch->hello(4096, 64, 3, kLong);
+  ASSERT_TRUE(a) << error_of(a);
+  auto k = ch->swap_keys(sample(), kLong);
+  ASSERT_TRUE(k) << error_of(k);
+  EXPECT_EQ(k->qpn, 0x99u);
+  EXPECT_TRUE(ch->close(sample(), kLong));
+  server.join();
+  ASSERT_TRUE(server_saw && *server_saw);
+  EXPECT_EQ((*server_saw)->qpn, 0x11u);
+}
+
+TEST(PerftestChannel, PeerClosingIsAnError) {
+  auto l = TcpChannel::listen(0, "127.0.0.1");
+  ASSERT_TRUE(l);
+  std::thread peer([&] {
+    auto ch = l->accept(kLong);  // accepts, then closes without a byte
+  });
+  auto ch = PerftestChannel::connect("127.0.0.1", l->port(), kLong);
+  ASSERT_TRUE(ch);
+  peer.join();
+  auto agreed = ch->hello(4096, 64, 3, kLong);
+  ASSERT_FALSE(agreed);
+  EXPECT_NE(agreed.error().message().find("closed the connection"), std::string::npos) << agreed.error().message();
+}
+
+TEST(PerftestChannel, SilentPeerTimesOut) {
+  auto l = TcpChannel::listen(0, "127.0.0.1");
+  ASSERT_TRUE(l);
+  std::optional<TcpChannel> held;
+  std::thread peer([&] {
+    auto ch = l->accept(kLong);
+    if (ch) held.emplace(std::move(*ch));
+  });
+  auto ch = PerftestChannel::connect("127.0.0.1", l->port(), kLong);
+  ASSERT_TRUE(ch);
+  peer.join();
+  auto t0 = std::chrono::steady_clock::now();
+  auto agreed = ch->hello(4096, 64, 3, 200ms);
+  ASSERT_FALSE(agreed);
+  EXPECT_EQ(agreed.error().code(), ETIMEDOUT);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+}  // namespace
+}  // namespace ufab::transport
