@@ -62,6 +62,19 @@ Result<std::unique_ptr<CompletionQueue>> Device::create_cq(uint32_t depth) {
   return std::unique_ptr<CompletionQueue>(new CompletionQueue(context_, *cq));
 }
 
+Status Device::start_progress_thread() {
+  if (context_->has_progress_thread()) return {};  // the device's own, or already started
+  if (auto s = context_->start_progress_thread(); !s) return s;
+  temporary_thread_ = true;
+  return {};
+}
+
+void Device::stop_progress_thread() {
+  if (!temporary_thread_) return;
+  temporary_thread_ = false;
+  context_->stop_progress_thread();
+}
+
 int Device::progress() {
   std::lock_guard lock(context_->mutex());
   return context_->progress_locked();

@@ -87,12 +87,20 @@ class Device {
   // work. Returns how many frames and timers it handled. poll/wait call it;
   // call it directly when waiting on something else.
   int progress();
+  // A progress thread for a while, e.g. while the application blocks in an
+  // out-of-band exchange and peers still need answers (ARP, ACKs, READ
+  // responses). Sleeps on the NIC's receive interrupt when idle. A no-op
+  // when DeviceOptions::progress_thread already runs one; stop only from
+  // the thread that started it.
+  Status start_progress_thread();
+  void stop_progress_thread();
 
   transport::Context& context() { return *context_; }
 
  private:
   explicit Device(std::shared_ptr<transport::Context> context);
   std::shared_ptr<transport::Context> context_;
+  bool temporary_thread_ = false;  // started by start_progress_thread()
 };
 
 class ProtectionDomain {

@@ -22,7 +22,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java g++ libgtest-dev libpci-dev pci.ids pciutils
   busybox-static cpio kmod xz-utils zstd jq iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils
   clang-16 libclang-rt-16-dev
-  tshark
+  tshark perftest ucx-utils
 )
 
 missing=()

@@ -249,6 +249,13 @@ Status Context::start_progress_thread() {
   return {};
 }
 
+void Context::stop_progress_thread() {
+  if (!thread_.joinable()) return;
+  stop_ = true;
+  thread_.join();
+  stop_ = false;
+}
+
 void Context::progress_thread_main() {
   int fd = link_->rx_event_fd();
   while (!stop_.load(std::memory_order_relaxed)) {

@@ -62,6 +62,9 @@ class Context {
   void wait_for_completion(CompletionQueueImpl& cq, Clock::time_point deadline);
 
   Status start_progress_thread();
+  // Joins the thread; polling drives progress again. Only from the thread
+  // that started it, with no other thread using the context.
+  void stop_progress_thread();
   bool has_progress_thread() const { return thread_.joinable(); }
 
   // For QPs (under the lock):

@@ -34,20 +34,14 @@ cases=${UFAB_INTEROP_CASES:-server client}
 repeat=${UFAB_INTEROP_REPEAT:-1}
 limit=150  # seconds for one side of one case; each ufab wait is --timeout 30 within it
 
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 w=$(mktemp -d)
 passed=0 failed=0
-say() { printf 'rxe_interop_guest: %s\n' "$*"; }
-pass() { passed=$((passed + 1)); echo "PASS $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL $*"; }
-finish() {
-  echo "rxe_interop_guest: $passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit
-}
-show() { # FILE LABEL
-  echo "--- $2"
-  sed 's/^/  | /' "$1" 2>/dev/null
-}
+prog=rxe_interop_guest
+# say, pass, fail, finish, show, wait_line, wait_listen, rxe_diag,
+# forget_neighbour, pin_neighbour, lossy, ...
+# shellcheck source=tests/vm/rxe_guest_lib.sh
+. "$here/rxe_guest_lib.sh"
 
 # ------------------------------------------------------------------ setup
 timeout 60 modprobe vfio-pci || { fail "modprobe vfio-pci"; finish; }
@@ -86,26 +80,6 @@ state=$(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null)
 mtu=$(ibv_devinfo -d rxe0 2>/dev/null | sed -n 's/^[[:space:]]*active_mtu:[[:space:]]*//p' | head -n1)
 pass "rxe0 on $ifname ($state, active MTU $mtu), GID index $idx = ::ffff:10.0.0.1; ufab on $ufab_bdf"
 
-# Waits (bounded) until FILE has a line matching PATTERN or PID is gone.
-wait_line() { # FILE PATTERN PID SECONDS
-  local k
-  for ((k = 0; k < $4 * 10; k++)); do
-    grep -q -- "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
-wait_listen() { # PID SECONDS: until something listens on TCP 18515
-  local k
-  for ((k = 0; k < $2 * 10; k++)); do
-    ss -ltn 2>/dev/null | grep -q ':18515 ' && return 0
-    kill -0 "$1" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
-
 # check NAME SIZE (after urc and rrc are set): both exited 0, each printed its address
 # lines naming the other's QPN and GID, and the two summary lines.
 check() {
@@ -143,26 +117,11 @@ check() {
   [ -s "$w/u.err" ] && show "$w/u.err" "ufab stderr"
   show "$w/r.out" "ibv_rc_pingpong stdout"
   [ -s "$w/r.err" ] && show "$w/r.err" "ibv_rc_pingpong stderr"
-  if [ "$ok" -ne 1 ]; then
-    echo "--- rxe counters"
-    for c in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
-      v=$(cat "$c" 2>/dev/null) && [ "$v" != 0 ] && echo "  | ${c##*/} $v"
-    done
-    echo "--- ip neigh show dev $ifname"
-    ip neigh show dev "$ifname" | sed 's/^/  | /'
-    echo "--- dmesg (last 15)"
-    dmesg | tail -n 15 | sed 's/^/  | /'
-  fi
+  [ "$ok" -eq 1 ] || rxe_diag
 }
 
-# Every case starts with the kernel not knowing ufab's MAC, so rxe's
-# modify_qp to RTR must resolve it by ARP (within 1 s, in the kernel's
-# rdma_addr_find_l2_eth_by_grh) while ufab is in the middle of the TCP
-# exchange: ufab must answer ARP then too.
-# Under netem the kernel's ARP request itself may be lost, and its 1 s would
-# run out: the lossy egress cases pin ufab's MAC instead (pinned=1).
-pinned=0
-forget_neighbour() { [ "$pinned" = 1 ] || ip neigh flush dev "$ifname" >/dev/null 2>&1; }
+# Every case starts with the kernel not knowing ufab's MAC (forget_neighbour
+# in rxe_guest_lib.sh says why).
 
 # ufab server on the vfio NIC, ibv_rc_pingpong client over 127.0.0.1.
 ufab_server() { # NAME SIZE
@@ -217,48 +176,19 @@ done
 # server's last message is the one packet nobody sends again (the client
 # has exited), so losing it fails any ping-pong, ibv_rc_pingpong's against
 # itself included. Towards the client, every loss is recovered by the
-# server's retransmission or a sequence NAK.
+# server's retransmission or a sequence NAK. The modes (lossy() in
+# rxe_guest_lib.sh):
 #   ingress      ufab server: 2% of ufab's SENDs dropped as rxe0's netdev
-#                receives them (tc ingress, gact netrand); ufab's ACKs are
-#                spared, see below
+#                receives them; ufab's ACKs are spared (the lib says why)
 #   ingress-all  the same with ufab's ACKs dropped too: rxe (6.12) then
-#                stalls now and then (a client QP that never sends again),
-#                so it is not in the default set
+#                stalls now and then, so it is not in the default set
 #   egress       ufab client: 2% of everything rxe0's netdev sends (netem)
-# Why ACKs are spared: when the ACK of a multi-packet message is lost, rxe
-# times out and sends the message again; ufab answers each duplicate packet
-# with an ACK of the last PSN it received (as rxe's responder does, C9-105).
-# The first such ACK moves rxe's comp.psn past the message while the WQE is
-# being resent (wqe_state_processing: rxe_comp.c COMPST_WRITE_SEND ->
-# UPDATE_COMP), the second completes the WQE (check_psn: "retried packet",
-# COMPST_COMP_ACK) under the requester's feet, and in the run that showed
-# it rxe's requester never sent again.
-lossy() { # MODE: off, ingress, ingress-all or egress
-  tc qdisc del dev "$ifname" root 2>/dev/null
-  tc qdisc del dev "$ifname" ingress 2>/dev/null
-  case $1 in
-    egress) tc qdisc add dev "$ifname" root netem loss 2% ;;
-    ingress)
-      # BTH opcode 0x11 (RC ACKNOWLEDGE) at IPv4 offset 28 (20-byte IPv4
-      # header, 8-byte UDP header): passed before the random drop.
-      tc qdisc add dev "$ifname" ingress &&
-        tc filter add dev "$ifname" ingress prio 1 protocol ip u32 match ip protocol 17 0xff \
-          match ip dport 4791 0xffff match u8 0x11 0xff at 28 action ok &&
-        tc filter add dev "$ifname" ingress prio 2 protocol ip matchall action gact pass random netrand drop 50 ;;
-    ingress-all)
-      tc qdisc add dev "$ifname" ingress &&
-        tc filter add dev "$ifname" ingress protocol ip matchall action gact pass random netrand drop 50 ;;
-    off) return 0 ;;
-  esac
-}
 case $run_loss in
   0) loss_modes= ;;
   1) loss_modes="ingress egress" ;;
   *) loss_modes=$run_loss ;;
 esac
-if [ -n "$loss_modes" ]; then
-  for m in sch_netem sch_ingress cls_matchall cls_u32 act_gact; do timeout 30 modprobe "$m" || say "modprobe $m failed"; done
-fi
+[ -z "$loss_modes" ] || lossy_modules
 for mode in $loss_modes; do
   case $mode in
     ingress|ingress-all)
@@ -275,8 +205,7 @@ for mode in $loss_modes; do
       fi
       ;;
     egress)
-      if ip neigh replace 10.0.0.2 lladdr "${UFAB_VM_NIC1_MAC:-52:54:00:00:00:01}" dev "$ifname" nud permanent &&
-        pinned=1 && lossy egress; then
+      if pin_neighbour && lossy egress; then
         for s in $sizes; do
           [ "$s" -ge 4096 ] || continue
           for ((k = 0; k < repeat; k++)); do
@@ -287,16 +216,29 @@ for mode in $loss_modes; do
       else
         fail "could not set up netem loss 2% on $ifname (sch_netem)"
       fi
-      if [ "$pinned" = 1 ]; then ip neigh del 10.0.0.2 dev "$ifname"; pinned=0; fi
+      unpin_neighbour
       ;;
     *) fail "UFAB_INTEROP_LOSS: unknown mode '$mode' (ingress, ingress-all, egress)" ;;
   esac
   lossy off
 done
 
+# perftest's tests against `ufab perf`, in this VM as it is now: its own
+# process, its PASS/FAIL lines counted here as the host suite counts them.
+# The `timeout` bounds it as a whole (each of its runs is bounded too), so
+# this script still ends with its count.
+if [ "${UFAB_PERFTEST:-1}" != 0 ]; then
+  mkdir -p "$w/perftest"
+  UFAB_BIN=$ufab RXE_GID_INDEX=$idx KERN_IF=$ifname W=$w/perftest \
+    timeout -k 10 "${UFAB_PERFTEST_TOTAL_LIMIT:-1200}" "$here/rxe_perftest_guest.sh" | tee "$w/perftest.log"
+  prc=${PIPESTATUS[0]}
+  n_pass=$(grep -c '^PASS ' "$w/perftest.log")
+  n_fail=$(grep -c '^FAIL ' "$w/perftest.log")
+  passed=$((passed + n_pass)) failed=$((failed + n_fail))
+  [ "$prc" -eq 0 ] || [ "$n_fail" -ne 0 ] || fail "rxe_perftest_guest.sh exited with $prc"
+fi
+
 echo "--- rxe0 hw_counters"
-for c in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
-  v=$(cat "$c" 2>/dev/null) && [ "$v" != 0 ] && echo "  | ${c##*/} $v"
-done
+rxe_counters
 rm -rf "$w"
 finish

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ struct Options {
   // Command options with values ("--count 1000" or "--count=1000"); repeated
   // options keep every value in order.
   std::map<std::string, std::vector<std::string>> values;
+  // Command options without a value ("-a", "--report_gbits").
+  std::set<std::string> flags;
 
   const std::string* value(const std::string& name) const {
     auto it = values.find(name);
@@ -46,5 +49,6 @@ int cmd_doctor(const Options& opts);
 int cmd_plugins(const Options& opts);
 int cmd_pktgen(const Options& opts);
 int cmd_pingpong(const Options& opts);
+int cmd_perf(const Options& opts);
 
 }  // namespace ufab::cli

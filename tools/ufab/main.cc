@@ -49,6 +49,29 @@ commands:
                        (default 30)
       --param K=V      driver parameter (repeatable), e.g. stale=reset
 
+  perf TEST DEVICE --ip A.B.C.D [SERVER_HOST]
+                       perftest's RC tests on port DEVICE, against perftest
+                       (ib_write_bw, ib_read_lat, ...: rdma_rxe, any RoCE
+                       NIC) or another ufab; server without SERVER_HOST.
+                       TEST: write-lat write-bw read-lat read-bw send-lat
+                       send-bw atomic-lat atomic-bw. Options as perftest's,
+                       with its defaults per test; give both sides the same:
+      -s, --size N[K|M] message size (lat 2, bw 65536, atomic 8)
+      -n, --iters N    iterations (1000; write-bw 5000)
+      -a, --all        every size from 2 to 8 MiB
+      -D, --duration S run S seconds (warm-up and tail S/4 each) instead
+      -q, --qps N      QPs (bandwidth tests)
+      -t, --tx-depth N requests in flight per QP (lat 1, bw 128)
+      -Q, --cq-mod N   a completion every N requests (bw: 100; 1 above 8 KiB)
+      -r, --rx-depth N receives posted (send tests, 512)
+      -I, --inline N   inline data up to N bytes (write-lat 220, send-lat 236)
+      -A, --atomic-type FETCH_AND_ADD|CMP_AND_SWAP
+      -m, --mtu N      path MTU (default: the port's; the smaller side wins)
+      -p, --port N     TCP port (18515)
+      -x, --gid-index 0  the port's one GID; -F is accepted and ignored
+      --report_gbits   Gb/s instead of MB/s (2^20 bytes)
+      --timeout S      bound on each wait (default 30); --param K=V
+
 options:
   --json               machine-readable output on stdout
   --force              (bind) bind even a NIC that is up with an address
@@ -64,23 +87,39 @@ exit status: 0 success, 1 failed or refused, 2 usage error.
 // Options that take a value, and the commands each belongs to.
 const std::map<std::string, std::set<std::string>> kValueOptions = {
     {"count", {"pktgen"}},
-    {"duration", {"pktgen"}},
-    {"size", {"pktgen", "pingpong"}},
+    {"duration", {"pktgen", "perf"}},
+    {"size", {"pktgen", "pingpong", "perf"}},
     {"burst", {"pktgen"}},
-    {"timeout", {"pktgen", "pingpong"}},
-    {"param", {"pktgen", "pingpong"}},
+    {"timeout", {"pktgen", "pingpong", "perf"}},
+    {"param", {"pktgen", "pingpong", "perf"}},
     {"verify", {"pktgen"}},
-    {"ip", {"pingpong"}},
-    {"port", {"pingpong"}},
-    {"iters", {"pingpong"}},
-    {"rx-depth", {"pingpong"}},
-    {"mtu", {"pingpong"}},
+    {"ip", {"pingpong", "perf"}},
+    {"port", {"pingpong", "perf"}},
+    {"iters", {"pingpong", "perf"}},
+    {"rx-depth", {"pingpong", "perf"}},
+    {"mtu", {"pingpong", "perf"}},
+    {"qps", {"perf"}},
+    {"tx-depth", {"perf"}},
+    {"cq-mod", {"perf"}},
+    {"inline", {"perf"}},
+    {"atomic-type", {"perf"}},
+    {"gid-index", {"perf"}},
 };
 
-// Short forms, as ibv_rc_pingpong spells them ("-s 64" or "-s64").
-const std::map<char, std::string> kShortOptions = {
-    {'p', "port"}, {'s', "size"}, {'n', "iters"}, {'r', "rx-depth"}, {'m', "mtu"},
+// Options without a value, and their commands.
+const std::map<std::string, std::set<std::string>> kFlagOptions = {
+    {"all", {"perf"}},
+    {"report_gbits", {"perf"}},
+    {"F", {"perf"}},  // perftest's "do not warn about the CPU frequency": nothing to do
 };
+
+// Short forms, as ibv_rc_pingpong and perftest spell them ("-s 64" or
+// "-s64").
+const std::map<char, std::string> kShortOptions = {
+    {'p', "port"}, {'s', "size"},     {'n', "iters"},     {'r', "rx-depth"}, {'m', "mtu"},       {'D', "duration"},
+    {'q', "qps"},  {'t', "tx-depth"}, {'Q', "cq-mod"},    {'I', "inline"},   {'A', "atomic-type"}, {'x', "gid-index"},
+};
+const std::map<char, std::string> kShortFlags = {{'a', "all"}, {'F', "F"}};
 
 std::string joined(const std::set<std::string>& commands) {
   std::string out;
@@ -149,6 +188,10 @@ int run(int argc, char** argv) {
       } else {
         return usage_error("option --" + name + " needs a value");
       }
+    } else if (a.size() > 2 && a.rfind("--", 0) == 0 && kFlagOptions.count(a.substr(2))) {
+      opts.flags.insert(a.substr(2));
+    } else if (a.size() == 2 && a[0] == '-' && kShortFlags.count(a[1])) {
+      opts.flags.insert(kShortFlags.at(a[1]));
     } else if (a.size() >= 2 && a[0] == '-' && a[1] != '-' && kShortOptions.count(a[1])) {
       const std::string& name = kShortOptions.at(a[1]);
       if (a.size() > 2) {
@@ -183,6 +226,7 @@ int run(int argc, char** argv) {
       {"pktgen", {cmd_pktgen, 2, 2, "ufab pktgen FROM TO [--count N|--duration S] [--size N|MIN-MAX]"}},
       {"pingpong",
        {cmd_pingpong, 1, 2, "ufab pingpong DEVICE --ip A.B.C.D [SERVER_HOST] [-p PORT] [-s SIZE] [-n ITERS]"}},
+      {"perf", {cmd_perf, 2, 3, "ufab perf TEST DEVICE --ip A.B.C.D [SERVER_HOST] [perftest options]"}},
   };
   auto it = commands.find(command);
   if (it == commands.end()) return usage_error("unknown command '" + command + "'");
@@ -191,6 +235,11 @@ int run(int argc, char** argv) {
     return usage_error(std::string("wrong number of arguments; usage: ") + spec.synopsis);
   }
   if (opts.force && command != "bind") return usage_error("--force applies only to `ufab bind`");
+  for (const auto& name : opts.flags) {
+    if (!kFlagOptions.at(name).count(command)) {
+      return usage_error("--" + name + " applies only to " + joined(kFlagOptions.at(name)));
+    }
+  }
   for (const auto& [name, values] : opts.values) {
     if (!kValueOptions.at(name).count(command)) {
       return usage_error("--" + name + " applies only to " + joined(kValueOptions.at(name)));
