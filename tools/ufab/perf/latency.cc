@@ -153,8 +153,11 @@ class LatencyTest {
     rdma::Sge rsge = s_.mr().sge(s_.remote_area(0) - static_cast<uint8_t*>(s_.mr().addr()), uint32_t(size_));
     while (more(scnt) || more(rcnt)) {
       if (more(rcnt) && !(scnt < 1 && !cfg_.server())) {
-        auto wc = s_.wait_completion(s_.recv_cq(), "the peer's SEND " + where(rcnt));
+        auto wc = s_.wait_completion(s_.recv_cq(), "the peer's SEND " + where(rcnt), [&] { return ended(); });
         if (!wc) return std::unexpected(wc.error());
+        if (!*wc) break;  // -D ended while waiting
+        // perftest's send-lat starts -D's clock at the first receive.
+        if (clock_ && rcnt == 0) clock_.emplace(cfg_.duration_s);
         ++rcnt;
         count_completion();
         if (clock_ || rcnt + cfg_.rx_depth <= iters) {

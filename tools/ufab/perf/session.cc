@@ -280,13 +280,16 @@ void Session::print_addresses(bool remote) const {
   }
 }
 
-Result<rdma::WorkCompletion> Session::wait_completion(rdma::CompletionQueue& cq, const std::string& what) {
+Result<std::optional<rdma::WorkCompletion>> Session::wait_completion(rdma::CompletionQueue& cq,
+                                                                     const std::string& what,
+                                                                     const std::function<bool()>& stop) {
   rdma::WorkCompletion wc;
   const int64_t deadline = now_ns() + int64_t(cfg_.timeout.count()) * 1'000'000;
   for (;;) {
     auto n = cq.poll({&wc, 1});
     if (!n) return std::unexpected(n.error().context(what));
     if (*n == 1) break;
+    if (stop && stop()) return std::nullopt;
     if (now_ns() > deadline) {
       return fail(ETIMEDOUT, "no completion for " + std::to_string(cfg_.timeout.count() / 1000) + " s while waiting for " +
                                  what + "; is the peer still running with the same test and options? (" +
@@ -298,7 +301,7 @@ Result<rdma::WorkCompletion> Session::wait_completion(rdma::CompletionQueue& cq,
                          std::to_string(int(wc.status)) + ") for " + what + (wc.error.empty() ? "" : ": " + wc.error) +
                          " (" + counters() + ")");
   }
-  return wc;
+  return std::optional(wc);
 }
 
 Status Session::wait_byte(const uint8_t* byte, uint8_t value, const std::string& what,

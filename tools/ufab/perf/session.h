@@ -122,7 +122,9 @@ class Session {
 
   // The next completion on `cq`, which must be a success. Bounded: no
   // completion for cfg.timeout is an error that says what we waited for.
-  Result<rdma::WorkCompletion> wait_completion(rdma::CompletionQueue& cq, const std::string& what);
+  // With `stop`: nullopt once stop() is true (-D's end) and none came.
+  Result<std::optional<rdma::WorkCompletion>> wait_completion(rdma::CompletionQueue& cq, const std::string& what,
+                                                              const std::function<bool()>& stop = nullptr);
   // Drives progress until *byte == value (write-lat's arrival check) or,
   // with `stop`, until stop() is true. Bounded like wait_completion.
   Status wait_byte(const uint8_t* byte, uint8_t value, const std::string& what,

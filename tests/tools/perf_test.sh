@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Runs `ufab perf` against itself over a software NIC link (swnic:pfPID:0
+# server at 10.0.0.1, swnic:pfPID:1 client at 10.0.0.2, the TCP exchange on
+# 127.0.0.1 on a port the server picks with -p 0): all eight tests, -a,
+# several QPs, -D, loss, --json; then the errors: bad options, a client
+# without a server, mismatched tests on the two sides, and (with python3) a
+# peer that is not perftest. The rxe/perftest interop runs in the VM suite
+# rxe_interop (tests/vm/rxe_perftest_guest.sh).
+#
+# `bazel test //tests/tools:perf_test`, or from the repository root after
+# `bazel build //tools/ufab`:
+#   tests/tools/perf_test.sh [PATH_TO_UFAB]
+set -uo pipefail
+
+bin=${1:-}
+if [ -z "$bin" ]; then
+  for candidate in tools/ufab/ufab bazel-bin/tools/ufab/ufab; do
+    if [ -x "$candidate" ]; then bin=$candidate; break; fi
+  done
+fi
+if [ ! -x "$bin" ]; then
+  echo "perf_test: no ufab binary (bazel build //tools/ufab)"
+  exit 1
+fi
+
+dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/perf_test.XXXXXX")
+link=pf$$
+server_pid=
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; fi
+  rm -rf "$dir"
+  rm -f "/dev/shm/ufab-swnic-$link"*
+}
+trap cleanup EXIT
+
+passed=0 failed=0
+pass() { passed=$((passed + 1)); echo "PASS $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL $*"; }
+show() { for f in "$@"; do echo "--- $f"; sed 's/^/  | /' "$dir/$f" 2>/dev/null | tail -n 25; done; }
+
+start_server() {
+  rm -f "$dir/server.out" "$dir/server.err"
+  timeout 120 "$bin" "$@" >"$dir/server.out" 2>"$dir/server.err" &
+  server_pid=$!
+  port=
+  for _ in $(seq 200); do
+    port=$(sed -n 's/.*waiting for a client on TCP port \([0-9][0-9]*\).*/\1/p' "$dir/server.err")
+    if [ -n "$port" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
+    sleep 0.05
+  done
+  [ -n "$port" ]
+}
+wait_server() {
+  wait "$server_pid"
+  server_rc=$?
+  server_pid=
+}
+
+# run NAME "SERVER OPTS" "CLIENT OPTS": both sides with --json; sets
+# server_rc, client_rc; the JSON objects are in server.out / client.out.
+run() {
+  local name=$1 sopts=$2 copts=$3
+  if ! start_server perf $sopts "swnic:$link$name:0" --ip 10.0.0.1 -p 0 --json --timeout 20; then
+    fail "$name: the server did not start listening"; show server.err; return 1
+  fi
+  # shellcheck disable=SC2086
+  timeout 120 "$bin" perf $copts "swnic:$link$name:1" --ip 10.0.0.2 -p "$port" --json --timeout 20 127.0.0.1 \
+    >"$dir/client.out" 2>"$dir/client.err"
+  client_rc=$?
+  wait_server
+  rm -f "/dev/shm/ufab-swnic-$link$name"
+}
+jq_ok() { jq -e "$1" "$dir/$2" >/dev/null 2>&1; }
+
+# -------------------------------------------------------------- the tests
+# TEST|OPTS|EXPECTED_SIZE|EXPECTED_ITERS (as the client reports them)
+while IFS='|' read -r test opts size iters; do
+  name="$test $opts"
+  run "${test//-/}" "$test $opts" "$test $opts"
+  why=()
+  [ "$server_rc" -eq 0 ] || why+=("server exited $server_rc")
+  [ "$client_rc" -eq 0 ] || why+=("client exited $client_rc")
+  jq_ok ".ok == true and .test == \"$test\" and .role == \"client\"" client.out || why+=("client JSON")
+  jq_ok ".ok == true and .role == \"server\"" server.out || why+=("server JSON")
+  jq_ok ".results[-1].size == $size and .results[-1].iters == $iters" client.out ||
+    why+=("client reports $(jq -c '[.results[-1].size, .results[-1].iters]' "$dir/client.out" 2>/dev/null), expected [$size,$iters]")
+  jq_ok ".transport.rx_parse_errors == 0" client.out || why+=("client counted parse errors")
+  case $test in
+    *-lat) jq_ok ".results[-1].t_typical_usec > 0 and .results[-1].t_min_usec <= .results[-1].t_typical_usec" client.out ||
+      why+=("latency figures") ;;
+    *-bw) jq_ok ".results[-1].bw_avg > 0 and .results[-1].msg_rate_mpps > 0" client.out || why+=("bandwidth figures")
+      # write/read/atomic: the server prints the client's report, received over TCP.
+      case $test in send-bw) ;; *)
+        jq_ok ".results[-1].bw_avg == $(jq '.results[-1].bw_avg' "$dir/client.out" 2>/dev/null || echo -1)" server.out ||
+          why+=("the server's copy of the client's report differs") ;;
+      esac ;;
+  esac
+  if [ ${#why[@]} -eq 0 ]; then pass "$name: both sides OK"; else fail "$name: ${why[*]}"; show server.err client.err client.out; fi
+done <<'EOF'
+write-lat|-n 200|2|200
+write-lat|-s 5000 -n 50|5000|50
+send-lat|-n 200|2|200
+send-lat|-s 3000 -n 50|3000|50
+read-lat|-s 64K -n 50|65536|50
+atomic-lat|-n 200|8|200
+atomic-lat|-A CMP_AND_SWAP -n 100|8|100
+write-bw|-n 500|65536|500
+write-bw|-s 64 -n 1000|64|1000
+write-bw|-q 3 -s 1024 -n 300|1024|900
+read-bw|-s 4096 -n 300|4096|300
+send-bw|-s 1M -n 20|1048576|20
+send-bw|-q 2 -s 256 -n 200|256|400
+atomic-bw|-n 500|8|500
+EOF
+
+# -a: one line per size, 2 .. 8 MiB.
+run alllat "write-lat -a -n 5" "write-lat -a -n 5"
+if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] &&
+  jq_ok '[.results[].size] == [range(1;24) | pow(2;.)]' client.out; then
+  pass "write-lat -a: 23 sizes, 2 B to 8 MiB"
+else fail "write-lat -a (server $server_rc client $client_rc)"; show client.err client.out; fi
+run allsend "send-bw -a -n 5" "send-bw -a -n 5"
+if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && jq_ok '(.results | length) == 23' client.out &&
+  jq_ok '(.results | length) == 23' server.out; then
+  pass "send-bw -a: both sides measured 23 sizes"
+else fail "send-bw -a (server $server_rc client $client_rc)"; show client.err server.err; fi
+
+# -D: by time; perftest's counts are those of the sample window.
+run dur "write-bw -D 3 -s 4096" "write-bw -D 3 -s 4096"
+if [ "$client_rc" -eq 0 ] && jq_ok '.duration_s == 3 and .results[0].iters > 0 and (.results[0] | has("bw_peak") | not)' client.out; then
+  pass "write-bw -D 3: $(jq '.results[0].iters' "$dir/client.out") messages in the sample"
+else fail "write-bw -D 3 (server $server_rc client $client_rc)"; show client.err client.out; fi
+run durlat "send-lat -D 3" "send-lat -D 3"
+if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && jq_ok '.results[0].iters > 0 and .results[0].tps > 0' client.out; then
+  pass "send-lat -D 3: $(jq '.results[0].iters' "$dir/client.out") round trips"
+else fail "send-lat -D 3 (server $server_rc client $client_rc)"; show client.err server.err client.out; fi
+
+# Loss: 3% of frames dropped each way; the transport retransmits.
+run loss "write-bw -s 16K -n 300 --param loss=0.03 --param seed=7" "write-bw -s 16K -n 300 --param loss=0.03 --param seed=9"
+if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && jq_ok '.transport.retransmits > 0' client.out; then
+  pass "write-bw with 3% loss: complete, $(jq '.transport.retransmits' "$dir/client.out") retransmissions"
+else fail "write-bw with loss (server $server_rc client $client_rc)"; show client.err server.err; fi
+
+# perftest's text output (no --json): the table perftest prints.
+start_server perf read-lat "swnic:${link}txt:0" --ip 10.0.0.1 -p 0
+timeout 60 "$bin" perf read-lat "swnic:${link}txt:1" --ip 10.0.0.2 -p "$port" -n 100 127.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
+client_rc=$?
+wait_server
+if [ "$client_rc" -eq 0 ] && grep -q '^                    RDMA_Read Latency Test$' "$dir/client.out" &&
+  grep -q '^ #bytes #iterations    t_min\[usec\]' "$dir/client.out" &&
+  grep -Eq '^ 2       100 +[0-9.]+ ' "$dir/client.out" &&
+  grep -Eq '^ local address: LID 0000 QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]+ OUT 0x10 RKey 0x[0-9a-f]+ VAddr 0x[0-9a-f]{14}$' "$dir/client.out" &&
+  grep -q '^ GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:00:00:02$' "$dir/client.out" &&
+  grep -q 'Waiting for client to connect' "$dir/server.out"; then
+  pass "text output in perftest's format"
+else fail "text output (client $client_rc)"; show client.out client.err server.out; fi
+
+# ------------------------------------------------------------------ errors
+expect_usage() { # DESCRIPTION EXPECTED_TEXT ARGS...
+  local what=$1 text=$2
+  shift 2
+  timeout 10 "$bin" "$@" >"$dir/e.out" 2>"$dir/e.err"
+  local rc=$?
+  if [ "$rc" -eq 2 ] && grep -q -- "$text" "$dir/e.err"; then pass "usage error: $what"
+  else fail "usage error: $what (exit $rc)"; show e.err; fi
+}
+expect_usage "unknown test" "unknown test 'write-latency'" perf write-latency swnic:x:0 --ip 10.0.0.1
+expect_usage "missing --ip" "--ip A.B.C.D is required" perf write-lat swnic:x:0
+expect_usage "-x other than 0" "one GID, index 0" perf write-lat swnic:x:0 --ip 10.0.0.1 -x 3
+expect_usage "-q on a latency test" "multiple QPs only in the bandwidth tests" perf send-lat swnic:x:0 --ip 10.0.0.1 -q 2
+expect_usage "-s on an atomic test" "cannot be changed" perf atomic-bw swnic:x:0 --ip 10.0.0.1 -s 16
+expect_usage "-a with -D" "duration mode runs one size" perf write-bw swnic:x:0 --ip 10.0.0.1 -a -D 5
+expect_usage "-n below perftest's 5" "--iters 2" perf write-bw swnic:x:0 --ip 10.0.0.1 -n 2
+expect_usage "bad -A" "expected CMP_AND_SWAP or FETCH_AND_ADD" perf atomic-lat swnic:x:0 --ip 10.0.0.1 -A SWAP
+expect_usage "-a on pingpong" "applies only to" pingpong swnic:x:0 --ip 10.0.0.1 -a
+
+# A client with no server: bounded by --timeout, says what it tried.
+timeout 20 "$bin" perf write-bw "swnic:${link}ns:1" --ip 10.0.0.2 -p 1 --timeout 2 127.0.0.1 >"$dir/e.out" 2>"$dir/e.err"
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q '127.0.0.1:1' "$dir/e.err"; then pass "no server: exit 1 naming 127.0.0.1:1"
+else fail "no server (exit $rc)"; show e.err; fi
+
+# The two sides run different tests (write-lat against read-lat): the
+# server's QP refuses the READs (no REMOTE_READ), both fail with the reason.
+start_server perf write-lat "swnic:${link}mm:0" --ip 10.0.0.1 -p 0 --timeout 3
+timeout 60 "$bin" perf read-lat "swnic:${link}mm:1" --ip 10.0.0.2 -p "$port" --timeout 3 -n 20 127.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
+client_rc=$?
+wait_server
+if [ "$server_rc" -eq 1 ] && [ "$client_rc" -eq 1 ] && grep -q "without REMOTE_READ access" "$dir/server.err" &&
+  grep -q "RDMA_READ NAKed" "$dir/client.err"; then
+  pass "mismatched tests: both sides fail and say why"
+else fail "mismatched tests (server $server_rc client $client_rc)"; show server.err client.err; fi
+
+# A peer that is not perftest (python3: speaks something else on the port).
+if command -v python3 >/dev/null; then
+  python3 - "$dir/fake.port" <<'PY' &
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+open(sys.argv[1], "w").write(str(s.getsockname()[1]))
+c, _ = s.accept(); c.recv(16); c.sendall(b"HTTP/1.1 400 Bad\r\n"); c.close()
+PY
+  fake=$!
+  for _ in $(seq 100); do [ -s "$dir/fake.port" ] && break; sleep 0.05; done
+  timeout 20 "$bin" perf write-lat "swnic:${link}fk:1" --ip 10.0.0.2 -p "$(cat "$dir/fake.port")" --timeout 5 127.0.0.1 \
+    >"$dir/e.out" 2>"$dir/e.err"
+  rc=$?
+  wait "$fake"
+  if [ "$rc" -eq 1 ] && grep -q "perftest" "$dir/e.err"; then pass "a peer that is not perftest: exit 1, says so"
+  else fail "not-perftest peer (exit $rc)"; show e.err; fi
+fi
+
+echo "perf_test: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
