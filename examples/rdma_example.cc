@@ -1,7 +1,7 @@
 // rdma_example: a complete program over ufab's RDMA API (api/rdma.h). Two
 // processes, each on its own NIC port, connect one RC queue pair; the client
-// then runs SEND, RDMA WRITE, RDMA READ, FETCH_AND_ADD and CMP_AND_SWP
-// against the server's memory and checks every result.
+// then runs SEND, RDMA WRITE, RDMA READ, RDMA WRITE_WITH_IMM, FETCH_AND_ADD
+// and CMP_AND_SWP against the server's memory and checks every result.
 //
 //   rdma_example --device swnic:demo:0 --ip 10.0.0.1 --listen 18515
 //   rdma_example --device swnic:demo:1 --ip 10.0.0.2 --connect 127.0.0.1:18515
@@ -33,8 +33,8 @@ constexpr const char* kUsage = R"(usage: rdma_example --device SPEC --ip A.B.C.D
        rdma_example --device SPEC --ip A.B.C.D --connect HOST:PORT   (client)
 
 Connects one RC queue pair between two ufab ports and runs SEND/RECV,
-RDMA_WRITE, RDMA_READ, FETCH_AND_ADD and CMP_AND_SWP, checking each.
-The queue-pair data is exchanged over TCP.
+RDMA_WRITE, RDMA_READ, RDMA_WRITE_WITH_IMM, FETCH_AND_ADD and CMP_AND_SWP,
+checking each. The queue-pair data is exchanged over TCP.
 
 options:
   --device SPEC      the port: a PCI address bound to vfio-pci (0000:01:00.0)
@@ -58,15 +58,21 @@ struct Buffer {
   uint64_t fetched;     // where our atomics put the value they replaced
   char message[64];     // SEND / RECV
   uint8_t data[16384];  // RDMA WRITE / READ: 16 packets at the 1024-byte path MTU
+  // RDMA WRITE_WITH_IMM: 4 packets and a last one of 3 bytes, which
+  // carries the immediate and a pad byte.
+  uint8_t data_with_imm[4099];
 };
 
 constexpr uint64_t kInitialCounter = 1000;  // the server's counter before the client's atomics
 constexpr uint64_t kSwapped = 2000;         // what CMP_AND_SWP stores
 constexpr std::string_view kHello = "hello from the rdma_example client";
+constexpr uint32_t kImm = 0x1a2b3c4d;  // RDMA_WRITE_WITH_IMM's immediate: 4 different bytes show their order
 
 // Content that differs at every offset of a packet-sized stride, so a packet
 // that lands in the wrong place cannot go unnoticed.
 uint8_t pattern(size_t i) { return static_cast<uint8_t>((static_cast<uint32_t>(i) * 2654435761u) >> 24); }
+// RDMA_WRITE_WITH_IMM's content, unlike the RDMA_WRITE's at every offset.
+uint8_t imm_pattern(size_t i) { return static_cast<uint8_t>(~pattern(i)); }
 
 struct Options {
   std::string device;
@@ -139,7 +145,7 @@ std::string dotted(uint32_t ip) {  // host order, as ConnectionData holds it
          std::to_string(ip & 255);
 }
 
-// The client's five operations against the server's buffer, which `peer`
+// The client's six operations against the server's buffer, which `peer`
 // describes (its address and rkey travelled in the TCP exchange).
 Status run_client_steps(rdma::QueuePair& qp, rdma::CompletionQueue& cq, Buffer& buf, const rdma::MemoryRegion& mr,
                         const rdma::ConnectionData& peer, milliseconds timeout, Steps& steps) {
@@ -191,11 +197,26 @@ Status run_client_steps(rdma::QueuePair& qp, rdma::CompletionQueue& cq, Buffer& 
   }
   steps.ok("RDMA_READ of " + std::to_string(read_wc->byte_len) + " bytes back, all equal to what was written");
 
+  // RDMA WRITE_WITH_IMM: a WRITE whose last packet also carries a 32-bit
+  // immediate, which consumes one of the server's receives and tells its
+  // CPU, with a completion, that the data is there.
+  for (size_t i = 0; i < sizeof buf.data_with_imm; ++i) buf.data_with_imm[i] = imm_pattern(i);
+  rdma::Sge imm_sge = sge_of(buf.data_with_imm, sizeof buf.data_with_imm);
+  rdma::SendWr write_imm;
+  write_imm.wr_id = 4;
+  write_imm.opcode = rdma::WrOpcode::kRdmaWriteWithImm;
+  write_imm.sgl = {&imm_sge, 1};
+  write_imm.remote_addr = peer.addr + offsetof(Buffer, data_with_imm);
+  write_imm.rkey = peer.rkey;
+  write_imm.imm_data = kImm;
+  if (auto wc = execute(qp, cq, write_imm, timeout); !wc) return failed("RDMA_WRITE_WITH_IMM", wc.error());
+  steps.ok("RDMA_WRITE_WITH_IMM of " + std::to_string(sizeof buf.data_with_imm) + " bytes, immediate " + hex(kImm));
+
   // Atomics operate on 8 aligned bytes of the peer's memory and return the
   // value they found into an 8-byte SGE of ours.
   rdma::Sge fetched_sge = sge_of(&buf.fetched, sizeof buf.fetched);
   rdma::SendWr add;
-  add.wr_id = 4;
+  add.wr_id = 5;
   add.opcode = rdma::WrOpcode::kAtomicFetchAndAdd;
   add.sgl = {&fetched_sge, 1};
   add.remote_addr = remote_counter;
@@ -211,7 +232,7 @@ Status run_client_steps(rdma::QueuePair& qp, rdma::CompletionQueue& cq, Buffer& 
   // CMP_AND_SWP stores `swap` only if the counter still equals
   // `compare_add`; the value returned tells whether it did.
   rdma::SendWr cas = add;
-  cas.wr_id = 5;
+  cas.wr_id = 6;
   cas.opcode = rdma::WrOpcode::kAtomicCmpAndSwp;
   cas.compare_add = kInitialCounter + 1;
   cas.swap = kSwapped;
@@ -224,8 +245,9 @@ Status run_client_steps(rdma::QueuePair& qp, rdma::CompletionQueue& cq, Buffer& 
   return {};
 }
 
-// The server's side: it receives the SEND, then waits for the client to say
-// it is done and checks what the one-sided operations left in its memory.
+// The server's side: it receives the SEND and the WRITE_WITH_IMM's
+// immediate, then waits for the client to say it is done and checks what
+// the one-sided operations left in its memory.
 Status run_server_steps(rdma::CompletionQueue& cq, const Buffer& buf, transport::TcpChannel& channel,
                         milliseconds timeout, Steps& steps) {
   auto wc = next_completion(cq, timeout);
@@ -236,6 +258,29 @@ Status run_server_steps(rdma::CompletionQueue& cq, const Buffer& buf, transport:
         Error(EIO, "received \"" + std::string(got) + "\", expected \"" + std::string(kHello) + "\""));
   }
   steps.ok("RECV of " + std::to_string(wc->byte_len) + " bytes: \"" + std::string(got) + "\"");
+
+  // The WRITE_WITH_IMM's immediate takes the second receive. Its completion
+  // says the whole write has landed, so the data can be checked now.
+  wc = next_completion(cq, timeout);
+  if (!wc) return failed("receiving the RDMA_WRITE_WITH_IMM", wc.error());
+  if (wc->opcode != rdma::WcOpcode::kRecvRdmaWithImm || !(wc->wc_flags & rdma::kWcWithImm)) {
+    return std::unexpected(Error(EIO, std::string("RDMA_WRITE_WITH_IMM: a ") + rdma::wc_opcode_name(wc->opcode) +
+                                          " completion with wc_flags " + hex(wc->wc_flags) +
+                                          ", expected RECV_RDMA_WITH_IMM with kWcWithImm"));
+  }
+  if (wc->imm_data != kImm || wc->byte_len != sizeof buf.data_with_imm) {
+    return std::unexpected(Error(EIO, "RDMA_WRITE_WITH_IMM: immediate " + hex(wc->imm_data) + " and length " +
+                                          std::to_string(wc->byte_len) + ", expected " + hex(kImm) + " and " +
+                                          std::to_string(sizeof buf.data_with_imm)));
+  }
+  for (size_t i = 0; i < sizeof buf.data_with_imm; ++i) {
+    if (buf.data_with_imm[i] != imm_pattern(i)) {
+      return std::unexpected(Error(EIO, "RDMA_WRITE_WITH_IMM: byte " + std::to_string(i) + " is " +
+                                            hex(buf.data_with_imm[i]) + ", expected " + hex(imm_pattern(i))));
+    }
+  }
+  steps.ok("RECV_RDMA_WITH_IMM: immediate " + hex(wc->imm_data) + ", the " + std::to_string(wc->byte_len) +
+           " bytes written are in our buffer");
 
   // WRITE, READ and the atomics leave no completion here, so the client
   // tells us over TCP when they have completed at its end. Meanwhile the
@@ -261,7 +306,7 @@ Status run_server_steps(rdma::CompletionQueue& cq, const Buffer& buf, transport:
 }
 
 Status run(const Options& opt) {
-  Steps steps(opt.server ? 4 : 6);
+  Steps steps(opt.server ? 5 : 7);
 
   // A progress thread answers the peer (ACKs, READ responses, atomics) even
   // while this thread blocks in TCP calls; without one, progress happens
@@ -344,6 +389,9 @@ Status run(const Options& opt) {
     if (auto posted = (*qp)->post_recv({.wr_id = 100, .sgl = {&recv_sge, 1}}); !posted) {
       return failed("posting a receive", posted.error());
     }
+    // The WRITE_WITH_IMM's immediate needs a receive too, but no buffer:
+    // its data goes where the client points.
+    if (auto posted = (*qp)->post_recv({.wr_id = 101}); !posted) return failed("posting a receive", posted.error());
     if (auto sent = channel->send_all(*line, opt.timeout); !sent) return failed("answering the client", sent.error());
   }
   steps.ok("QP " + hex((*qp)->qp_num()) + " connected to QP " + hex(peer.qpn) + " at " + dotted(peer.ip) +

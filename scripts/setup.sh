@@ -19,7 +19,7 @@ if [ "${VERSION_CODENAME:-}" != "bookworm" ]; then
 fi
 
 PACKAGES=(
-  bazel-bootstrap bazel-rules-java g++ libgtest-dev libpci-dev pci.ids pciutils
+  bazel-bootstrap bazel-rules-java g++ libgtest-dev libpci-dev libibverbs-dev pci.ids pciutils
   busybox-static cpio kmod xz-utils zstd jq iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils
   clang-16 libclang-rt-16-dev
   tshark perftest ucx-utils

@@ -69,9 +69,9 @@ for side in server client; do
   echo "--- $side"
   cat "$dir/$side" 2>/dev/null
 done
-[ "$(tail -n1 "$dir/server")" = "rdma_example: all 4 steps OK" ] || fail "the server's last line is not 'all 4 steps OK'"
-[ -f "$dir/client" ] && [ "$(tail -n1 "$dir/client")" = "rdma_example: all 6 steps OK" ] ||
-  fail "the client's last line is not 'all 6 steps OK'"
+[ "$(tail -n1 "$dir/server")" = "rdma_example: all 5 steps OK" ] || fail "the server's last line is not 'all 5 steps OK'"
+[ -f "$dir/client" ] && [ "$(tail -n1 "$dir/client")" = "rdma_example: all 7 steps OK" ] ||
+  fail "the client's last line is not 'all 7 steps OK'"
 
 if [ "$failures" -ne 0 ]; then
   echo "rdma_example_test: $failures failed"
