@@ -180,14 +180,17 @@ rc=$?
 if [ "$rc" -eq 1 ] && grep -q '127.0.0.1:1' "$dir/e.err"; then pass "no server: exit 1 naming 127.0.0.1:1"
 else fail "no server (exit $rc)"; show e.err; fi
 
-# The two sides run different tests (write-lat against read-lat): the
-# server's QP refuses the READs (no REMOTE_READ), both fail with the reason.
+# The two sides run different tests (write-lat against read-lat): each QP
+# refuses the other's requests (no REMOTE_READ, no REMOTE_WRITE), both fail
+# with the reason.
 start_server perf write-lat "swnic:${link}mm:0" --ip 10.0.0.1 -p 0 --timeout 3
 timeout 60 "$bin" perf read-lat "swnic:${link}mm:1" --ip 10.0.0.2 -p "$port" --timeout 3 -n 20 127.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
 client_rc=$?
 wait_server
-if [ "$server_rc" -eq 1 ] && [ "$client_rc" -eq 1 ] && grep -q "without REMOTE_READ access" "$dir/server.err" &&
-  grep -q "RDMA_READ NAKed" "$dir/client.err"; then
+# Whichever request arrives first is refused; its sender sees the NAK.
+if [ "$server_rc" -eq 1 ] && [ "$client_rc" -eq 1 ] &&
+  grep -q "without REMOTE_\(READ\|WRITE\) access" "$dir/server.err" "$dir/client.err" &&
+  grep -q "NAKed by 10.0.0.[12]: invalid request" "$dir/server.err" "$dir/client.err"; then
   pass "mismatched tests: both sides fail and say why"
 else fail "mismatched tests (server $server_rc client $client_rc)"; show server.err client.err; fi
 

@@ -143,10 +143,10 @@ class BandwidthTest {
   // The send-bw server's receives for one size: rx_depth per QP.
   Status post_receives(uint64_t size) {
     for (uint32_t q = 0; q < cfg_.qps; ++q) {
-      for (uint32_t i = 0; i < std::min<uint64_t>(cfg_.rx_depth, cfg_.duration_s ? cfg_.rx_depth : cfg_.iters + 1); ++i) {
+      for (uint32_t i = 0; i < cfg_.rx_depth; ++i) {
         if (auto r = post_receive(q, size); !r) return r;
       }
-      posted_[q] = std::min<uint64_t>(cfg_.rx_depth, cfg_.iters + 1);
+      posted_[q] = cfg_.rx_depth;
     }
     return {};
   }

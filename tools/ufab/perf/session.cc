@@ -134,6 +134,13 @@ Status Session::open_channel() {
     auto agreed = channel_->hello(kCycleBuffer, kCacheLine, mtu_enum(mtu), cfg_.timeout);
     if (!agreed) return std::unexpected(agreed.error());
     path_mtu_ = 128u << agreed->mtu_enum;
+    // perftest walks its requests through the larger of the two page sizes
+    // from our vaddr; our areas are sized for 4 KiB pages.
+    if (agreed->cycle_buffer > area_) {
+      return fail(ENOTSUP, "the peer's cycle buffer (page size) is " + std::to_string(agreed->cycle_buffer) +
+                               " bytes; ufab perf sizes its buffer for " + std::to_string(kCycleBuffer) +
+                               "-byte pages: use -s " + std::to_string(agreed->cycle_buffer) + " or more");
+    }
     return {};
   });
 }
