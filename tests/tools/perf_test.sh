@@ -187,10 +187,10 @@ start_server perf write-lat "swnic:${link}mm:0" --ip 10.0.0.1 -p 0 --timeout 3
 timeout 60 "$bin" perf read-lat "swnic:${link}mm:1" --ip 10.0.0.2 -p "$port" --timeout 3 -n 20 127.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
 client_rc=$?
 wait_server
-# Whichever request arrives first is refused; its sender sees the NAK.
+# Whichever request arrives first is refused (its sender may see the NAK,
+# or its own QP in ERROR first).
 if [ "$server_rc" -eq 1 ] && [ "$client_rc" -eq 1 ] &&
-  grep -q "without REMOTE_\(READ\|WRITE\) access" "$dir/server.err" "$dir/client.err" &&
-  grep -q "NAKed by 10.0.0.[12]: invalid request" "$dir/server.err" "$dir/client.err"; then
+  grep -q "without REMOTE_\(READ\|WRITE\) access" "$dir/server.err" "$dir/client.err"; then
   pass "mismatched tests: both sides fail and say why"
 else fail "mismatched tests (server $server_rc client $client_rc)"; show server.err client.err; fi
 
