@@ -4,7 +4,7 @@
 # failed=0` before pass and fail, and `ifname` (the kernel interface under
 # rxe0, 10.0.0.1) before forget_neighbour, pin_neighbour, lossy and
 # rxe_diag. ufab is 10.0.0.2 on NIC 1.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154  # prog, ifname: the sourcing script's
 
 say() { printf '%s: %s\n' "$prog" "$*"; }
 pass() { passed=$((passed + 1)); echo "PASS $*"; }
@@ -19,24 +19,24 @@ show() { # FILE LABEL
   sed 's/^/  | /' "$1" 2>/dev/null
 }
 
-# Waits (bounded) until FILE has a line matching PATTERN or PID is gone.
+# Waits until FILE has a line matching PATTERN, or PID is gone, or SECONDS
+# have passed (by the clock: under TCG a poll round takes far longer than
+# its 0.1 s of sleep).
 wait_line() { # FILE PATTERN PID SECONDS
-  local k
-  for ((k = 0; k < $4 * 10; k++)); do
+  local end=$((SECONDS + $4))
+  while :; do
     grep -q -- "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || return 1
+    kill -0 "$3" 2>/dev/null && [ "$SECONDS" -lt "$end" ] || return 1
     sleep 0.1
   done
-  return 1
 }
-wait_listen() { # PID SECONDS [PORT]: until something listens on TCP PORT (default 18515), or PID is gone
-  local k port=${3:-18515}
-  for ((k = 0; k < $2 * 10; k++)); do
-    ss -ltn 2>/dev/null | grep -q ":$port " && return 0
-    kill -0 "$1" 2>/dev/null || return 1
+wait_listen() { # PID SECONDS [PORT]: until something listens on TCP PORT (default 18515), or as wait_line
+  local end=$((SECONDS + $2)) port=${3:-18515}
+  while :; do
+    [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ] && return 0
+    kill -0 "$1" 2>/dev/null && [ "$SECONDS" -lt "$end" ] || return 1
     sleep 0.1
   done
-  return 1
 }
 
 rxe_counters() { # rxe0's non-zero hw_counters, one "  | name value" line each
@@ -51,6 +51,8 @@ rxe_diag() {
   rxe_counters
   echo "--- ip neigh show dev $ifname"
   ip neigh show dev "$ifname" | sed 's/^/  | /'
+  echo "--- dmesg: errors and warnings (last 10)"
+  dmesg --level=emerg,alert,crit,err,warn 2>/dev/null | tail -n 10 | sed 's/^/  | /'
   echo "--- dmesg (last 15)"
   dmesg | tail -n 15 | sed 's/^/  | /'
 }

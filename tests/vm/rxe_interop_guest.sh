@@ -9,20 +9,36 @@
 #   ibv_rc_pingpong server, ufab client  -s 1, 4096, 65536
 #   the same at 4096 and 65536 with 2% loss, each time on the packets
 #   towards the client: ufab's SENDs to rxe (ufab server), everything rxe
-#   sends (ufab client); see lossy() for why
+#   sends (ufab client); "Loss" below says why
 #
 # ibv_rc_pingpong runs with -g <index of ::ffff:10.0.0.1> (without -g it
 # sends no GRH, which RoCE cannot carry), -m 1024 and, as client, -c.
+#
+# Then, in the same VM, tests/vm/rxe_perftest_guest.sh (its own process,
+# given UFAB_BIN, RXE_GID_INDEX, KERN_IF and a work dir W): perftest's
+# ib_write_lat ... ib_atomic_bw on rxe0 against `ufab perf`, every test in
+# both roles, 2 B to 8 MiB, then write-bw, read-bw and send-lat with 2% loss.
+# Its PASS/FAIL lines go to stdout with the others and count here too.
+# Then tests/vm/rxe_verbs_guest.sh: examples/rdma_example (ufab) against
+# tests/vm/peers/verbs_example (libibverbs on rxe0), both roles, every
+# operation including WRITE_WITH_IMM checked byte for byte (UFAB_VERBS=0
+# skips it).
+#
 # Prints "PASS ..."/"FAIL ..." per check, both sides' output, and ends with
 # "rxe_interop_guest: N passed, M failed"; exit status 0 when all passed.
+# The helpers both scripts share (lossy() and the rest) are in
+# tests/vm/rxe_guest_lib.sh.
 #
 # Environment: UFAB_BIN (the ufab binary, required), UFAB_INTEROP_ITERS
 # (default 200), UFAB_INTEROP_SIZES (default "1 4096 65536"),
 # UFAB_INTEROP_LOSS (default 1: the lossy cases "ingress egress"; 0: none;
 # or a list of modes: ingress, ingress-all, egress; see lossy()),
 # UFAB_INTEROP_CASES (default "server client": which lossless directions
-# run, ufab as server and/or as client), UFAB_INTEROP_REPEAT (default 1:
-# times each case runs).
+# run, ufab as server and/or as client; "none": none), UFAB_INTEROP_REPEAT
+# (default 1: times each case runs), UFAB_PERFTEST (default 1; 0: skip
+# rxe_perftest_guest.sh), UFAB_PERFTEST_TOTAL_LIMIT (default 1200: seconds
+# for all of it), and rxe_perftest_guest.sh's own UFAB_PERFTEST_CASES,
+# _LIMIT and _VERBOSE (see there).
 set -uo pipefail
 ufab=${UFAB_BIN:?set UFAB_BIN to the ufab binary}
 ufab_bdf=${UFAB_VM_NIC1_BDF:-0000:00:02.0}
@@ -236,6 +252,20 @@ if [ "${UFAB_PERFTEST:-1}" != 0 ]; then
   n_fail=$(grep -c '^FAIL ' "$w/perftest.log")
   passed=$((passed + n_pass)) failed=$((failed + n_fail))
   [ "$prc" -eq 0 ] || [ "$n_fail" -ne 0 ] || fail "rxe_perftest_guest.sh exited with $prc"
+fi
+
+# ufab's rdma_example against the same program over libibverbs on rxe0
+# (tests/vm/peers/verbs_example.cc), both roles: SEND, WRITE,
+# WRITE_WITH_IMM, READ and both atomics, every result checked by both.
+if [ "${UFAB_VERBS:-1}" != 0 ]; then
+  mkdir -p "$w/verbs"
+  RXE_GID_INDEX=$idx KERN_IF=$ifname W=$w/verbs \
+    timeout -k 10 300 "$here/rxe_verbs_guest.sh" | tee "$w/verbs.log"
+  vrc=${PIPESTATUS[0]}
+  n_pass=$(grep -c '^PASS ' "$w/verbs.log")
+  n_fail=$(grep -c '^FAIL ' "$w/verbs.log")
+  passed=$((passed + n_pass)) failed=$((failed + n_fail))
+  [ "$vrc" -eq 0 ] || [ "$n_fail" -ne 0 ] || fail "rxe_verbs_guest.sh exited with $vrc"
 fi
 
 echo "--- rxe0 hw_counters"

@@ -231,8 +231,10 @@ int cmd_perf(const Options& opts) {
       });
     }
   }
+  // The counters on failure too: what the transport went through says
+  // much about why.
+  if (session.device_open()) std::fprintf(stderr, "perf: transport: %s\n", session.counters().c_str());
   if (!run) return report_error(opts, "perf", run.error());
-  std::fprintf(stderr, "perf: transport: %s\n", session.counters().c_str());
 
   if (cfg->json) {
     JsonWriter w;

@@ -5,15 +5,26 @@
 # NIC 2 (e1000e, 00:03.0) stays with the kernel, carries 10.0.0.1/24 and
 # rxe0. tests/vm/rxe_interop_guest.sh runs both directions (ufab server and
 # ufab client) at -s 1, 4096 and 65536 (64 packets at MTU 1024), then with
-# 2% loss towards the client.
-# Needs: bazel build //tools/ufab; ibverbs-utils, rdma-core,
-# ibverbs-providers, iproute2 on the host (the guest runs the host's /).
+# 2% loss towards the client. At its end, tests/vm/rxe_perftest_guest.sh
+# runs perftest's eight RC tests (ib_write_lat ... ib_atomic_bw) against
+# `ufab perf` in the same VM: each in both roles (ufab server with the
+# perftest client, perftest server with the ufab client), 2 B to 8 MiB
+# (write-bw at 1 MiB: 1024 packets a message; write-lat -a), two QPs, both
+# atomics, and write-bw, read-bw and send-lat with 2% loss on the packets
+# that carry the data: about 4 minutes more in the VM, and a capture of
+# about 0.9 GB (830,000 frames) that tshark then reads for 1 to 2 minutes.
+# Needs: bazel build //tools/ufab //examples:rdma_example //tests/vm/peers:verbs_example; ibverbs-utils, rdma-core,
+# ibverbs-providers, iproute2, perftest, jq on the host (the guest runs the
+# host's /).
 # The hub is always recorded (run-vm --pcap, QEMU's filter-dump on NIC 1,
 # which sees both NICs' frames) and, after the run, dissected on the host by
 # tshark (scripts/setup.sh installs it): see "wire checks" below.
 # UFAB_INTEROP_PCAP=FILE keeps that capture in FILE (otherwise a temp file);
-# UFAB_INTEROP_ITERS, _SIZES, _LOSS, _CASES and _REPEAT pass through to
-# the guest script (see there).
+# UFAB_INTEROP_ITERS, _SIZES, _LOSS, _CASES and _REPEAT, and UFAB_PERFTEST,
+# UFAB_PERFTEST_CASES, _LIMIT, _VERBOSE and _TOTAL_LIMIT pass through to the
+# guest scripts (see there). One perftest case alone, for example:
+#   UFAB_INTEROP_CASES=none UFAB_INTEROP_LOSS=0 \
+#     UFAB_PERFTEST_CASES='client - read-bw -s 65536 -n 200' tests/vm/suites/rxe_interop.sh
 # Ends with "rxe_interop: N passed, M failed".
 set -uo pipefail
 if [ -n "${UFAB_INTEROP_PCAP:-}" ] && [ "${UFAB_INTEROP_PCAP#/}" = "$UFAB_INTEROP_PCAP" ]; then
@@ -43,12 +54,15 @@ if [ -z "$pcap_file" ]; then
 fi
 pcap=(--pcap "$pcap_file")
 envs=(--env "UFAB_BIN=$ufab")
-for v in UFAB_INTEROP_ITERS UFAB_INTEROP_SIZES UFAB_INTEROP_LOSS UFAB_INTEROP_CASES UFAB_INTEROP_REPEAT; do
+for v in UFAB_INTEROP_ITERS UFAB_INTEROP_SIZES UFAB_INTEROP_LOSS UFAB_INTEROP_CASES UFAB_INTEROP_REPEAT \
+  UFAB_PERFTEST UFAB_PERFTEST_CASES UFAB_PERFTEST_LIMIT UFAB_PERFTEST_VERBOSE UFAB_PERFTEST_TOTAL_LIMIT; do
   [ -z "${!v:-}" ] || envs+=(--env "$v=${!v}")
 done
 # Two vCPUs: ibv_rc_pingpong busy-polls its CQ, and on one vCPU it competes
-# with ufab and with rxe's own work.
-tests/vm/run-vm --timeout 900 --mem 2048 --smp 2 --nic e1000e --nic e1000e "${pcap[@]}" "${envs[@]}" \
+# with ufab and with rxe's own work. perftest's tests busy-poll too.
+# --timeout: the ping-pongs, then up to UFAB_PERFTEST_TOTAL_LIMIT (1200 s)
+# of perftest, whose runs are each bounded; normally far less.
+tests/vm/run-vm --timeout 1800 --mem 2048 --smp 2 --nic e1000e --nic e1000e "${pcap[@]}" "${envs[@]}" \
   -- tests/vm/rxe_interop_guest.sh 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 

@@ -114,6 +114,7 @@ class Session {
   rdma::CompletionQueue& send_cq() { return *send_cq_; }
   rdma::CompletionQueue& recv_cq() { return recv_cq_ ? *recv_cq_ : *send_cq_; }
   rdma::Device& device() { return *dev_; }
+  bool device_open() const { return dev_ != nullptr; }
   const transport::PerftestKeys& remote(uint32_t qp) const { return remote_[qp]; }
   uint32_t path_mtu() const { return path_mtu_; }
   const Config& config() const { return cfg_; }
