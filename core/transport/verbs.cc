@@ -59,4 +59,13 @@ const char* qp_state_name(QpState s) {
   return "unknown state";
 }
 
+std::string to_string(const DeviceStats& st) {
+  auto n = [](uint64_t v) { return std::to_string(v); };
+  return "tx " + n(st.tx_frames) + " rx " + n(st.rx_frames) + " frames (RoCE " + n(st.rx_roce) + ", ARP " +
+         n(st.rx_arp) + "), parse errors " + n(st.rx_parse_errors) + ", dropped " + n(st.rx_dropped) +
+         ", retransmits " + n(st.retransmits) + ", timeouts " + n(st.timeouts) + ", duplicates " +
+         n(st.duplicates) + ", NAKs sent " + n(st.naks_sent) + " received " + n(st.naks_received) +
+         ", RNR NAKs sent " + n(st.rnr_naks_sent) + " received " + n(st.rnr_naks_received);
+}
+
 }  // namespace ufab::rdma

@@ -148,7 +148,7 @@ expect "bad --ip is a usage error" 2 '--ip 10\.0\.0\.300: expected an IPv4 addre
   "$bin" pingpong "swnic:$link:0" --ip 10.0.0.300
 expect "bad -m is a usage error" 2 '--mtu 1000: expected 256' "$bin" pingpong "swnic:$link:0" --ip 10.0.0.1 -m 1000
 expect "-s 0 is a usage error" 2 '--size 0: expected a number from 1' "$bin" pingpong "swnic:$link:0" --ip 10.0.0.1 -s 0
-expect "-n on another command is a usage error" 2 'applies only to `ufab pingpong`' "$bin" list -n 3
+expect "-n on another command is a usage error" 2 'applies only to `ufab perf` and `ufab pingpong`' "$bin" list -n 3
 expect "three arguments are a usage error" 2 'wrong number of arguments' \
   "$bin" pingpong "swnic:$link:0" --ip 10.0.0.1 a b
 # A free port: the server's, once it is gone.

@@ -12,6 +12,7 @@
 #include "base/json.h"
 #include "core/roce/gid.h"
 #include "tools/ufab/cli.h"
+#include "tools/ufab/render.h"
 #include "tools/ufab/perf/session.h"
 
 namespace ufab::cli {
@@ -162,16 +163,6 @@ Result<Config> configure(const Options& opts, const TestName& t) {
   return c;
 }
 
-void write_counters(JsonWriter& w, const rdma::DeviceStats& st) {
-  w.key("transport").begin_object();
-  w.field("tx_frames", st.tx_frames).field("rx_frames", st.rx_frames).field("rx_roce", st.rx_roce);
-  w.field("rx_arp", st.rx_arp).field("rx_parse_errors", st.rx_parse_errors).field("rx_dropped", st.rx_dropped);
-  w.field("retransmits", st.retransmits).field("timeouts", st.timeouts).field("duplicates", st.duplicates);
-  w.field("naks_sent", st.naks_sent).field("naks_received", st.naks_received);
-  w.field("rnr_naks_sent", st.rnr_naks_sent).field("rnr_naks_received", st.rnr_naks_received);
-  w.end_object();
-}
-
 }  // namespace
 
 int cmd_perf(const Options& opts) {
@@ -221,7 +212,7 @@ int cmd_perf(const Options& opts) {
         lat.push_back(r);
       });
     } else {
-      run = perf::run_bandwidth(session, progress, [&](const perf::BandwidthResult& r, const perf::BandwidthResult&) {
+      run = perf::run_bandwidth(session, progress, [&](const perf::BandwidthResult& r) {
         if (tty) std::fputc('\n', stderr);
         std::fprintf(out, " %-7llu    %-10llu       %-7.2f            %-7.2f\t\t   %-7.6f\n",
                      static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(r.iters), r.bw_peak_mb,
@@ -261,7 +252,7 @@ int cmd_perf(const Options& opts) {
       w.field("bw_avg", r.bw_avg_mb).field("msg_rate_mpps", r.msg_rate_mpps).end_object();
     }
     w.end_array();
-    write_counters(w, session.device().stats());
+    write_transport_stats(w, session.device().stats());
     w.end_object();
     std::printf("%s\n", w.str().c_str());
   }

@@ -45,6 +45,7 @@
 #include "core/roce/gid.h"
 #include "core/transport/exchange.h"
 #include "tools/ufab/cli.h"
+#include "tools/ufab/render.h"
 
 namespace ufab::cli {
 namespace {
@@ -541,14 +542,7 @@ int cmd_pingpong(const Options& opts) {
     w.field("bytes", sum->bytes).field("seconds", sum->seconds);
     w.field("mbit_per_second", usec > 0 ? double(sum->bytes) * 8.0 / usec : 0.0);
     w.field("usec_per_iter", usec / cfg.iters);
-    const rdma::DeviceStats& st = sum->stats;
-    w.key("transport").begin_object();
-    w.field("tx_frames", st.tx_frames).field("rx_frames", st.rx_frames).field("rx_roce", st.rx_roce);
-    w.field("rx_arp", st.rx_arp).field("rx_parse_errors", st.rx_parse_errors).field("rx_dropped", st.rx_dropped);
-    w.field("retransmits", st.retransmits).field("timeouts", st.timeouts).field("duplicates", st.duplicates);
-    w.field("naks_sent", st.naks_sent).field("naks_received", st.naks_received);
-    w.field("rnr_naks_sent", st.rnr_naks_sent).field("rnr_naks_received", st.rnr_naks_received);
-    w.end_object();
+    write_transport_stats(w, sum->stats);
     w.end_object();
     std::printf("%s\n", w.str().c_str());
   } else {
@@ -557,18 +551,7 @@ int cmd_pingpong(const Options& opts) {
                 usec / 1e6, usec > 0 ? double(sum->bytes) * 8.0 / usec : 0.0);
     std::printf("%u iters in %.2f seconds = %.2f usec/iter\n", cfg.iters, usec / 1e6, usec / cfg.iters);
     // Not rc_pingpong's: what the transport went through, on stderr.
-    const rdma::DeviceStats& st = sum->stats;
-    std::fprintf(stderr,
-                 "pingpong: transport: tx %llu rx %llu frames (RoCE %llu, ARP %llu), parse errors %llu, dropped %llu, "
-                 "retransmits %llu, timeouts %llu, duplicates %llu, NAKs sent %llu received %llu, "
-                 "RNR NAKs sent %llu received %llu\n",
-                 static_cast<unsigned long long>(st.tx_frames), static_cast<unsigned long long>(st.rx_frames),
-                 static_cast<unsigned long long>(st.rx_roce), static_cast<unsigned long long>(st.rx_arp),
-                 static_cast<unsigned long long>(st.rx_parse_errors), static_cast<unsigned long long>(st.rx_dropped),
-                 static_cast<unsigned long long>(st.retransmits), static_cast<unsigned long long>(st.timeouts),
-                 static_cast<unsigned long long>(st.duplicates), static_cast<unsigned long long>(st.naks_sent),
-                 static_cast<unsigned long long>(st.naks_received), static_cast<unsigned long long>(st.rnr_naks_sent),
-                 static_cast<unsigned long long>(st.rnr_naks_received));
+    std::fprintf(stderr, "pingpong: transport: %s\n", rdma::to_string(sum->stats).c_str());
   }
   return kExitOk;
 }

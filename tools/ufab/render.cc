@@ -110,4 +110,14 @@ void write_device_fields(JsonWriter& w, const pci::DeviceInfo& d) {
   w.field("readiness_reason", d.readiness_reason);
 }
 
+void write_transport_stats(JsonWriter& w, const rdma::DeviceStats& st) {
+  w.key("transport").begin_object();
+  w.field("tx_frames", st.tx_frames).field("rx_frames", st.rx_frames).field("rx_roce", st.rx_roce);
+  w.field("rx_arp", st.rx_arp).field("rx_parse_errors", st.rx_parse_errors).field("rx_dropped", st.rx_dropped);
+  w.field("retransmits", st.retransmits).field("timeouts", st.timeouts).field("duplicates", st.duplicates);
+  w.field("naks_sent", st.naks_sent).field("naks_received", st.naks_received);
+  w.field("rnr_naks_sent", st.rnr_naks_sent).field("rnr_naks_received", st.rnr_naks_received);
+  w.end_object();
+}
+
 }  // namespace ufab::cli

@@ -6,6 +6,7 @@
 
 #include "base/json.h"
 #include "core/pci/discovery.h"
+#include "core/transport/verbs.h"
 
 namespace ufab::cli {
 
@@ -19,5 +20,8 @@ std::string group_text(const pci::DeviceInfo& d);
 
 // The object every command uses for one device (discovery fields only).
 void write_device_fields(JsonWriter& w, const pci::DeviceInfo& d);
+
+// "transport": the RDMA transport's counters (pingpong, perf).
+void write_transport_stats(JsonWriter& w, const rdma::DeviceStats& st);
 
 }  // namespace ufab::cli

@@ -228,13 +228,6 @@ class BandwidthTest {
   std::vector<uint64_t> posted_ = std::vector<uint64_t>(cfg_.qps, 0);
 };
 
-std::vector<uint64_t> sizes(const Config& cfg) {
-  if (!cfg.all_sizes) return {cfg.size};
-  std::vector<uint64_t> out;
-  for (uint64_t s = 2; s <= kAllSizesMax; s *= 2) out.push_back(s);
-  return out;
-}
-
 transport::PerftestBwReport to_wire(const BandwidthResult& r) {
   return {.size = r.size, .iters = r.iters, .bw_peak = r.bw_peak_mb, .bw_avg = r.bw_avg_mb, .msg_rate_avg = r.msg_rate_mpps};
 }
@@ -272,13 +265,13 @@ Status run_bandwidth(Session& s, const Progress& progress, const BandwidthReport
     if (auto r = s.swap_keys(true); !r) return r;
     auto theirs = s.swap_bw_report({});
     if (!theirs) return std::unexpected(theirs.error());
-    report(from_wire(*theirs), from_wire(*theirs));
+    report(from_wire(*theirs));
     if (auto r = s.close(); !r) return r;
     s.print_rule();
     return {};
   }
   BandwidthResult last;
-  for (uint64_t size : sizes(cfg)) {
+  for (uint64_t size : test_sizes(cfg)) {
     if (send) {
       if (cfg.server()) {
         if (auto r = test.post_receives(size); !r) return r;
@@ -287,7 +280,7 @@ Status run_bandwidth(Session& s, const Progress& progress, const BandwidthReport
     }
     auto mine = cfg.server() ? test.server(size) : test.client(size);
     if (!mine) return std::unexpected(mine.error());
-    report(*mine, {});
+    report(*mine);
     last = *mine;
     if (send && cfg.all_sizes) {
       if (auto r = s.swap_keys(true); !r) return r;

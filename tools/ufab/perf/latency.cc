@@ -38,13 +38,6 @@ const char* verb_title(const Config& cfg) {
 // measure one operation.
 int round_trips(Verb verb) { return verb == Verb::kWrite || verb == Verb::kSend ? 2 : 1; }
 
-std::vector<uint64_t> sizes(const Config& cfg) {
-  if (!cfg.all_sizes) return {cfg.size};
-  std::vector<uint64_t> out;
-  for (uint64_t s = 2; s <= kAllSizesMax; s *= 2) out.push_back(s);
-  return out;
-}
-
 class LatencyTest {
  public:
   LatencyTest(Session& s, const Progress& progress) : s_(s), cfg_(s.config()), ticker_(progress) {}
@@ -246,7 +239,7 @@ Status run_latency(Session& s, const Progress& progress, const LatencyReport& re
   }
 
   LatencyTest test(s, progress);
-  for (uint64_t size : sizes(cfg)) {
+  for (uint64_t size : test_sizes(cfg)) {
     if (send) {
       // Receives for this size, then a handshake so the client does not
       // send before the server's receives are posted.

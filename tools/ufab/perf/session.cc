@@ -38,6 +38,13 @@ uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
 
+std::vector<uint64_t> test_sizes(const Config& cfg) {
+  if (!cfg.all_sizes) return {cfg.size};
+  std::vector<uint64_t> out;
+  for (uint64_t s = 2; s <= kAllSizesMax; s *= 2) out.push_back(s);
+  return out;
+}
+
 Status with_progress(rdma::Device& dev, const std::function<Status()>& fn) {
   if (auto s = dev.start_progress_thread(); !s) return s;
   Status result = fn();
@@ -348,19 +355,6 @@ DurationClock::State DurationClock::state() {
   return t < duration_ns_ ? State::kTail : State::kEnd;
 }
 
-std::string Session::counters() const {
-  const rdma::DeviceStats st = dev_->stats();
-  char text[320];
-  std::snprintf(text, sizeof text,
-                "tx %llu rx %llu frames, parse errors %llu, dropped %llu, retransmits %llu, timeouts %llu, "
-                "duplicates %llu, NAKs sent %llu received %llu, RNR NAKs sent %llu received %llu",
-                static_cast<unsigned long long>(st.tx_frames), static_cast<unsigned long long>(st.rx_frames),
-                static_cast<unsigned long long>(st.rx_parse_errors), static_cast<unsigned long long>(st.rx_dropped),
-                static_cast<unsigned long long>(st.retransmits), static_cast<unsigned long long>(st.timeouts),
-                static_cast<unsigned long long>(st.duplicates), static_cast<unsigned long long>(st.naks_sent),
-                static_cast<unsigned long long>(st.naks_received), static_cast<unsigned long long>(st.rnr_naks_sent),
-                static_cast<unsigned long long>(st.rnr_naks_received));
-  return text;
-}
+std::string Session::counters() const { return rdma::to_string(dev_->stats()); }
 
 }  // namespace ufab::cli::perf

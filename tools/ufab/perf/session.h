@@ -60,6 +60,9 @@ inline constexpr uint64_t kAllSizesMax = 8u << 20;
 inline constexpr uint32_t kCycleBuffer = 4096;  // perftest: the page size
 inline constexpr uint32_t kCacheLine = 64;
 
+// The sizes a run measures: -s, or with -a 2, 4, ... 8 MiB.
+std::vector<uint64_t> test_sizes(const Config& cfg);
+
 // One line of a latency report, in microseconds, computed as perftest's
 // print_report_lat does (stats.h).
 struct LatencyResult {
@@ -190,11 +193,11 @@ class Ticker {
   uint64_t calls_ = 0;
 };
 
-// The tests. Each prints nothing: `result` gets every line of the report
-// as it is measured (one per size). The bandwidth tests also return the
-// peer's reports (perftest exchanges them).
+// The tests. `result` gets every line of the report as it is measured (one
+// per size); the write/read/atomic-bw server gets the client's report,
+// which perftest sends it.
 using LatencyReport = std::function<void(const LatencyResult&)>;
-using BandwidthReport = std::function<void(const BandwidthResult& mine, const BandwidthResult& peer)>;
+using BandwidthReport = std::function<void(const BandwidthResult&)>;
 Status run_latency(Session& session, const Progress& progress, const LatencyReport& result);
 Status run_bandwidth(Session& session, const Progress& progress, const BandwidthReport& result);
 
