@@ -255,14 +255,23 @@ Status QueuePair::connect(const ConnectionData& peer, const QpAttr& tuning) {
   return modify(a, kAttrState | kAttrSqPsn);
 }
 
-Status QueuePair::post_send(const SendWr& wr) {
+Status QueuePair::post_send(const SendWr& wr) { return post_send(std::span<const SendWr>(&wr, 1)); }
+
+Status QueuePair::post_send(std::span<const SendWr> wrs) {
   std::lock_guard lock(context_->mutex());
-  if (auto s = impl_->post_send(wr); !s) return s;
-  // Straight to the wire when the window allows; the rest goes out as
-  // ACKs arrive.
+  Status result;
+  for (size_t i = 0; i < wrs.size() && result; ++i) {
+    result = impl_->post_send(wrs[i]);
+    if (!result && wrs.size() > 1) {
+      result = std::unexpected(result.error().context("work request " + std::to_string(i) + " of " +
+                                                      std::to_string(wrs.size()) + " (the ones before it are posted)"));
+    }
+  }
+  // Straight to the wire when the window allows, one doorbell for the
+  // list; the rest goes out as ACKs arrive.
   impl_->transmit();
   context_->link().tx_flush();
-  return {};
+  return result;
 }
 
 Status QueuePair::post_recv(const RecvWr& wr) {

@@ -241,6 +241,10 @@ class QueuePair {
   // while the request runs (keys, bounds, the peer's answer) comes back as
   // a completion.
   Status post_send(const SendWr& wr);
+  // A list, as ibv_post_send's chain: posted in order, then one doorbell
+  // for the frames they make. Stops at the first that fails; the error
+  // names its index, and the ones before it stay posted.
+  Status post_send(std::span<const SendWr> wrs);
   Status post_recv(const RecvWr& wr);
 
  private:

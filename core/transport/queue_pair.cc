@@ -249,22 +249,23 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
 // ------------------------------------------------------------------ posting
 
 Status QueuePairImpl::post_send(const SendWr& wr) {
-  const std::string who = "post_send on QP " + hex(qpn_);
+  // Formatted only on failure: posting is the fast path.
+  auto who = [this] { return "post_send on QP " + hex(qpn_); };
   if (attr_.state != QpState::kRts && attr_.state != QpState::kError) {
-    return fail(EINVAL, who + ": the QP is in " + std::string(qp_state_name(attr_.state)) +
+    return fail(EINVAL, who() + ": the QP is in " + std::string(qp_state_name(attr_.state)) +
                             "; sends need RTS (connect() or modify to RTS first)");
   }
   if (sq_tail_ - sq_head_ >= sq_.size()) {
-    return fail(ENOMEM, who + ": the send queue is full (" + std::to_string(sq_.size()) +
+    return fail(ENOMEM, who() + ": the send queue is full (" + std::to_string(sq_.size()) +
                             " work requests outstanding); poll the CQ or create the QP with a larger max_send_wr");
   }
   if (wr.sgl.size() > caps_.max_send_sge) {
-    return fail(EINVAL, who + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
+    return fail(EINVAL, who() + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
                             std::to_string(caps_.max_send_sge) + " (max_send_sge)");
   }
   uint64_t length = 0;
   for (const Sge& s : wr.sgl) length += s.length;
-  if (length > (1ull << 31)) return fail(EINVAL, who + ": messages are at most 2 GiB");
+  if (length > (1ull << 31)) return fail(EINVAL, who() + ": messages are at most 2 GiB");
   bool atomic = wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd;
   switch (wr.opcode) {
     case WrOpcode::kSend:
@@ -274,24 +275,24 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
     case WrOpcode::kRdmaRead:
     case WrOpcode::kAtomicCmpAndSwp:
     case WrOpcode::kAtomicFetchAndAdd:
-      if (!is_rc()) return fail(EINVAL, who + ": " + wr_opcode_name(wr.opcode) + " needs an RC QP (this one is UD)");
+      if (!is_rc()) return fail(EINVAL, who() + ": " + wr_opcode_name(wr.opcode) + " needs an RC QP (this one is UD)");
       break;
-    default: return fail(EINVAL, who + ": unknown opcode " + std::to_string(static_cast<int>(wr.opcode)));
+    default: return fail(EINVAL, who() + ": unknown opcode " + std::to_string(static_cast<int>(wr.opcode)));
   }
   if (atomic && (wr.sgl.size() != 1 || length != 8)) {
-    return fail(EINVAL, who + ": " + wr_opcode_name(wr.opcode) + " needs exactly one 8-byte SGE for the result");
+    return fail(EINVAL, who() + ": " + wr_opcode_name(wr.opcode) + " needs exactly one 8-byte SGE for the result");
   }
   bool is_inline = (wr.flags & kSendInline) && wr.opcode != WrOpcode::kRdmaRead && !atomic;
   if (is_inline && length > caps_.max_inline_data) {
-    return fail(EINVAL, who + ": " + std::to_string(length) + " bytes of inline data, the QP allows " +
+    return fail(EINVAL, who() + ": " + std::to_string(length) + " bytes of inline data, the QP allows " +
                             std::to_string(caps_.max_inline_data) + " (max_inline_data)");
   }
   if (!is_rc() && length > mtu_) {
-    return fail(EINVAL, who + ": a UD message of " + std::to_string(length) + " bytes exceeds the path MTU " +
+    return fail(EINVAL, who() + ": a UD message of " + std::to_string(length) + " bytes exceeds the path MTU " +
                             std::to_string(mtu_));
   }
   if (!is_rc() && !net::Ipv4Address{wr.ud.ip}.is_unicast()) {
-    return fail(EINVAL, who + ": UD destination " + net::Ipv4Address{wr.ud.ip}.str() + " is not unicast");
+    return fail(EINVAL, who() + ": UD destination " + net::Ipv4Address{wr.ud.ip}.str() + " is not unicast");
   }
 
   SendWqe& w = sq_at(sq_tail_);
@@ -322,16 +323,16 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
 }
 
 Status QueuePairImpl::post_recv(const RecvWr& wr) {
-  const std::string who = "post_recv on QP " + hex(qpn_);
+  auto who = [this] { return "post_recv on QP " + hex(qpn_); };
   if (attr_.state == QpState::kReset) {
-    return fail(EINVAL, who + ": the QP is in RESET; receives can be posted from INIT on");
+    return fail(EINVAL, who() + ": the QP is in RESET; receives can be posted from INIT on");
   }
   if (rq_tail_ - rq_head_ >= rq_.size()) {
-    return fail(ENOMEM, who + ": the receive queue is full (" + std::to_string(rq_.size()) +
+    return fail(ENOMEM, who() + ": the receive queue is full (" + std::to_string(rq_.size()) +
                             " outstanding); create the QP with a larger max_recv_wr");
   }
   if (wr.sgl.size() > caps_.max_recv_sge) {
-    return fail(EINVAL, who + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
+    return fail(EINVAL, who() + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
                             std::to_string(caps_.max_recv_sge) + " (max_recv_sge)");
   }
   RecvWqe& r = rq_at(rq_tail_);

@@ -96,6 +96,41 @@ TEST_F(Loopback, SendRecvAcrossMtu) {
   }
 }
 
+TEST_F(Loopback, PostListGoesInOrderAndStopsAtTheFirstBadRequest) {
+  for (uint32_t i = 0; i < 3000; ++i) a_.buf[i] = static_cast<uint8_t>(i * 5 + 1);
+  Sge sges[3] = {a_.mr->sge(0, 1000), a_.mr->sge(1000, 1000), a_.mr->sge(2000, 1000)};
+  std::vector<SendWr> wrs;
+  for (uint64_t i = 0; i < 3; ++i) {
+    wrs.push_back({.wr_id = 10 + i, .opcode = WrOpcode::kRdmaWrite, .flags = kSendSignaled, .sgl = {&sges[i], 1},
+                   .remote_addr = reinterpret_cast<uintptr_t>(b_.buf.data()) + 1000 * i, .rkey = b_.mr->rkey()});
+  }
+  ASSERT_TRUE(a_.qp->post_send(std::span<const SendWr>(wrs)));
+  for (uint64_t i = 0; i < 3; ++i) {
+    WorkCompletion wc = next(a_);
+    EXPECT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+    EXPECT_EQ(wc.wr_id, 10 + i);  // in the order posted
+  }
+  EXPECT_EQ(0, std::memcmp(a_.buf.data(), b_.buf.data(), 3000));
+
+  // The second has 17 SGEs (the QP allows 4): the first stays posted and
+  // completes, the third is not posted.
+  std::vector<Sge> many(17, sges[0]);
+  wrs[1].sgl = {many.data(), many.size()};
+  auto posted = a_.qp->post_send(std::span<const SendWr>(wrs));
+  ASSERT_FALSE(posted);
+  EXPECT_EQ(posted.error().code(), EINVAL);
+  EXPECT_NE(posted.error().message().find("work request 1 of 3"), std::string::npos) << posted.error().message();
+  EXPECT_EQ(next(a_).wr_id, 10u);
+  WorkCompletion none[1];
+  for (int i = 0; i < 100; ++i) {
+    a_.dev->progress();
+    b_.dev->progress();
+  }
+  auto n = a_.cq->poll(none);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 0u);
+}
+
 TEST_F(Loopback, WriteReadAtomics) {
   for (uint32_t i = 0; i < 70000; ++i) a_.buf[i] = static_cast<uint8_t>(i * 13);
   Sge s = a_.mr->sge(0, 70000);
