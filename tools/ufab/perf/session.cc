@@ -324,7 +324,10 @@ Status Session::wait_byte(const uint8_t* byte, uint8_t value, const std::string&
   // The transport writes this memory from dev.progress() on this thread.
   while (*reinterpret_cast<const volatile uint8_t*>(byte) != value) {
     if (stop && stop()) return {};
-    if (dev_->progress() == 0 && now_ns() > deadline) {
+    // The deadline holds even while the transport is busy (retransmitting
+    // to a peer that is gone, with retry_cnt 7 = forever).
+    dev_->progress();
+    if (now_ns() > deadline) {
       return fail(ETIMEDOUT, "nothing arrived for " + std::to_string(cfg_.timeout.count() / 1000) + " s while waiting for " +
                                  what + "; is the peer still running with the same -s and -n? (" + counters() + ")");
     }
