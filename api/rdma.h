@@ -43,6 +43,7 @@ class QueuePairImpl;
 }  // namespace ufab::transport
 
 namespace ufab::rdma {
+using namespace ufab::verbs;  // transitional: the vocabulary moves into the public API
 
 class ProtectionDomain;
 class AddressHandle;

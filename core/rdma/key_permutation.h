@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ufab::rdma {
+namespace ufab::verbs {
 
 class KeyPermutation {
  public:
@@ -74,4 +74,4 @@ class KeyPermutation {
   Keys keys_{};
 };
 
-}  // namespace ufab::rdma
+}  // namespace ufab::verbs

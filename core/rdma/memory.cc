@@ -8,7 +8,7 @@
 #include <limits>
 #include <thread>
 
-namespace ufab::rdma {
+namespace ufab::verbs {
 
 // One region. Readers never lock: the fields are atomics written only
 // inside a seqlock write section (seq odd), and a reader accepts a snapshot
@@ -656,4 +656,4 @@ CheckResult<Access> MemoryRegionTable::check_local(uint32_t lkey, PdId pd, uint6
   return check(KeyPath::kLocal, lkey, pd, addr, length, needs_write ? kLocalWrite : 0);
 }
 
-}  // namespace ufab::rdma
+}  // namespace ufab::verbs

@@ -33,7 +33,7 @@
 #include "base/error.h"
 #include "core/rdma/key_permutation.h"
 
-namespace ufab::rdma {
+namespace ufab::verbs {
 
 // Access flags, with the values of enum ibv_access_flags so a future verbs-
 // shaped C ABI can pass them through unchanged.
@@ -272,4 +272,4 @@ class MemoryRegionTable {
 // anything.
 inline bool rkey_check_needed(uint32_t dma_length) { return dma_length != 0; }
 
-}  // namespace ufab::rdma
+}  // namespace ufab::verbs

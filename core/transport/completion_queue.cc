@@ -16,7 +16,7 @@ Result<std::unique_ptr<CompletionQueueImpl>> CompletionQueueImpl::create(uint32_
   return cq;
 }
 
-bool CompletionQueueImpl::push(rdma::WorkCompletion&& wc) {
+bool CompletionQueueImpl::push(verbs::WorkCompletion&& wc) {
   if (count_ == ring_.size()) {
     ++overflow_;
     return false;
@@ -32,7 +32,7 @@ bool CompletionQueueImpl::push(rdma::WorkCompletion&& wc) {
   return true;
 }
 
-size_t CompletionQueueImpl::pop(std::span<rdma::WorkCompletion> out) {
+size_t CompletionQueueImpl::pop(std::span<verbs::WorkCompletion> out) {
   size_t n = 0;
   while (n < out.size() && count_ > 0) {
     out[n++] = std::move(ring_[head_]);

@@ -19,9 +19,9 @@ class CompletionQueueImpl {
 
   // Adds a completion; false when the ring is full (the completion is lost
   // and counted, and the next pop reports it).
-  bool push(rdma::WorkCompletion&& wc);
+  bool push(verbs::WorkCompletion&& wc);
   // Moves up to out.size() completions out, oldest first.
-  size_t pop(std::span<rdma::WorkCompletion> out);
+  size_t pop(std::span<verbs::WorkCompletion> out);
   // Completions lost to overflow since the last call, then zero.
   uint64_t take_overflow() { uint64_t n = overflow_; overflow_ = 0; return n; }
 
@@ -34,7 +34,7 @@ class CompletionQueueImpl {
  private:
   explicit CompletionQueueImpl(uint32_t depth) : ring_(depth) {}
 
-  std::vector<rdma::WorkCompletion> ring_;
+  std::vector<verbs::WorkCompletion> ring_;
   uint32_t head_ = 0;  // oldest
   uint32_t count_ = 0;
   uint64_t overflow_ = 0;

@@ -38,7 +38,7 @@ Result<std::unique_ptr<Context>> Context::create(std::unique_ptr<Link> link, net
   if (!resolver) return std::unexpected(resolver.error().context("ARP for " + link->name()));
   ctx->arp_responder_.emplace(std::move(*responder));
   ctx->arp_resolver_.emplace(std::move(*resolver));
-  auto table = rdma::MemoryRegionTable::create();
+  auto table = verbs::MemoryRegionTable::create();
   if (!table) return std::unexpected(table.error());
   ctx->memory_ = std::move(*table);
   ctx->link_mac_ = link->mac();
@@ -73,21 +73,21 @@ Status Context::destroy_cq_locked(CompletionQueueImpl* cq) {
   return {};
 }
 
-Result<QueuePairImpl*> Context::create_qp_locked(rdma::PdId pd, rdma::QpType type, CompletionQueueImpl* send_cq,
-                                                 CompletionQueueImpl* recv_cq, const rdma::QpCaps& caps,
+Result<QueuePairImpl*> Context::create_qp_locked(verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
+                                                 CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps,
                                                  bool sq_sig_all) {
   if (send_cq == nullptr || recv_cq == nullptr) {
     return fail(EINVAL, "creating a QP: a send CQ and a receive CQ are required (they may be the same)");
   }
-  if (type != rdma::QpType::kRc && type != rdma::QpType::kUd) {
+  if (type != verbs::QpType::kRc && type != verbs::QpType::kUd) {
     return fail(EINVAL, "creating a QP: only RC and UD QPs are supported");
   }
   auto limit = [](uint32_t v, uint32_t lo, uint32_t hi) { return v >= lo && v <= hi; };
   if (!limit(caps.max_send_wr, 1, 1u << 16) || !limit(caps.max_recv_wr, 1, 1u << 16)) {
     return fail(EINVAL, "creating a QP: max_send_wr and max_recv_wr must be 1..65536");
   }
-  if (caps.max_send_sge > rdma::kMaxSge || caps.max_recv_sge > rdma::kMaxSge) {
-    return fail(EINVAL, "creating a QP: at most " + std::to_string(rdma::kMaxSge) + " SGEs per work request");
+  if (caps.max_send_sge > verbs::kMaxSge || caps.max_recv_sge > verbs::kMaxSge) {
+    return fail(EINVAL, "creating a QP: at most " + std::to_string(verbs::kMaxSge) + " SGEs per work request");
   }
   if (caps.max_inline_data > 4096) return fail(EINVAL, "creating a QP: max_inline_data is at most 4096");
   if (qps_.size() >= (1u << 20)) return fail(ENOSPC, "creating a QP: the device has 2^20 QPs already");
@@ -187,7 +187,7 @@ void Context::on_frame_locked(std::span<const uint8_t> frame) {
   }
   QueuePairImpl& qp = *it->second;
   bool ud_packet = packet_.op->transport == roce::Transport::kUd;
-  if (ud_packet != (qp.type() == rdma::QpType::kUd) || packet_.op->transport == roce::Transport::kUc) {
+  if (ud_packet != (qp.type() == verbs::QpType::kUd) || packet_.op->transport == roce::Transport::kUc) {
     ++stats_.rx_dropped;
     return;
   }
@@ -201,7 +201,7 @@ int Context::progress_locked() {
   for (QueuePairImpl* qp : qp_list_) {
     work += qp->on_timer(now_);
     work += qp->transmit();
-    if (qp->lost_completion() && qp->state() != rdma::QpState::kError) {
+    if (qp->lost_completion() && qp->state() != verbs::QpState::kError) {
       qp->enter_error("its completion queue overflowed");
     }
   }

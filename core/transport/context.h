@@ -42,16 +42,16 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   std::mutex& mutex() { return mu_; }
-  rdma::MemoryRegionTable& memory() { return *memory_; }
+  verbs::MemoryRegionTable& memory() { return *memory_; }
   Link& link() { return *link_; }
   net::Ipv4Address ip() const { return ip_; }
   uint32_t active_mtu() const { return active_mtu_; }
-  rdma::DeviceStats& stats() { return stats_; }
+  verbs::DeviceStats& stats() { return stats_; }
 
   Result<CompletionQueueImpl*> create_cq_locked(uint32_t depth);
   Status destroy_cq_locked(CompletionQueueImpl* cq);
-  Result<QueuePairImpl*> create_qp_locked(rdma::PdId pd, rdma::QpType type, CompletionQueueImpl* send_cq,
-                                          CompletionQueueImpl* recv_cq, const rdma::QpCaps& caps, bool sq_sig_all);
+  Result<QueuePairImpl*> create_qp_locked(verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
+                                          CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps, bool sq_sig_all);
   void destroy_qp_locked(QueuePairImpl* qp);
 
   // One round of receive, timers and transmit; returns frames and timers
@@ -87,10 +87,10 @@ class Context {
   net::Ipv4Address ip_;
   net::MacAddress link_mac_{};
   uint32_t active_mtu_ = 1024;
-  std::unique_ptr<rdma::MemoryRegionTable> memory_;
+  std::unique_ptr<verbs::MemoryRegionTable> memory_;
   std::optional<net::ArpResponder> arp_responder_;
   std::optional<net::ArpResolver> arp_resolver_;
-  rdma::DeviceStats stats_;
+  verbs::DeviceStats stats_;
   roce::Packet packet_;  // reused by every receive
 
   std::vector<std::unique_ptr<CompletionQueueImpl>> cqs_;

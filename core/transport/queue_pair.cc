@@ -10,7 +10,7 @@
 
 namespace ufab::transport {
 
-using namespace rdma;
+using namespace verbs;
 using roce::psn_add;
 using roce::psn_diff;
 

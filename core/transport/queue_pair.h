@@ -32,19 +32,19 @@ std::string hex(uint64_t v);
 
 class QueuePairImpl {
  public:
-  QueuePairImpl(Context& ctx, uint32_t qpn, rdma::PdId pd, rdma::QpType type, CompletionQueueImpl* send_cq,
-                CompletionQueueImpl* recv_cq, const rdma::QpCaps& caps, bool sq_sig_all, uint32_t initial_psn);
+  QueuePairImpl(Context& ctx, uint32_t qpn, verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
+                CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps, bool sq_sig_all, uint32_t initial_psn);
 
   uint32_t qpn() const { return qpn_; }
-  rdma::QpType type() const { return type_; }
-  rdma::QpState state() const { return attr_.state; }
-  const rdma::QpAttr& attr() const { return attr_; }
+  verbs::QpType type() const { return type_; }
+  verbs::QpState state() const { return attr_.state; }
+  const verbs::QpAttr& attr() const { return attr_; }
   uint32_t initial_psn() const { return initial_psn_; }
   bool uses(const CompletionQueueImpl* cq) const { return send_cq_ == cq || recv_cq_ == cq; }
 
-  Status modify(const rdma::QpAttr& attr, rdma::QpAttrMask mask);
-  Status post_send(const rdma::SendWr& wr);
-  Status post_recv(const rdma::RecvWr& wr);
+  Status modify(const verbs::QpAttr& attr, verbs::QpAttrMask mask);
+  Status post_send(const verbs::SendWr& wr);
+  Status post_recv(const verbs::RecvWr& wr);
 
   // A parsed packet addressed to this QP.
   void on_packet(const roce::Packet& pkt);
@@ -60,8 +60,8 @@ class QueuePairImpl {
 
  private:
   struct SendWqe {
-    rdma::SendWr wr;  // wr.sgl is unused: the SGEs are copied into sge
-    std::array<rdma::Sge, rdma::kMaxSge> sge{};
+    verbs::SendWr wr;  // wr.sgl is unused: the SGEs are copied into sge
+    std::array<verbs::Sge, verbs::kMaxSge> sge{};
     uint32_t num_sge = 0;
     std::vector<uint8_t> inline_data;
     bool is_inline = false;
@@ -74,7 +74,7 @@ class QueuePairImpl {
   };
   struct RecvWqe {
     uint64_t wr_id = 0;
-    std::array<rdma::Sge, rdma::kMaxSge> sge{};
+    std::array<verbs::Sge, verbs::kMaxSge> sge{};
     uint32_t num_sge = 0;
     uint64_t length = 0;
   };
@@ -99,7 +99,7 @@ class QueuePairImpl {
     uint64_t original = 0;
   };
 
-  bool is_rc() const { return type_ == rdma::QpType::kRc; }
+  bool is_rc() const { return type_ == verbs::QpType::kRc; }
   bool is_read_or_atomic(const SendWqe& w) const;
   SendWqe& sq_at(uint64_t index) { return sq_[index % sq_.size()]; }
   RecvWqe& rq_at(uint64_t index) { return rq_[index % rq_.size()]; }
@@ -108,21 +108,21 @@ class QueuePairImpl {
   bool start_wqe(SendWqe& w);
   int send_request_packet(SendWqe& w);  // 1 sent, 0 no buffer/MAC yet, 2 WQE failed (completed), -1 QP left RTS
   void on_response(const roce::Packet& pkt);
-  void complete_send(SendWqe& w, rdma::WcStatus status, std::string error = {});
+  void complete_send(SendWqe& w, verbs::WcStatus status, std::string error = {});
   void rewind(uint32_t psn);
   void arm_timer();
   bool retry_exhausted(bool rnr);
   // Completes the WQEs before sq index `index` as flushed, that one with
   // `status`, and puts the QP in ERROR.
-  void fail_from(uint64_t index, rdma::WcStatus status, std::string error);
-  void fail_head(rdma::WcStatus status, std::string error) { fail_from(sq_head_, status, std::move(error)); }
+  void fail_from(uint64_t index, verbs::WcStatus status, std::string error);
+  void fail_head(verbs::WcStatus status, std::string error) { fail_from(sq_head_, status, std::move(error)); }
   std::optional<net::MacAddress> peer_mac(uint32_t ip, bool& failed);
 
   // Responder.
   void on_request(const roce::Packet& pkt);
   void on_duplicate(const roce::Packet& pkt);
   void on_ud_send(const roce::Packet& pkt);
-  void send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, rdma::WcStatus recv_status);
+  void send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, verbs::WcStatus recv_status);
   void send_rnr_nak(uint32_t psn);
   void queue_ack(uint32_t psn);
   // READ responses and atomic ACKs queued, for new requests or for
@@ -130,25 +130,25 @@ class QueuePairImpl {
   size_t pending_rd_atomic(bool replays) const;
   bool send_reply_packet(Reply& r);  // true when r is fully sent
   bool send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& aeth, const roce::ExtHeaders* ext);
-  void complete_recv(rdma::WcStatus status, rdma::WcOpcode opcode, uint32_t byte_len, std::optional<uint32_t> imm,
+  void complete_recv(verbs::WcStatus status, verbs::WcOpcode opcode, uint32_t byte_len, std::optional<uint32_t> imm,
                      uint32_t src_qp, std::string error = {});
 
   // Copies data into / out of SGE lists through the key table.
-  std::optional<rdma::KeyCheckError> scatter(const rdma::Sge* sge, uint32_t n, uint64_t offset,
+  std::optional<verbs::KeyCheckError> scatter(const verbs::Sge* sge, uint32_t n, uint64_t offset,
                                              std::span<const uint8_t> data);
   roce::FrameSpec frame_spec(uint8_t opcode, uint32_t psn, bool ack_req);
-  void push_completion(CompletionQueueImpl* cq, rdma::WorkCompletion&& wc);
+  void push_completion(CompletionQueueImpl* cq, verbs::WorkCompletion&& wc);
 
   Context& ctx_;
   const uint32_t qpn_;
-  const rdma::PdId pd_;
-  const rdma::QpType type_;
+  const verbs::PdId pd_;
+  const verbs::QpType type_;
   CompletionQueueImpl* const send_cq_;
   CompletionQueueImpl* const recv_cq_;
-  const rdma::QpCaps caps_;
+  const verbs::QpCaps caps_;
   const bool sq_sig_all_;
   const uint32_t initial_psn_;
-  rdma::QpAttr attr_;
+  verbs::QpAttr attr_;
   uint32_t mtu_ = 1024;
   bool lost_completion_ = false;
   uint16_t ip_id_ = 0;

@@ -11,7 +11,7 @@
 
 namespace ufab::transport {
 
-using namespace rdma;
+using namespace verbs;
 using roce::psn_add;
 using roce::psn_diff;
 namespace aeth = roce::aeth;

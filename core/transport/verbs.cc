@@ -1,6 +1,6 @@
 #include "core/transport/verbs.h"
 
-namespace ufab::rdma {
+namespace ufab::verbs {
 
 const char* wr_opcode_name(WrOpcode op) {
   switch (op) {
@@ -68,4 +68,4 @@ std::string to_string(const DeviceStats& st) {
          ", RNR NAKs sent " + n(st.rnr_naks_sent) + " received " + n(st.rnr_naks_received);
 }
 
-}  // namespace ufab::rdma
+}  // namespace ufab::verbs

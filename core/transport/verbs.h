@@ -16,7 +16,7 @@
 
 #include "core/rdma/memory.h"
 
-namespace ufab::rdma {
+namespace ufab::verbs {
 
 // One piece of a scatter/gather list: `length` bytes at `addr` inside the
 // region whose lkey is `lkey` (addr is the region's iova space, which is the
@@ -225,4 +225,4 @@ struct DeviceStats {
 // 2000, ARP 2), parse errors 0, dropped 0, retransmits 0, ...".
 std::string to_string(const DeviceStats& stats);
 
-}  // namespace ufab::rdma
+}  // namespace ufab::verbs

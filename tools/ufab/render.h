@@ -6,7 +6,7 @@
 
 #include "base/json.h"
 #include "core/pci/discovery.h"
-#include "core/transport/verbs.h"
+#include "api/rdma.h"
 
 namespace ufab::cli {
 

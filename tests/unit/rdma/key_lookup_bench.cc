@@ -17,7 +17,7 @@
 
 #include "core/rdma/memory.h"
 
-using namespace ufab::rdma;
+using namespace ufab::verbs;
 
 namespace {
 

@@ -16,7 +16,7 @@
 
 #include "core/rdma/memory.h"
 
-namespace ufab::rdma {
+namespace ufab::verbs {
 namespace {
 
 TEST(MemoryConcurrency, ReadersNeverTouchDeregisteredMemory) {
@@ -123,4 +123,4 @@ TEST(MemoryConcurrency, ConcurrentRegistrationsNeverShareALiveKey) {
 }
 
 }  // namespace
-}  // namespace ufab::rdma
+}  // namespace ufab::verbs

@@ -11,7 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
-namespace ufab::rdma {
+namespace ufab::verbs {
 namespace {
 
 constexpr uint64_t kMax64 = std::numeric_limits<uint64_t>::max();
@@ -662,4 +662,4 @@ TEST(MemoryRegionTable, DeregisterWaitsForInFlightAccess) {
 }
 
 }  // namespace
-}  // namespace ufab::rdma
+}  // namespace ufab::verbs
