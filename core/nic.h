@@ -22,7 +22,7 @@
 #include "core/plugin_ops.h"
 #include "dma/buffer_pool.h"
 #include "dma/dma.h"
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 #include "vfio/container.h"
 #include "vfio/device.h"
 

@@ -26,7 +26,7 @@ bool within(size_t offset, size_t len, uint32_t size) { return offset + len <= s
 
 // Calls visit(member, offset, name, stub) for every operation, in table
 // order. This list is the one place that knows the operations; the
-// static_assert below keeps it from falling behind drivers/plugin.h.
+// static_assert below keeps it from falling behind abi/raw_frame.h.
 template <typename Visit>
 void for_each_op(Visit&& visit) {
   visit(&ufab_driver::open, offsetof(ufab_driver, open), "open", &stub_open);

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 namespace ufab::core {
 

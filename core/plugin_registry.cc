@@ -209,7 +209,7 @@ Status PluginRegistry::register_driver(const ufab_driver* driver, const std::str
   if (driver->abi_major != UFAB_ABI_MAJOR) {
     return fail(ENOEXEC, "built for ABI " + abi_version(driver->abi_major, driver->abi_minor) + ", this ufab speaks " +
                              abi_version(UFAB_ABI_MAJOR, UFAB_ABI_MINOR) +
-                             ": rebuild the plugin against drivers/plugin.h of this ufab");
+                             ": rebuild the plugin against abi/raw_frame.h of this ufab");
   }
   if (driver->size < kDriverHeaderSize) {
     return fail(ENOEXEC, format("driver table is %u bytes, smaller than the %zu-byte header every ABI %u.x table "
@@ -313,7 +313,7 @@ Status PluginRegistry::load_file(const std::string& so_path) {
                              ", but it exports " +
                                  other + ", so it was built for another ABI major; this ufab speaks " +
                                  abi_version(UFAB_ABI_MAJOR, UFAB_ABI_MINOR) +
-                                 ": rebuild the plugin against drivers/plugin.h of this ufab");
+                                 ": rebuild the plugin against abi/raw_frame.h of this ufab");
       }
       return fail(ENOEXEC, "not a ufab plugin: no symbol " UFAB_DRIVER_ENTRY_SYMBOL
                            " (a plugin defines it in its <name>_entry.cc and exports it; see "

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 namespace ufab::core {
 

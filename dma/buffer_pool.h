@@ -11,7 +11,7 @@
 
 #include "base/error.h"
 #include "dma/dma.h"
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 namespace ufab::dma {
 

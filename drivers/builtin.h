@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 #ifdef __cplusplus
 extern "C" {

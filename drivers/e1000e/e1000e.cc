@@ -17,7 +17,7 @@
 
 #include "drivers/e1000e/regs.h"
 #include "drivers/e1000e/ring.h"
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 #include "drivers/sdk/adapter.h"
 #include "vfio/mmio.h"
 

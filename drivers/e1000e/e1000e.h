@@ -5,7 +5,7 @@
 #ifndef UFAB_DRIVERS_E1000E_E1000E_H
 #define UFAB_DRIVERS_E1000E_E1000E_H
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 #ifdef __cplusplus
 extern "C" {

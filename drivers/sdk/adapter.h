@@ -24,7 +24,7 @@
 #include <cerrno>
 #include <new>
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 namespace ufab::sdk {
 

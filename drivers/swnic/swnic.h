@@ -14,7 +14,7 @@
 // See docs/drivers/swnic.md.
 #pragma once
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 // The driver table, for linking swnic into a binary statically.
 #ifdef __cplusplus

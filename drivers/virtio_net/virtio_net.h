@@ -3,7 +3,7 @@
 // As a shared library the same table comes from ufab_driver_entry_v1().
 #pragma once
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 #ifdef __cplusplus
 extern "C" {

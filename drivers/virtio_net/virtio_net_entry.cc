@@ -1,6 +1,6 @@
 // The shared-library entry point of the virtio-net plugin: the one symbol
 // libufab_virtio_net.so exports (see plugin.lds).
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 #include "drivers/virtio_net/virtio_net.h"
 
 extern "C" __attribute__((visibility("default"))) const ufab_driver* ufab_driver_entry_v1() {

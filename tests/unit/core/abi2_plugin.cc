@@ -1,6 +1,6 @@
 // A plugin that claims ABI major 2 from the 1.x entry symbol: the loader
 // must refuse it after reading only the version fields.
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 namespace {
 ufab_driver make() {

@@ -4,6 +4,6 @@
 // table from the shared library.
 #pragma once
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 const ufab_driver* ufab_good_driver();

@@ -1,4 +1,4 @@
 // A plugin whose entry point returns no table.
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 extern "C" __attribute__((visibility("default"))) const ufab_driver* ufab_driver_entry_v1(void) { return nullptr; }

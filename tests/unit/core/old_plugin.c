@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 
 struct ufab_dev {
   int opened;

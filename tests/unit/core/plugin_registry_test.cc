@@ -142,7 +142,7 @@ TEST(PluginLoad, AbiMajorMismatchNamesBothVersions) {
   EXPECT_EQ(st.error().code(), ENOEXEC);
   EXPECT_EQ(st.error().message(), "loading plugin " + path +
                                       ": built for ABI 2.0, this ufab speaks 1.0: rebuild the plugin against "
-                                      "drivers/plugin.h of this ufab");
+                                      "abi/raw_frame.h of this ufab");
   EXPECT_TRUE(reg.plugins().empty());
 }
 
@@ -182,7 +182,7 @@ TEST(PluginLoad, EntrySymbolOfAnotherMajorIsNamed) {
   auto st = reg.load_file(fixture("libv2entry_plugin.so"));
   ASSERT_FALSE(st);
   EXPECT_PRED2(contains, st.error().message(), "no symbol ufab_driver_entry_v1, but it exports ufab_driver_entry_v2");
-  EXPECT_PRED2(contains, st.error().message(), "rebuild the plugin against drivers/plugin.h");
+  EXPECT_PRED2(contains, st.error().message(), "rebuild the plugin against abi/raw_frame.h");
 }
 
 TEST(PluginLoad, EntryReturningNullIsRefused) {
@@ -329,7 +329,7 @@ TEST(PluginDirectory, LoadsEverySoAndTurnsFailuresIntoWarnings) {
   ASSERT_EQ(reg.warnings().size(), 2u);
   EXPECT_EQ(reg.warnings()[0], "skipped " + (dir / "libabi2.so") +
                                    ": built for ABI 2.0, this ufab speaks 1.0: rebuild the plugin against "
-                                   "drivers/plugin.h of this ufab");
+                                   "abi/raw_frame.h of this ufab");
   EXPECT_PRED2(contains, reg.warnings()[1],
                "skipped " + (dir / "libnosym.so") + ": not a ufab plugin: no symbol ufab_driver_entry_v1");
 }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "drivers/plugin.h"
+#include "abi/raw_frame.h"
 #include "drivers/swnic/segment.h"
 
 namespace ufab::swnic_test {

@@ -18,8 +18,8 @@
  *  - A plugin touches hardware only through the host services it is handed:
  *    BAR mappings, config space, DMA memory, interrupt eventfds, buffers.
  */
-#ifndef UFAB_DRIVERS_PLUGIN_H
-#define UFAB_DRIVERS_PLUGIN_H
+#ifndef UFAB_ABI_RAW_FRAME_H
+#define UFAB_ABI_RAW_FRAME_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -204,4 +204,4 @@ const struct ufab_driver* ufab_driver_entry_v1(void);
 }
 #endif
 
-#endif /* UFAB_DRIVERS_PLUGIN_H */
+#endif /* UFAB_ABI_RAW_FRAME_H */
