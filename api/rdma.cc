@@ -7,6 +7,7 @@
 #include "core/transport/context.h"
 #include "core/transport/link.h"
 #include "core/transport/queue_pair.h"
+#include "drivers/builtin.h"
 
 namespace ufab::rdma {
 
@@ -26,7 +27,7 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& spec, const Devi
   if (!ip) return std::unexpected(ip.error().context("opening " + spec));
   core::OpenOptions open_options;
   open_options.params = options.params;
-  auto nic = core::open_nic(core::default_registry(), spec, open_options);
+  auto nic = core::open_nic(core::default_registry(drivers::builtin_drivers()), spec, open_options);
   if (!nic) return std::unexpected(nic.error());
   auto link = transport::NicLink::create(std::move(*nic), {.ring_size = options.ring_size});
   if (!link) return std::unexpected(link.error().context("opening " + spec));

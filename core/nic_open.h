@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 
 #include "base/error.h"
@@ -23,9 +24,11 @@ Result<const Plugin*> plugin_for(const PluginRegistry& registry, const std::stri
 Result<std::unique_ptr<Nic>> open_nic(const PluginRegistry& registry, const std::string& spec,
                                       const OpenOptions& options = {});
 
-// A registry holding the plugins linked into this binary (drivers/builtin)
-// plus those found by PluginRegistry::load_default(); load problems are
-// in warnings().
-PluginRegistry default_registry();
+// A registry holding `builtins`, the plugins linked into the program, plus
+// those found by PluginRegistry::load_default(); load problems are in
+// warnings(). The program chooses its built-in list, core does not: ufab's
+// binaries and the API pass drivers/builtin's (ufab::drivers::builtin_drivers()
+// in drivers/builtin.h), a test may pass its own or none.
+PluginRegistry default_registry(std::span<const ufab_driver* const> builtins);
 
 }  // namespace ufab::core

@@ -119,6 +119,7 @@ constexpr uint32_t kReadLen = 256, kAtomicAt = 512, kWriteAt = 1024, kWriteLen =
 #include "api/rdma.h"
 #include "core/net/arp.h"
 #include "core/nic_open.h"
+#include "drivers/builtin.h"
 
 namespace {
 
@@ -244,7 +245,7 @@ struct Harness {
                                 {.ip = "10.0.0.1", .params = {{"stale", "reset"}, {"ring", "256"}}, .progress_thread = false, .ring_size = 256});
     if (!d) violated("setup: Device::open: " + d.error().message());
     dev = std::move(*d);
-    registry = std::make_unique<core::PluginRegistry>(core::default_registry());
+    registry = std::make_unique<core::PluginRegistry>(core::default_registry(drivers::builtin_drivers()));
     auto nic = core::open_nic(*registry, "swnic:" + link + ":1");
     if (!nic) violated("setup: peer port: " + nic.error().message());
     peer = std::move(*nic);

@@ -118,7 +118,7 @@ for t in "${targets[@]}"; do
         status=1 ;;
     arp) fuzz arp "$root/tests/fuzz/arp_fuzzer.cc" "$root"/core/net/{arp,addresses}.cc || status=1 ;;
     rdma_receive)
-      extra_headers="$root/api/*.h $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
+      extra_headers="$root/abi/*.h $root/api/*.h $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
       extra_libs="-lrt -ldl -lpthread" \
       fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root/api/rdma.cc" \
         "$root"/core/transport/{completion_queue,context,link,queue_pair,requester,responder,verbs}.cc \

@@ -6,6 +6,7 @@
 #include "core/nic_open.h"
 #include "core/pci/details.h"
 #include "core/pci/discovery.h"
+#include "drivers/builtin.h"
 #include "tools/ufab/cli.h"
 #include "tools/ufab/render.h"
 #include "tools/ufab/table.h"
@@ -79,7 +80,7 @@ struct PluginView {
 };
 
 Result<PluginView> inspect_through_plugin(const Options& opts, const pci::DeviceInfo& d) {
-  core::PluginRegistry registry = core::default_registry();
+  core::PluginRegistry registry = core::default_registry(drivers::builtin_drivers());
   vfio::Environment env;
   env.sysfs_root = opts.host.paths.sysfs;
   env.dev_root = opts.host.paths.dev;

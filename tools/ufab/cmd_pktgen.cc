@@ -6,6 +6,7 @@
 #include "base/json.h"
 #include "core/nic_open.h"
 #include "core/traffic.h"
+#include "drivers/builtin.h"
 #include "tools/ufab/cli.h"
 
 namespace ufab::cli {
@@ -83,7 +84,7 @@ int cmd_pktgen(const Options& opts) {
     }
   }
 
-  core::PluginRegistry registry = core::default_registry();
+  core::PluginRegistry registry = core::default_registry(drivers::builtin_drivers());
   auto from = open_port(registry, opts.args[0], params);
   if (!from) return report_error(opts, "pktgen", from.error());
   auto to = open_port(registry, opts.args[1], params);

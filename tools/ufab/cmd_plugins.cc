@@ -3,6 +3,7 @@
 
 #include "base/json.h"
 #include "core/nic_open.h"
+#include "drivers/builtin.h"
 #include "tools/ufab/cli.h"
 #include "tools/ufab/render.h"
 #include "tools/ufab/table.h"
@@ -25,7 +26,7 @@ std::string match_text(const ufab_pci_match& m) {
 }  // namespace
 
 int cmd_plugins(const Options& opts) {
-  core::PluginRegistry registry = core::default_registry();
+  core::PluginRegistry registry = core::default_registry(drivers::builtin_drivers());
   if (opts.json) {
     JsonWriter w;
     w.begin_object().field("ok", true).field("abi", std::to_string(UFAB_ABI_MAJOR) + "." + std::to_string(UFAB_ABI_MINOR));

@@ -44,6 +44,7 @@
 #include "core/nic_open.h"
 #include "core/roce/builder.h"
 #include "core/roce/parser.h"
+#include "drivers/builtin.h"
 
 // Requests are written as designated initializers naming only the fields
 // that matter; gcc 12 warns about every member left out even when it has a
@@ -199,7 +200,7 @@ struct Req {
 class Peer {
  public:
   Status open(const std::string& link) {
-    registry_ = std::make_unique<core::PluginRegistry>(core::default_registry());
+    registry_ = std::make_unique<core::PluginRegistry>(core::default_registry(drivers::builtin_drivers()));
     auto nic = core::open_nic(*registry_, "swnic:" + link + ":1");
     if (!nic) return std::unexpected(nic.error());
     nic_ = std::move(*nic);

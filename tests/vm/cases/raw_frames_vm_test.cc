@@ -25,6 +25,7 @@
 #include "base/files.h"
 #include "core/nic_open.h"
 #include "core/traffic.h"
+#include "drivers/builtin.h"
 #include "tests/vm/cases/vm_ports.h"
 
 namespace ufab {
@@ -60,7 +61,7 @@ int take_test_frames(Port& port, const core::Mac& src, uint32_t stream) {
 
 class RawFramesVm : public ::testing::Test {
  protected:
-  core::PluginRegistry registry_ = core::default_registry();
+  core::PluginRegistry registry_ = core::default_registry(drivers::builtin_drivers());
 
   void transfer(const std::string& a, const std::string& b, uint64_t frames) {
     SCOPED_TRACE(a + " -> " + b);
