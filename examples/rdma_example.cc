@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "core/transport/exchange.h"
 
 namespace {

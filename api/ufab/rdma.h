@@ -330,7 +330,7 @@ int ufab_device_open(const char* name, const struct ufab_device_opts* opts, stru
 /* Drops the application's reference; the device closes with its last object. */
 void ufab_device_close(struct ufab_device* dev);
 int ufab_device_query(struct ufab_device* dev, struct ufab_device_attr* out);
-int ufab_device_stats(struct ufab_device* dev, struct ufab_device_stats* out);
+int ufab_device_query_stats(struct ufab_device* dev, struct ufab_device_stats* out);
 /* Runs the provider once (receive, acknowledge, retransmit); returns the
  * work done. poll, wait and post call it. */
 int ufab_device_progress(struct ufab_device* dev);
@@ -353,6 +353,7 @@ int ufab_mr_dereg(struct ufab_mr* mr);
 
 int ufab_cq_create(struct ufab_device* dev, uint32_t depth, struct ufab_cq** out);
 int ufab_cq_destroy(struct ufab_cq* cq);
+uint32_t ufab_cq_depth(const struct ufab_cq* cq);
 /* Up to n completions, oldest first; 0 when none; -EOVERFLOW once after
  * completions were lost to a full CQ (their QPs went to ERROR). */
 int ufab_cq_poll(struct ufab_cq* cq, struct ufab_wc* wc, uint32_t n);

@@ -194,6 +194,11 @@ void Context::on_frame_locked(std::span<const uint8_t> frame) {
   qp.on_packet(packet_);
 }
 
+void Context::transmit_locked(QueuePairImpl& qp) {
+  qp.transmit();
+  link_->tx_flush();
+}
+
 int Context::progress_locked() {
   now_ = Clock::now();
   int work = static_cast<int>(link_->receive(256, [this](std::span<const uint8_t> f) { on_frame_locked(f); }));

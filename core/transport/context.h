@@ -54,6 +54,10 @@ class Context {
                                           CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps, bool sq_sig_all);
   void destroy_qp_locked(QueuePairImpl* qp);
 
+  // Sends what `qp` has queued that the window allows, then rings the
+  // NIC's doorbell once: the end of a post.
+  void transmit_locked(QueuePairImpl& qp);
+
   // One round of receive, timers and transmit; returns frames and timers
   // handled.
   int progress_locked();

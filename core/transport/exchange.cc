@@ -367,7 +367,7 @@ Result<std::string> TcpChannel::recv_line(size_t max_len, milliseconds timeout) 
   }
 }
 
-Result<std::string> encode_connection_line(const verbs::ConnectionData& d) {
+Result<std::string> encode_connection_line(const rdma::ConnectionData& d) {
   if (auto ok = check_24_bits("encoding connection data", d.qpn, d.psn); !ok) return std::unexpected(ok.error());
   char line[kConnectionLineMax];
   int n = std::snprintf(line, sizeof line, "%s %s %06x %06x %08x %016llx %u\n", kMagic,
@@ -376,7 +376,7 @@ Result<std::string> encode_connection_line(const verbs::ConnectionData& d) {
   return std::string(line, size_t(n));
 }
 
-Result<verbs::ConnectionData> decode_connection_line(std::string_view line) {
+Result<rdma::ConnectionData> decode_connection_line(std::string_view line) {
   if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
   std::vector<std::string_view> fields;
   for (size_t start = 0;;) {
@@ -401,7 +401,7 @@ Result<verbs::ConnectionData> decode_connection_line(std::string_view line) {
     return fail(EPROTO, std::string("connection line field ") + field + ": expected " + expected + ", saw " +
                             shown(value) + seen);
   };
-  verbs::ConnectionData d;
+  rdma::ConnectionData d;
   auto ip = roce::ipv4_from_string(fields[1]);
   if (!ip) return bad("ip", "a dotted IPv4 address", fields[1]);
   d.ip = *ip;
@@ -470,7 +470,7 @@ Result<PingpongMessage> decode_pingpong(std::span<const uint8_t> bytes) {
   return m;
 }
 
-Result<verbs::ConnectionData> exchange_as_server(TcpListener& listener, const verbs::ConnectionData& local,
+Result<rdma::ConnectionData> exchange_as_server(TcpListener& listener, const rdma::ConnectionData& local,
                                                 milliseconds timeout) {
   const std::string what = "connection exchange as server on port " + std::to_string(listener.port()) +
                            " (timeout " + std::to_string(timeout.count()) + " ms)";
@@ -489,8 +489,8 @@ Result<verbs::ConnectionData> exchange_as_server(TcpListener& listener, const ve
   return remote;
 }
 
-Result<verbs::ConnectionData> exchange_as_client(const std::string& host, uint16_t port,
-                                                const verbs::ConnectionData& local, milliseconds timeout) {
+Result<rdma::ConnectionData> exchange_as_client(const std::string& host, uint16_t port,
+                                                const rdma::ConnectionData& local, milliseconds timeout) {
   const std::string what = "connection exchange as client of " + host_port(host, port) + " (timeout " +
                            std::to_string(timeout.count()) + " ms)";
   auto ours = encode_connection_line(local);

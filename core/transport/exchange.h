@@ -19,7 +19,7 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "core/roce/gid.h"
-#include "core/transport/verbs.h"
+#include "ufab/rdma.hpp"
 
 namespace ufab::transport {
 
@@ -95,9 +95,9 @@ class TcpListener {
 // exactly one space.
 inline constexpr size_t kConnectionLineMax = 128;
 // Fails when qpn or psn do not fit their 24 bits.
-Result<std::string> encode_connection_line(const verbs::ConnectionData& data);
+Result<std::string> encode_connection_line(const rdma::ConnectionData& data);
 // Takes the line with or without its '\n'.
-Result<verbs::ConnectionData> decode_connection_line(std::string_view line);
+Result<rdma::ConnectionData> decode_connection_line(std::string_view line);
 
 // ibv_rc_pingpong's message (rdma-core libibverbs/examples/rc_pingpong.c):
 // sprintf("%04x:%06x:%06x:%s", lid, qpn, psn, gid) with the GID as 32 hex
@@ -134,11 +134,11 @@ Result<PingpongMessage> decode_pingpong(std::span<const uint8_t> bytes);
 // Accepts one client, reads its line, answers with ours. The server reads
 // first (as rc_pingpong's) so it can set up its QP before the client can
 // send. `timeout` bounds the whole exchange, the wait for the client included.
-Result<verbs::ConnectionData> exchange_as_server(TcpListener& listener, const verbs::ConnectionData& local,
+Result<rdma::ConnectionData> exchange_as_server(TcpListener& listener, const rdma::ConnectionData& local,
                                                 std::chrono::milliseconds timeout);
 // Connects (retrying while refused), sends our line, reads the server's.
-Result<verbs::ConnectionData> exchange_as_client(const std::string& host, uint16_t port,
-                                                const verbs::ConnectionData& local,
+Result<rdma::ConnectionData> exchange_as_client(const std::string& host, uint16_t port,
+                                                const rdma::ConnectionData& local,
                                                 std::chrono::milliseconds timeout);
 
 }  // namespace ufab::transport

@@ -6,6 +6,7 @@
 //
 // Prints a table; --json writes the same figures. UFAB_BENCH_STATS=1 also
 // prints both devices' transport counters after each WRITE run.
+#include <optional>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "base/json.h"
 
 using namespace ufab;

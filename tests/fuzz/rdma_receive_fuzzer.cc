@@ -116,7 +116,7 @@ constexpr uint32_t kReadLen = 256, kAtomicAt = 512, kWriteAt = 1024, kWriteLen =
 #include <memory>
 #include <optional>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "core/net/arp.h"
 #include "core/nic_open.h"
 #include "drivers/builtin.h"

@@ -40,7 +40,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "base/json.h"
 #include "core/roce/gid.h"
 #include "core/transport/exchange.h"

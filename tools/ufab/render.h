@@ -6,7 +6,7 @@
 
 #include "base/json.h"
 #include "core/pci/discovery.h"
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 
 namespace ufab::cli {
 

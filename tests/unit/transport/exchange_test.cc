@@ -15,7 +15,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using verbs::ConnectionData;
+using rdma::ConnectionData;
 
 constexpr auto kLong = 5000ms;  // for waits that must succeed
 

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "core/net/arp.h"
 #include "core/nic_open.h"
 #include "core/roce/builder.h"

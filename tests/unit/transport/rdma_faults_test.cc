@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "tests/unit/transport/two_process.h"
 
 namespace ufab::rdma_faults_test {

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 
 namespace ufab::rdma {
 namespace {

@@ -30,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "tests/unit/transport/two_process.h"
 
 namespace ufab::rdma_swnic_test {

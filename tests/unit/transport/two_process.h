@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 
 namespace ufab::two_process {
 

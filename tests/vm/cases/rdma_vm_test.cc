@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "tests/vm/cases/vm_ports.h"
 
 namespace ufab {

@@ -219,7 +219,7 @@ Status to_init(ibv_qp* qp) {
 
 // INIT -> RTR -> RTS towards `peer`, with what RoCE needs: a GRH to
 // ::ffff:peer.ip from our GID, and ufab's defaults (QpAttr) for the rest.
-Status to_rts(ibv_qp* qp, int gid_index, const ufab::verbs::ConnectionData& peer, uint32_t our_psn) {
+Status to_rts(ibv_qp* qp, int gid_index, const ufab::rdma::ConnectionData& peer, uint32_t our_psn) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = IBV_MTU_1024;
@@ -252,7 +252,7 @@ Status to_rts(ibv_qp* qp, int gid_index, const ufab::verbs::ConnectionData& peer
   return {};
 }
 
-Status run_client_steps(ibv_qp* qp, ibv_cq* cq, Buffer& buf, const ibv_mr* mr, const ufab::verbs::ConnectionData& peer,
+Status run_client_steps(ibv_qp* qp, ibv_cq* cq, Buffer& buf, const ibv_mr* mr, const ufab::rdma::ConnectionData& peer,
                         milliseconds timeout, Steps& steps) {
   auto sge_of = [&](const void* field, uint32_t length) {
     return ibv_sge{.addr = reinterpret_cast<uint64_t>(field), .length = length, .lkey = mr->lkey};
@@ -423,7 +423,7 @@ Status run(const Options& opt) {
   if (!qp) return verbs_failed("ibv_create_qp", -1);
   if (auto s = to_init(qp.get()); !s) return s;
 
-  ufab::verbs::ConnectionData local;
+  ufab::rdma::ConnectionData local;
   local.ip = *ip;
   local.qpn = qp->qp_num;
   local.psn = std::random_device{}() & 0xffffff;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "api/rdma.h"
+#include "ufab/rdma.hpp"
 #include "core/transport/perftest_exchange.h"
 
 namespace ufab::cli::perf {

@@ -1,0 +1,485 @@
+// The C API (<ufab/rdma.h>) over the RDMA provider layer: picks the
+// provider from the device name, owns the public handles and their
+// lifetimes, and dispatches every call to the provider's table.
+//
+// Lifetimes: each handle counts the references to it (the application's,
+// plus one per child that uses it: a QP holds its PD and CQs, an MR its PD,
+// everything its device). Destroying drops the application's reference; the
+// provider's object goes when the last reference does, so providers always
+// see children destroyed first and applications may destroy in any order.
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "api/ufab/rdma.h"
+#include "api/providers.h"
+#include "core/provider/providers.h"
+
+namespace {
+
+thread_local std::string t_error;
+
+void set_error(const char* message) { t_error = message != nullptr ? message : ""; }
+void log_message(int level, const char* message) {
+  static const char* const kLevels[] = {"error", "warning", "info", "debug"};
+  if (level <= 1) std::fprintf(stderr, "ufab %s: %s\n", kLevels[level < 0 ? 0 : level], message);
+}
+
+const ufab_rdma_host kHost = {.size = sizeof(ufab_rdma_host), .reserved = 0, .set_error = set_error, .log = log_message};
+
+int error(int err, const std::string& message) {
+  t_error = message;
+  return -err;
+}
+
+// A reference count; release() returns true for the last one.
+struct Refs {
+  std::atomic<uint32_t> n{1};
+  void hold() { n.fetch_add(1, std::memory_order_relaxed); }
+  bool release() { return n.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+};
+
+}  // namespace
+
+struct ufab_device {
+  Refs refs;
+  const ufab_rdma_provider* ops;
+  ufab_rdma_dev* p;
+  ufab_device_attr attr;
+};
+
+struct ufab_pd {
+  Refs refs;
+  ufab_device* dev;
+  ufab_rdma_pd* p;
+};
+
+struct ufab_mr {
+  ufab_pd* pd;
+  ufab_rdma_mr* p;
+  uint32_t lkey, rkey;
+};
+
+struct ufab_cq {
+  Refs refs;
+  ufab_device* dev;
+  ufab_rdma_cq* p;
+  uint32_t depth;
+};
+
+struct ufab_qp {
+  ufab_pd* pd;
+  ufab_cq* send_cq;
+  ufab_cq* recv_cq;
+  ufab_rdma_qp* p;
+  uint32_t qpn;
+  uint32_t type;
+};
+
+struct ufab_ah {
+  ufab_pd* pd;
+  ufab_rdma_ah* p;
+  ufab_av av;
+};
+
+namespace {
+
+void release(ufab_device* dev) {
+  if (dev->refs.release()) {
+    dev->ops->close_device(dev->p);
+    delete dev;
+  }
+}
+
+void release(ufab_pd* pd) {
+  if (pd->refs.release()) {
+    // Cannot be busy: every region, QP and AH of it holds a reference.
+    (void)pd->dev->ops->dealloc_pd(pd->p);
+    release(pd->dev);
+    delete pd;
+  }
+}
+
+void release(ufab_cq* cq) {
+  if (cq->refs.release()) {
+    (void)cq->dev->ops->destroy_cq(cq->p);
+    release(cq->dev);
+    delete cq;
+  }
+}
+
+const ufab_rdma_provider* ops(const ufab_pd* pd) { return pd->dev->ops; }
+const ufab_rdma_provider* ops(const ufab_qp* qp) { return qp->pd->dev->ops; }
+const ufab_rdma_provider* ops(const ufab_cq* cq) { return cq->dev->ops; }
+
+#define UFAB_REQUIRE(cond, what)                                          \
+  do {                                                                    \
+    if (!(cond)) return error(EINVAL, std::string(__func__) + ": " what); \
+  } while (0)
+
+}  // namespace
+
+extern "C" {
+
+const char* ufab_last_error(void) { return t_error.c_str(); }
+
+// ------------------------------------------------------------------- device
+
+int ufab_device_open(const char* name, const ufab_device_opts* opts, ufab_device** out) {
+  UFAB_REQUIRE(name != nullptr && out != nullptr, "name and out are required");
+  ufab_device_opts o{};
+  o.size = sizeof o;
+  if (opts != nullptr) {
+    if (opts->size < offsetof(ufab_device_opts, progress_thread)) {
+      return error(EINVAL, "ufab_device_open: opts->size is " + std::to_string(opts->size) +
+                               "; set it to sizeof(struct ufab_device_opts)");
+    }
+    std::memcpy(&o, opts, std::min<size_t>(opts->size, sizeof o));
+  }
+  try {
+    auto provider = ufab::api::providers().for_device(name);
+    if (!provider) return error(provider.error().code(), provider.error().message());
+    const ufab_rdma_provider* table = &(*provider)->ops;
+    ufab_rdma_dev* p = nullptr;
+    t_error.clear();
+    if (int rc = table->open_device(&kHost, name, &o, &p); rc < 0) {
+      if (t_error.empty()) t_error = std::string("opening ") + name + ": " + std::strerror(-rc);
+      return rc;
+    }
+    auto* dev = new ufab_device{{}, table, p, {}};
+    (void)table->query_device(p, &dev->attr);
+    *out = dev;
+    return 0;
+  } catch (const std::bad_alloc&) {
+    return error(ENOMEM, std::string("opening ") + name + ": out of memory");
+  }
+}
+
+void ufab_device_close(ufab_device* dev) {
+  if (dev != nullptr) release(dev);
+}
+
+int ufab_device_query(ufab_device* dev, ufab_device_attr* out) {
+  UFAB_REQUIRE(dev != nullptr && out != nullptr, "dev and out are required");
+  *out = dev->attr;
+  return 0;
+}
+
+int ufab_device_query_stats(ufab_device* dev, ufab_device_stats* out) {
+  UFAB_REQUIRE(dev != nullptr && out != nullptr, "dev and out are required");
+  *out = {};
+  return dev->ops->device_stats(dev->p, out);
+}
+
+int ufab_device_progress(ufab_device* dev) { return dev->ops->progress(dev->p); }
+int ufab_device_start_progress_thread(ufab_device* dev) { return dev->ops->start_progress_thread(dev->p); }
+void ufab_device_stop_progress_thread(ufab_device* dev) { dev->ops->stop_progress_thread(dev->p); }
+
+// ------------------------------------------------------------------- PD, MR
+
+int ufab_pd_alloc(ufab_device* dev, ufab_pd** out) {
+  UFAB_REQUIRE(dev != nullptr && out != nullptr, "dev and out are required");
+  ufab_rdma_pd* p = nullptr;
+  if (int rc = dev->ops->alloc_pd(dev->p, &p); rc < 0) return rc;
+  dev->refs.hold();
+  *out = new ufab_pd{{}, dev, p};
+  return 0;
+}
+
+int ufab_pd_free(ufab_pd* pd) {
+  if (pd != nullptr) release(pd);
+  return 0;
+}
+
+int ufab_mr_reg_attr(ufab_pd* pd, const ufab_mr_attr* attr, ufab_mr** out) {
+  UFAB_REQUIRE(pd != nullptr && attr != nullptr && out != nullptr, "pd, attr and out are required");
+  UFAB_REQUIRE(attr->size >= offsetof(ufab_mr_attr, mem_type), "attr->size must be sizeof(struct ufab_mr_attr)");
+  ufab_mr_attr a{};
+  std::memcpy(&a, attr, std::min<size_t>(attr->size, sizeof a));
+  a.size = sizeof a;
+  ufab_rdma_mr* p = nullptr;
+  uint32_t lkey = 0, rkey = 0;
+  if (int rc = ops(pd)->reg_mr(pd->p, &a, &p, &lkey, &rkey); rc < 0) return rc;
+  pd->refs.hold();
+  *out = new ufab_mr{pd, p, lkey, rkey};
+  return 0;
+}
+
+int ufab_mr_reg(ufab_pd* pd, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
+  ufab_mr_attr a{.size = sizeof a, .access = access, .addr = addr, .length = length, .mem_type = UFAB_MEM_HOST,
+                 .reserved = 0};
+  return ufab_mr_reg_attr(pd, &a, out);
+}
+
+uint32_t ufab_mr_lkey(const ufab_mr* mr) { return mr->lkey; }
+uint32_t ufab_mr_rkey(const ufab_mr* mr) { return mr->rkey; }
+
+int ufab_mr_dereg(ufab_mr* mr) {
+  if (mr == nullptr) return 0;
+  if (int rc = ops(mr->pd)->dereg_mr(mr->p); rc < 0) return rc;
+  release(mr->pd);
+  delete mr;
+  return 0;
+}
+
+// ---------------------------------------------------------------------- AH
+
+int ufab_ah_create(ufab_pd* pd, const ufab_av* av, ufab_ah** out) {
+  UFAB_REQUIRE(pd != nullptr && av != nullptr && out != nullptr, "pd, av and out are required");
+  ufab_rdma_ah* p = nullptr;
+  if (int rc = ops(pd)->create_ah(pd->p, av, &p); rc < 0) return rc;
+  pd->refs.hold();
+  *out = new ufab_ah{pd, p, *av};
+  return 0;
+}
+
+int ufab_ah_destroy(ufab_ah* ah) {
+  if (ah == nullptr) return 0;
+  (void)ops(ah->pd)->destroy_ah(ah->p);
+  release(ah->pd);
+  delete ah;
+  return 0;
+}
+
+ufab_ud_dest ufab_ah_dest(const ufab_ah* ah, uint32_t qpn, uint32_t qkey) {
+  return ufab_ud_dest{.ip = ah->av.dest_ip, .qpn = qpn, .qkey = qkey, .traffic_class = ah->av.traffic_class,
+                      .hop_limit = ah->av.hop_limit, .reserved = 0};
+}
+
+// ---------------------------------------------------------------------- CQ
+
+int ufab_cq_create(ufab_device* dev, uint32_t depth, ufab_cq** out) {
+  UFAB_REQUIRE(dev != nullptr && out != nullptr, "dev and out are required");
+  ufab_rdma_cq* p = nullptr;
+  if (int rc = dev->ops->create_cq(dev->p, depth, &p); rc < 0) return rc;
+  dev->refs.hold();
+  *out = new ufab_cq{{}, dev, p, depth};
+  return 0;
+}
+
+int ufab_cq_destroy(ufab_cq* cq) {
+  if (cq != nullptr) release(cq);
+  return 0;
+}
+
+uint32_t ufab_cq_depth(const ufab_cq* cq) { return cq->depth; }
+
+int ufab_cq_poll(ufab_cq* cq, ufab_wc* wc, uint32_t n) { return ops(cq)->poll_cq(cq->p, wc, n); }
+
+int ufab_cq_wait(ufab_cq* cq, ufab_wc* wc, uint32_t n, int timeout_ms) {
+  if (int rc = ops(cq)->poll_cq(cq->p, wc, n); rc != 0) return rc;
+  if (int rc = ops(cq)->wait_cq(cq->p, timeout_ms); rc < 0) return rc;
+  return ops(cq)->poll_cq(cq->p, wc, n);
+}
+
+const char* ufab_cq_wc_detail(ufab_cq* cq, const ufab_wc* wc) {
+  if (wc->status == UFAB_WC_SUCCESS) return "";
+  const char* d = wc->detail != 0 ? ops(cq)->wc_detail(cq->p, wc->detail) : nullptr;
+  return d != nullptr ? d : ufab_wc_status_str(wc->status);
+}
+
+int ufab_cq_req_notify(ufab_cq* cq) { return ops(cq)->req_notify_cq(cq->p); }
+int ufab_cq_event_fd(ufab_cq* cq) { return ops(cq)->cq_event_fd(cq->p); }
+
+// ---------------------------------------------------------------------- QP
+
+int ufab_qp_create(ufab_pd* pd, const ufab_qp_init_attr* init, ufab_qp** out) {
+  UFAB_REQUIRE(pd != nullptr && init != nullptr && out != nullptr, "pd, init and out are required");
+  UFAB_REQUIRE(init->send_cq != nullptr && init->recv_cq != nullptr,
+               "a send CQ and a receive CQ are required (they may be the same)");
+  UFAB_REQUIRE(init->send_cq->dev == pd->dev && init->recv_cq->dev == pd->dev,
+               "the CQs belong to another device than the PD");
+  ufab_rdma_qp_init pi{.qp_type = init->qp_type,
+                       .sq_sig_all = init->sq_sig_all,
+                       .send_cq = init->send_cq->p,
+                       .recv_cq = init->recv_cq->p,
+                       .cap = init->cap};
+  ufab_rdma_qp* p = nullptr;
+  uint32_t qpn = 0;
+  if (int rc = ops(pd)->create_qp(pd->p, &pi, &p, &qpn); rc < 0) return rc;
+  pd->refs.hold();
+  init->send_cq->refs.hold();
+  init->recv_cq->refs.hold();
+  *out = new ufab_qp{pd, init->send_cq, init->recv_cq, p, qpn, init->qp_type};
+  return 0;
+}
+
+int ufab_qp_destroy(ufab_qp* qp) {
+  if (qp == nullptr) return 0;
+  (void)ops(qp)->destroy_qp(qp->p);
+  release(qp->send_cq);
+  release(qp->recv_cq);
+  release(qp->pd);
+  delete qp;
+  return 0;
+}
+
+uint32_t ufab_qp_num(const ufab_qp* qp) { return qp->qpn; }
+
+int ufab_qp_modify(ufab_qp* qp, const ufab_qp_attr* attr, uint32_t mask) {
+  UFAB_REQUIRE(qp != nullptr && attr != nullptr, "qp and attr are required");
+  return ops(qp)->modify_qp(qp->p, attr, mask);
+}
+
+int ufab_qp_query(ufab_qp* qp, ufab_qp_attr* out) {
+  UFAB_REQUIRE(qp != nullptr && out != nullptr, "qp and out are required");
+  return ops(qp)->query_qp(qp->p, out);
+}
+
+void ufab_qp_attr_defaults(ufab_qp_attr* a) {
+  *a = {};
+  a->state = UFAB_QPS_RESET;
+  a->access_flags = UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ | UFAB_ACCESS_REMOTE_ATOMIC;
+  a->port = 1;
+  a->av.hop_limit = 64;
+  a->path_mtu = 1024;
+  a->max_dest_rd_atomic = 16;
+  a->min_rnr_timer = 12;
+  a->timeout = 14;
+  a->retry_cnt = 7;
+  a->rnr_retry = 7;
+  a->max_rd_atomic = 16;
+}
+
+int ufab_qp_local(ufab_qp* qp, ufab_conn* out) {
+  UFAB_REQUIRE(qp != nullptr && out != nullptr, "qp and out are required");
+  uint32_t psn = 0;
+  if (int rc = ops(qp)->qp_initial_psn(qp->p, &psn); rc < 0) return rc;
+  *out = ufab_conn{.ip = qp->pd->dev->attr.ip, .qpn = qp->qpn, .psn = psn, .rkey = 0, .addr = 0, .length = 0,
+                   .reserved = 0};
+  return 0;
+}
+
+int ufab_qp_connect(ufab_qp* qp, const ufab_conn* peer, const ufab_qp_attr* tuning) {
+  UFAB_REQUIRE(qp != nullptr && peer != nullptr, "qp and peer are required");
+  ufab_qp_attr a;
+  if (tuning != nullptr) {
+    a = *tuning;
+  } else {
+    ufab_qp_attr_defaults(&a);
+  }
+  uint32_t psn = 0;
+  if (int rc = ops(qp)->qp_initial_psn(qp->p, &psn); rc < 0) return rc;
+  a.state = UFAB_QPS_INIT;
+  a.pkey_index = 0;
+  a.port = 1;
+  if (qp->type == UFAB_QPT_RC) {
+    if (int rc = ufab_qp_modify(qp, &a, UFAB_QP_STATE | UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_ACCESS_FLAGS);
+        rc < 0) {
+      return rc;
+    }
+    a.state = UFAB_QPS_RTR;
+    a.av.dest_ip = peer->ip;
+    a.dest_qpn = peer->qpn;
+    a.rq_psn = peer->psn;
+    a.path_mtu = std::min(a.path_mtu, qp->pd->dev->attr.active_mtu);
+    if (int rc = ufab_qp_modify(qp, &a,
+                                UFAB_QP_STATE | UFAB_QP_AV | UFAB_QP_PATH_MTU | UFAB_QP_DEST_QPN | UFAB_QP_RQ_PSN |
+                                    UFAB_QP_MAX_DEST_RD_ATOMIC | UFAB_QP_MIN_RNR_TIMER);
+        rc < 0) {
+      return rc;
+    }
+    a.state = UFAB_QPS_RTS;
+    a.sq_psn = psn;
+    return ufab_qp_modify(qp, &a,
+                          UFAB_QP_STATE | UFAB_QP_SQ_PSN | UFAB_QP_TIMEOUT | UFAB_QP_RETRY_CNT | UFAB_QP_RNR_RETRY |
+                              UFAB_QP_MAX_QP_RD_ATOMIC);
+  }
+  if (int rc = ufab_qp_modify(qp, &a, UFAB_QP_STATE | UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_QKEY); rc < 0) {
+    return rc;
+  }
+  a.state = UFAB_QPS_RTR;
+  if (int rc = ufab_qp_modify(qp, &a, UFAB_QP_STATE); rc < 0) return rc;
+  a.state = UFAB_QPS_RTS;
+  a.sq_psn = psn;
+  return ufab_qp_modify(qp, &a, UFAB_QP_STATE | UFAB_QP_SQ_PSN);
+}
+
+int ufab_post_send(ufab_qp* qp, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
+  uint32_t at = 0;
+  int rc = ops(qp)->post_send(qp->p, wrs, n, &at);
+  if (rc < 0) {
+    if (bad != nullptr) *bad = at;
+    if (n > 1) {
+      t_error = "work request " + std::to_string(at) + " of " + std::to_string(n) + " (the ones before it are posted): " +
+                t_error;
+    }
+  }
+  return rc;
+}
+
+int ufab_post_recv(ufab_qp* qp, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
+  uint32_t at = 0;
+  int rc = ops(qp)->post_recv(qp->p, wrs, n, &at);
+  if (rc < 0) {
+    if (bad != nullptr) *bad = at;
+    if (n > 1) {
+      t_error = "receive request " + std::to_string(at) + " of " + std::to_string(n) +
+                " (the ones before it are posted): " + t_error;
+    }
+  }
+  return rc;
+}
+
+// ------------------------------------------------------------------- words
+
+const char* ufab_wc_status_str(uint32_t status) {
+  switch (status) {
+    case UFAB_WC_SUCCESS: return "success";
+    case UFAB_WC_LOC_LEN_ERR: return "local length error";
+    case UFAB_WC_LOC_QP_OP_ERR: return "local QP operation error";
+    case UFAB_WC_LOC_PROT_ERR: return "local protection error";
+    case UFAB_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
+    case UFAB_WC_BAD_RESP_ERR: return "bad response error";
+    case UFAB_WC_LOC_ACCESS_ERR: return "local access error";
+    case UFAB_WC_REM_INV_REQ_ERR: return "remote invalid request error";
+    case UFAB_WC_REM_ACCESS_ERR: return "remote access error";
+    case UFAB_WC_REM_OP_ERR: return "remote operation error";
+    case UFAB_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";
+    case UFAB_WC_RNR_RETRY_EXC_ERR: return "RNR retry counter exceeded";
+    case UFAB_WC_GENERAL_ERR: return "general error";
+    default: return "unknown status";
+  }
+}
+
+const char* ufab_wc_opcode_str(uint32_t opcode) {
+  switch (opcode) {
+    case UFAB_WC_SEND: return "SEND";
+    case UFAB_WC_RDMA_WRITE: return "RDMA_WRITE";
+    case UFAB_WC_RDMA_READ: return "RDMA_READ";
+    case UFAB_WC_COMP_SWAP: return "COMP_SWAP";
+    case UFAB_WC_FETCH_ADD: return "FETCH_ADD";
+    case UFAB_WC_RECV: return "RECV";
+    case UFAB_WC_RECV_RDMA_WITH_IMM: return "RECV_RDMA_WITH_IMM";
+    default: return "unknown opcode";
+  }
+}
+
+const char* ufab_wr_opcode_str(uint32_t opcode) {
+  switch (opcode) {
+    case UFAB_WR_RDMA_WRITE: return "RDMA_WRITE";
+    case UFAB_WR_RDMA_WRITE_WITH_IMM: return "RDMA_WRITE_WITH_IMM";
+    case UFAB_WR_SEND: return "SEND";
+    case UFAB_WR_SEND_WITH_IMM: return "SEND_WITH_IMM";
+    case UFAB_WR_RDMA_READ: return "RDMA_READ";
+    case UFAB_WR_ATOMIC_CMP_AND_SWP: return "ATOMIC_CMP_AND_SWP";
+    case UFAB_WR_ATOMIC_FETCH_AND_ADD: return "ATOMIC_FETCH_AND_ADD";
+    default: return "unknown opcode";
+  }
+}
+
+const char* ufab_qp_state_str(uint32_t state) {
+  switch (state) {
+    case UFAB_QPS_RESET: return "RESET";
+    case UFAB_QPS_INIT: return "INIT";
+    case UFAB_QPS_RTR: return "RTR";
+    case UFAB_QPS_RTS: return "RTS";
+    case UFAB_QPS_ERR: return "ERROR";
+    default: return "unknown state";
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,560 @@
+// The soft-RoCE provider: ufab's user-space RoCEv2 transport
+// (core/transport) behind the RDMA provider ABI, over any raw-frame plugin.
+// Each operation converts the ABI's C structs to the transport's vocabulary
+// (namespace ufab::verbs, the same numeric values) and calls it under the
+// device's lock.
+#include "core/provider/softroce.h"
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/net/addresses.h"
+#include "core/nic_open.h"
+#include "core/transport/context.h"
+#include "core/transport/link.h"
+#include "core/transport/queue_pair.h"
+
+namespace ufab::provider {
+namespace {
+
+using transport::Clock;
+using transport::Context;
+
+// The provider's objects. The ABI's handle types are opaque; these are
+// what they point to (cast at the boundary, see h()).
+struct Dev {
+  const ufab_rdma_host* host = nullptr;
+  std::unique_ptr<Context> ctx;
+  std::string name;
+  bool temporary_thread = false;
+};
+struct Pd {
+  Dev* dev;
+  verbs::PdId id;
+};
+struct Mr {
+  Dev* dev;
+  verbs::MemoryKeys keys;
+};
+struct Cq {
+  Dev* dev;
+  transport::CompletionQueueImpl* impl;
+  std::array<verbs::WorkCompletion, 32> scratch{};
+  std::vector<std::string> details;  // texts of the last poll's errors; wc.detail = index + 1
+};
+struct Qp {
+  Dev* dev;
+  transport::QueuePairImpl* impl;
+};
+struct Ah {
+  verbs::AddressVector av;
+};
+
+// Set once, by softroce_provider(), before any device opens.
+const core::PluginRegistry* g_raw_plugins = nullptr;
+
+Dev* h(ufab_rdma_dev* p) { return reinterpret_cast<Dev*>(p); }
+Pd* h(ufab_rdma_pd* p) { return reinterpret_cast<Pd*>(p); }
+Mr* h(ufab_rdma_mr* p) { return reinterpret_cast<Mr*>(p); }
+Cq* h(ufab_rdma_cq* p) { return reinterpret_cast<Cq*>(p); }
+Qp* h(ufab_rdma_qp* p) { return reinterpret_cast<Qp*>(p); }
+Ah* h(ufab_rdma_ah* p) { return reinterpret_cast<Ah*>(p); }
+template <typename Handle, typename T>
+Handle* out(T* p) {
+  return reinterpret_cast<Handle*>(p);
+}
+
+// Reports `e` through the host and returns its negative errno.
+int report(const ufab_rdma_host* host, const Error& e) {
+  if (host != nullptr) host->set_error(e.message().c_str());
+  return -(e.code() != 0 ? e.code() : EIO);
+}
+
+// Runs an operation body, turning exceptions (allocation failure) into errors:
+// none may cross the C ABI.
+template <typename F>
+int guarded(const ufab_rdma_host* host, const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return report(host, Error(ENOMEM, std::string(what) + ": out of memory"));
+  } catch (const std::exception& e) {
+    return report(host, Error(EIO, std::string(what) + ": " + e.what()));
+  }
+}
+
+// --------------------------------------------------------------- conversions
+
+verbs::AddressVector to_verbs(const ufab_av& a) {
+  return {.dest_ip = a.dest_ip, .traffic_class = a.traffic_class, .hop_limit = a.hop_limit, .flow_label = a.flow_label};
+}
+
+ufab_av to_c(const verbs::AddressVector& a) {
+  return {.dest_ip = a.dest_ip, .traffic_class = a.traffic_class, .hop_limit = a.hop_limit, .reserved = 0,
+          .flow_label = a.flow_label};
+}
+
+verbs::QpAttr to_verbs(const ufab_qp_attr& a) {
+  verbs::QpAttr v;
+  v.state = static_cast<verbs::QpState>(a.state);
+  v.access_flags = a.access_flags;
+  v.pkey_index = a.pkey_index;
+  v.port = a.port;
+  v.qkey = a.qkey;
+  v.av = to_verbs(a.av);
+  v.path_mtu = a.path_mtu;
+  v.dest_qpn = a.dest_qpn;
+  v.rq_psn = a.rq_psn;
+  v.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  v.min_rnr_timer = a.min_rnr_timer;
+  v.sq_psn = a.sq_psn;
+  v.timeout = a.timeout;
+  v.retry_cnt = a.retry_cnt;
+  v.rnr_retry = a.rnr_retry;
+  v.max_rd_atomic = a.max_rd_atomic;
+  return v;
+}
+
+ufab_qp_attr to_c(const verbs::QpAttr& v) {
+  ufab_qp_attr a{};
+  a.state = static_cast<uint32_t>(v.state);
+  a.access_flags = v.access_flags;
+  a.pkey_index = v.pkey_index;
+  a.port = v.port;
+  a.qkey = v.qkey;
+  a.av = to_c(v.av);
+  a.path_mtu = v.path_mtu;
+  a.dest_qpn = v.dest_qpn;
+  a.rq_psn = v.rq_psn;
+  a.sq_psn = v.sq_psn;
+  a.max_dest_rd_atomic = v.max_dest_rd_atomic;
+  a.min_rnr_timer = v.min_rnr_timer;
+  a.timeout = v.timeout;
+  a.retry_cnt = v.retry_cnt;
+  a.rnr_retry = v.rnr_retry;
+  a.max_rd_atomic = v.max_rd_atomic;
+  return a;
+}
+
+std::span<const verbs::Sge> sgl(const ufab_sge* list, uint32_t n) {
+  static_assert(sizeof(verbs::Sge) == sizeof(ufab_sge) && offsetof(verbs::Sge, lkey) == offsetof(ufab_sge, lkey));
+  return {reinterpret_cast<const verbs::Sge*>(list), n};
+}
+
+verbs::SendWr to_verbs(const ufab_send_wr& w) {
+  return verbs::SendWr{
+      .wr_id = w.wr_id,
+      .opcode = static_cast<verbs::WrOpcode>(w.opcode),
+      .flags = w.send_flags,
+      .sgl = sgl(w.sg_list, w.num_sge),
+      .imm_data = w.imm_data,
+      .remote_addr = w.remote_addr,
+      .rkey = w.rkey,
+      .compare_add = w.compare_add,
+      .swap = w.swap,
+      .ud = {.ip = w.ud.ip, .qpn = w.ud.qpn, .qkey = w.ud.qkey, .traffic_class = w.ud.traffic_class,
+             .hop_limit = w.ud.hop_limit},
+  };
+}
+
+// Parameters "key=value" into the NIC's map; a string without '=' is an error.
+Result<core::NicParams> parse_params(const char* const* params) {
+  core::NicParams out;
+  for (; params != nullptr && *params != nullptr; ++params) {
+    std::string kv = *params;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return fail(EINVAL, "parameter \"" + kv + "\" is not key=value (e.g. \"loss=0.01\")");
+    }
+    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------- device
+
+int open_device(const ufab_rdma_host* host, const char* name, const ufab_device_opts* opts, ufab_rdma_dev** result) {
+  return guarded(host, "opening a soft-RoCE device", [&]() -> int {
+    std::string spec = name;
+    if (opts == nullptr || opts->ip == nullptr || *opts->ip == '\0') {
+      return report(host, Error(EINVAL, "opening " + spec + ": no IPv4 address given; a ufab port needs its own "
+                                        "(ufab_device_opts.ip = \"10.0.0.1\"), since the kernel has no netdev for it"));
+    }
+    auto ip = net::Ipv4Address::parse(opts->ip);
+    if (!ip) return report(host, ip.error().context("opening " + spec));
+    auto params = parse_params(opts->params);
+    if (!params) return report(host, params.error().context("opening " + spec));
+    core::OpenOptions open_options;
+    open_options.params = std::move(*params);
+    auto nic = core::open_nic(*g_raw_plugins, spec, open_options);
+    if (!nic) return report(host, nic.error());
+    uint32_t ring = opts->ring_size != 0 ? opts->ring_size : 512;
+    auto link = transport::NicLink::create(std::move(*nic), {.ring_size = ring});
+    if (!link) return report(host, link.error().context("opening " + spec));
+    auto ctx = Context::create(std::move(*link), *ip);
+    if (!ctx) return report(host, ctx.error().context("opening " + spec));
+    auto dev = std::make_unique<Dev>();
+    dev->host = host;
+    dev->ctx = std::move(*ctx);
+    dev->name = spec;
+    if (opts->progress_thread != 0) {
+      if (auto s = dev->ctx->start_progress_thread(); !s) return report(host, s.error());
+    }
+    *result = out<ufab_rdma_dev>(dev.release());
+    return 0;
+  });
+}
+
+void close_device(ufab_rdma_dev* d) { delete h(d); }
+
+int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
+  Dev* dev = h(d);
+  *a = {};
+  std::snprintf(a->name, sizeof a->name, "%s", dev->name.c_str());
+  std::snprintf(a->provider, sizeof a->provider, "soft-roce");
+  std::snprintf(a->transport, sizeof a->transport, "RoCEv2 over %s", dev->ctx->link().name().c_str());
+  a->ip = dev->ctx->ip().value;
+  a->active_mtu = dev->ctx->active_mtu();
+  a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2;
+  a->mem_types = 1u << UFAB_MEM_HOST;
+  a->max_qp = 1u << 16;
+  a->max_qp_wr = 1u << 16;
+  a->max_sge = verbs::kMaxSge;
+  a->max_inline_data = 1024;
+  a->max_cqe = 1u << 20;
+  a->max_qp_rd_atom = 16;
+  a->max_mr_size = 1ull << 40;
+  return 0;
+}
+
+int device_stats(ufab_rdma_dev* d, ufab_device_stats* out_stats) {
+  Dev* dev = h(d);
+  std::lock_guard lock(dev->ctx->mutex());
+  const verbs::DeviceStats& s = dev->ctx->stats();
+  *out_stats = ufab_device_stats{s.rx_frames, s.tx_frames, s.rx_roce, s.rx_arp, s.rx_other, s.rx_parse_errors,
+                                 s.rx_unknown_qp, s.rx_dropped, s.retransmits, s.timeouts, s.naks_sent,
+                                 s.naks_received, s.rnr_naks_sent, s.rnr_naks_received, s.duplicates, s.tx_stalls};
+  return 0;
+}
+
+int progress(ufab_rdma_dev* d) {
+  Dev* dev = h(d);
+  std::lock_guard lock(dev->ctx->mutex());
+  return dev->ctx->progress_locked();
+}
+
+int start_progress_thread(ufab_rdma_dev* d) {
+  Dev* dev = h(d);
+  if (dev->ctx->has_progress_thread()) return 0;  // the device's own, or already started
+  if (auto s = dev->ctx->start_progress_thread(); !s) return report(dev->host, s.error());
+  dev->temporary_thread = true;
+  return 0;
+}
+
+void stop_progress_thread(ufab_rdma_dev* d) {
+  Dev* dev = h(d);
+  if (!dev->temporary_thread) return;
+  dev->temporary_thread = false;
+  dev->ctx->stop_progress_thread();
+}
+
+// ------------------------------------------------------------- PD, MR, AH
+
+int alloc_pd(ufab_rdma_dev* d, ufab_rdma_pd** result) {
+  Dev* dev = h(d);
+  return guarded(dev->host, "allocating a PD", [&]() -> int {
+    std::lock_guard lock(dev->ctx->mutex());
+    auto id = dev->ctx->memory().alloc_pd();
+    if (!id) return report(dev->host, id.error());
+    *result = out<ufab_rdma_pd>(new Pd{dev, *id});
+    return 0;
+  });
+}
+
+int dealloc_pd(ufab_rdma_pd* p) {
+  Pd* pd = h(p);
+  {
+    std::lock_guard lock(pd->dev->ctx->mutex());
+    if (auto s = pd->dev->ctx->memory().dealloc_pd(pd->id); !s) return report(pd->dev->host, s.error());
+  }
+  delete pd;
+  return 0;
+}
+
+int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uint32_t* lkey, uint32_t* rkey) {
+  Pd* pd = h(p);
+  return guarded(pd->dev->host, "registering memory", [&]() -> int {
+    if (attr->mem_type != UFAB_MEM_HOST) {
+      return report(pd->dev->host, Error(EOPNOTSUPP, "registering memory of type " + std::to_string(attr->mem_type) +
+                                                         ": soft-RoCE takes host memory only (UFAB_MEM_HOST)"));
+    }
+    std::lock_guard lock(pd->dev->ctx->mutex());
+    auto keys = pd->dev->ctx->memory().register_mr(pd->id, attr->addr, attr->length, attr->access);
+    if (!keys) return report(pd->dev->host, keys.error());
+    *result = out<ufab_rdma_mr>(new Mr{pd->dev, *keys});
+    *lkey = keys->lkey;
+    *rkey = keys->rkey;
+    return 0;
+  });
+}
+
+int dereg_mr(ufab_rdma_mr* m) {
+  Mr* mr = h(m);
+  // No device lock: checks in flight hold pins, and deregister_mr waits for
+  // them, which needs the transport to keep running.
+  if (auto s = mr->dev->ctx->memory().deregister_mr(mr->keys.lkey); !s) return report(mr->dev->host, s.error());
+  delete mr;
+  return 0;
+}
+
+int create_ah(ufab_rdma_pd* p, const ufab_av* av, ufab_rdma_ah** result) {
+  Pd* pd = h(p);
+  return guarded(pd->dev->host, "creating an address handle", [&]() -> int {
+    net::Ipv4Address ip{av->dest_ip};
+    Context& ctx = *pd->dev->ctx;
+    std::lock_guard lock(ctx.mutex());
+    if (!ip.is_unicast() || ip == ctx.ip()) {
+      return report(pd->dev->host, Error(EINVAL, "address handle for " + ip.str() +
+                                                     ": not a unicast IPv4 address of a peer (GID ::ffff:a.b.c.d)"));
+    }
+    auto mac = ctx.resolve_locked(ip);  // sends the first ARP request now
+    if (!mac) return report(pd->dev->host, mac.error().context("address handle for " + ip.str()));
+    ctx.link().tx_flush();
+    *result = out<ufab_rdma_ah>(new Ah{to_verbs(*av)});
+    return 0;
+  });
+}
+
+int destroy_ah(ufab_rdma_ah* a) {
+  delete h(a);
+  return 0;
+}
+
+// ---------------------------------------------------------------------- CQ
+
+int create_cq(ufab_rdma_dev* d, uint32_t depth, ufab_rdma_cq** result) {
+  Dev* dev = h(d);
+  return guarded(dev->host, "creating a CQ", [&]() -> int {
+    std::lock_guard lock(dev->ctx->mutex());
+    auto impl = dev->ctx->create_cq_locked(depth);
+    if (!impl) return report(dev->host, impl.error());
+    auto cq = std::make_unique<Cq>(Cq{dev, *impl});
+    cq->details.reserve(cq->scratch.size());
+    *result = out<ufab_rdma_cq>(cq.release());
+    return 0;
+  });
+}
+
+int destroy_cq(ufab_rdma_cq* c) {
+  Cq* cq = h(c);
+  {
+    std::lock_guard lock(cq->dev->ctx->mutex());
+    if (auto s = cq->dev->ctx->destroy_cq_locked(cq->impl); !s) return report(cq->dev->host, s.error());
+  }
+  delete cq;
+  return 0;
+}
+
+ufab_wc to_c(verbs::WorkCompletion& w, std::vector<std::string>& details) {
+  ufab_wc wc{.wr_id = w.wr_id,
+             .status = static_cast<uint32_t>(w.status),
+             .opcode = static_cast<uint32_t>(w.opcode),
+             .byte_len = w.byte_len,
+             .imm_data = w.imm_data,
+             .qp_num = w.qp_num,
+             .src_qp = w.src_qp,
+             .wc_flags = w.wc_flags,
+             .detail = 0};
+  if (!w.error.empty()) {
+    details.push_back(std::move(w.error));
+    wc.detail = static_cast<uint32_t>(details.size());
+  }
+  return wc;
+}
+
+int poll_cq(ufab_rdma_cq* c, ufab_wc* wc, uint32_t n) {
+  Cq* cq = h(c);
+  Context& ctx = *cq->dev->ctx;
+  std::lock_guard lock(ctx.mutex());
+  cq->details.clear();
+  if (cq->impl->empty() && !ctx.has_progress_thread()) ctx.progress_locked();
+  if (uint64_t lost = cq->impl->take_overflow()) {
+    return report(cq->dev->host,
+                  Error(EOVERFLOW, "completion queue overflow: " + std::to_string(lost) + " completions did not fit its " +
+                                       std::to_string(cq->impl->depth()) +
+                                       " entries and were lost, and the QPs they belonged to went to ERROR; "
+                                       "poll more often or create a deeper CQ"));
+  }
+  uint32_t done = 0;
+  while (done < n) {
+    size_t want = std::min<size_t>(n - done, cq->scratch.size());
+    size_t got = cq->impl->pop(std::span(cq->scratch.data(), want));
+    for (size_t i = 0; i < got; ++i) wc[done + i] = to_c(cq->scratch[i], cq->details);
+    done += static_cast<uint32_t>(got);
+    if (got < want) break;
+  }
+  return static_cast<int>(done);
+}
+
+int wait_cq(ufab_rdma_cq* c, int timeout_ms) {
+  Cq* cq = h(c);
+  cq->dev->ctx->wait_for_completion(*cq->impl, Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0)));
+  return 0;
+}
+
+const char* wc_detail(ufab_rdma_cq* c, uint32_t detail) {
+  Cq* cq = h(c);
+  if (detail == 0 || detail > cq->details.size()) return nullptr;
+  return cq->details[detail - 1].c_str();
+}
+
+int req_notify_cq(ufab_rdma_cq* c) {
+  Cq* cq = h(c);
+  std::lock_guard lock(cq->dev->ctx->mutex());
+  cq->impl->arm();
+  return 0;
+}
+
+int cq_event_fd(ufab_rdma_cq* c) { return h(c)->impl->event_fd(); }
+
+// ---------------------------------------------------------------------- QP
+
+int create_qp(ufab_rdma_pd* p, const ufab_rdma_qp_init* init, ufab_rdma_qp** result, uint32_t* qpn) {
+  Pd* pd = h(p);
+  return guarded(pd->dev->host, "creating a QP", [&]() -> int {
+    Context& ctx = *pd->dev->ctx;
+    verbs::QpCaps caps{.max_send_wr = init->cap.max_send_wr,
+                       .max_recv_wr = init->cap.max_recv_wr,
+                       .max_send_sge = init->cap.max_send_sge,
+                       .max_recv_sge = init->cap.max_recv_sge,
+                       .max_inline_data = init->cap.max_inline_data};
+    std::lock_guard lock(ctx.mutex());
+    auto impl = ctx.create_qp_locked(pd->id, static_cast<verbs::QpType>(init->qp_type),
+                                     init->send_cq ? h(init->send_cq)->impl : nullptr,
+                                     init->recv_cq ? h(init->recv_cq)->impl : nullptr, caps, init->sq_sig_all != 0);
+    if (!impl) return report(pd->dev->host, impl.error());
+    *result = out<ufab_rdma_qp>(new Qp{pd->dev, *impl});
+    *qpn = (*impl)->qpn();
+    return 0;
+  });
+}
+
+int destroy_qp(ufab_rdma_qp* q) {
+  Qp* qp = h(q);
+  {
+    std::lock_guard lock(qp->dev->ctx->mutex());
+    qp->dev->ctx->destroy_qp_locked(qp->impl);
+  }
+  delete qp;
+  return 0;
+}
+
+int modify_qp(ufab_rdma_qp* q, const ufab_qp_attr* attr, uint32_t mask) {
+  Qp* qp = h(q);
+  return guarded(qp->dev->host, "modifying a QP", [&]() -> int {
+    std::lock_guard lock(qp->dev->ctx->mutex());
+    if (auto s = qp->impl->modify(to_verbs(*attr), mask); !s) return report(qp->dev->host, s.error());
+    return 0;
+  });
+}
+
+int query_qp(ufab_rdma_qp* q, ufab_qp_attr* result) {
+  Qp* qp = h(q);
+  std::lock_guard lock(qp->dev->ctx->mutex());
+  *result = to_c(qp->impl->attr());
+  return 0;
+}
+
+int qp_initial_psn(ufab_rdma_qp* q, uint32_t* psn) {
+  *psn = h(q)->impl->initial_psn();
+  return 0;
+}
+
+int post_send(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
+  Qp* qp = h(q);
+  return guarded(qp->dev->host, "posting a send", [&]() -> int {
+    Context& ctx = *qp->dev->ctx;
+    std::lock_guard lock(ctx.mutex());
+    int rc = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (auto s = qp->impl->post_send(to_verbs(wrs[i])); !s) {
+        *bad = i;
+        rc = report(qp->dev->host, s.error());
+        break;
+      }
+    }
+    // Straight to the wire when the window allows, one doorbell for the
+    // list; the rest goes out as ACKs arrive.
+    ctx.transmit_locked(*qp->impl);
+    return rc;
+  });
+}
+
+int post_recv(ufab_rdma_qp* q, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
+  Qp* qp = h(q);
+  return guarded(qp->dev->host, "posting a receive", [&]() -> int {
+    std::lock_guard lock(qp->dev->ctx->mutex());
+    for (uint32_t i = 0; i < n; ++i) {
+      if (auto s = qp->impl->post_recv({.wr_id = wrs[i].wr_id, .sgl = sgl(wrs[i].sg_list, wrs[i].num_sge)}); !s) {
+        *bad = i;
+        return report(qp->dev->host, s.error());
+      }
+    }
+    return 0;
+  });
+}
+
+const char* const kPrefixes[] = {nullptr};
+
+const ufab_rdma_provider kProvider = {
+    .abi_major = UFAB_RDMA_ABI_MAJOR,
+    .abi_minor = UFAB_RDMA_ABI_MINOR,
+    .size = sizeof(ufab_rdma_provider),
+    .name = "soft-roce",
+    .description = "RoCEv2 in user space, wire-compatible with Linux rdma_rxe, over any raw-frame NIC plugin",
+    .prefixes = kPrefixes,
+    .flags = 0,
+    .reserved = 0,
+    .open_device = open_device,
+    .close_device = close_device,
+    .query_device = query_device,
+    .device_stats = device_stats,
+    .progress = progress,
+    .start_progress_thread = start_progress_thread,
+    .stop_progress_thread = stop_progress_thread,
+    .alloc_pd = alloc_pd,
+    .dealloc_pd = dealloc_pd,
+    .reg_mr = reg_mr,
+    .dereg_mr = dereg_mr,
+    .create_cq = create_cq,
+    .destroy_cq = destroy_cq,
+    .poll_cq = poll_cq,
+    .wait_cq = wait_cq,
+    .wc_detail = wc_detail,
+    .req_notify_cq = req_notify_cq,
+    .cq_event_fd = cq_event_fd,
+    .create_qp = create_qp,
+    .destroy_qp = destroy_qp,
+    .modify_qp = modify_qp,
+    .query_qp = query_qp,
+    .qp_initial_psn = qp_initial_psn,
+    .post_send = post_send,
+    .post_recv = post_recv,
+    .create_ah = create_ah,
+    .destroy_ah = destroy_ah,
+};
+
+}  // namespace
+
+const ufab_rdma_provider* softroce_provider(const core::PluginRegistry& raw_plugins) {
+  g_raw_plugins = &raw_plugins;
+  return &kProvider;
+}
+
+}  // namespace ufab::provider
