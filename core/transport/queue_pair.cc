@@ -1,12 +1,14 @@
 #include "core/transport/queue_pair.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 
 #include "core/roce/gid.h"
 #include "core/roce/udp_port.h"
 #include "core/transport/context.h"
+#include "core/transport/qp_transition.h"
 
 namespace ufab::transport {
 
@@ -21,59 +23,6 @@ std::string hex(uint64_t v) {
 }
 
 namespace {
-
-// Which attributes each transition requires and allows (IBA 10.3.1 table
-// 91, as libibverbs' ibv_modify_qp documents it), RC and UD.
-struct Transition {
-  QpState from, to;
-  QpAttrMask rc_required, rc_optional, ud_required, ud_optional;
-};
-
-constexpr QpAttrMask kInitRc = kAttrPkeyIndex | kAttrPort | kAttrAccessFlags;
-constexpr QpAttrMask kInitUd = kAttrPkeyIndex | kAttrPort | kAttrQkey;
-constexpr QpAttrMask kRtrRc =
-    kAttrAv | kAttrPathMtu | kAttrDestQpn | kAttrRqPsn | kAttrMaxDestRdAtomic | kAttrMinRnrTimer;
-constexpr QpAttrMask kRtsRc = kAttrSqPsn | kAttrTimeout | kAttrRetryCnt | kAttrRnrRetry | kAttrMaxQpRdAtomic;
-
-constexpr Transition kTransitions[] = {
-    {QpState::kReset, QpState::kInit, kInitRc, 0, kInitUd, 0},
-    {QpState::kInit, QpState::kInit, 0, kInitRc, 0, kInitUd},
-    {QpState::kInit, QpState::kRtr, kRtrRc, kAttrPkeyIndex | kAttrAccessFlags, 0, kAttrPkeyIndex | kAttrQkey},
-    {QpState::kRtr, QpState::kRts, kRtsRc, kAttrAccessFlags | kAttrMinRnrTimer, kAttrSqPsn, kAttrQkey},
-    {QpState::kRts, QpState::kRts, 0, kAttrAccessFlags | kAttrMinRnrTimer, 0, kAttrQkey},
-};
-
-const char* attr_name(QpAttrMask bit) {
-  switch (bit) {
-    case kAttrState: return "state";
-    case kAttrAccessFlags: return "access_flags";
-    case kAttrPkeyIndex: return "pkey_index";
-    case kAttrPort: return "port";
-    case kAttrQkey: return "qkey";
-    case kAttrAv: return "av (destination address)";
-    case kAttrPathMtu: return "path_mtu";
-    case kAttrTimeout: return "timeout";
-    case kAttrRetryCnt: return "retry_cnt";
-    case kAttrRnrRetry: return "rnr_retry";
-    case kAttrRqPsn: return "rq_psn";
-    case kAttrMaxQpRdAtomic: return "max_rd_atomic";
-    case kAttrMinRnrTimer: return "min_rnr_timer";
-    case kAttrSqPsn: return "sq_psn";
-    case kAttrMaxDestRdAtomic: return "max_dest_rd_atomic";
-    case kAttrDestQpn: return "dest_qpn";
-  }
-  return "unknown attribute";
-}
-
-std::string mask_names(QpAttrMask mask) {
-  std::string out;
-  for (uint32_t bit = 1; bit != 0; bit <<= 1) {
-    if (!(mask & bit)) continue;
-    if (!out.empty()) out += ", ";
-    out += attr_name(bit);
-  }
-  return out;
-}
 
 WcOpcode wc_opcode_for(WrOpcode op) {
   switch (op) {
@@ -112,110 +61,112 @@ bool QueuePairImpl::is_read_or_atomic(const SendWqe& w) const {
          w.wr.opcode == WrOpcode::kAtomicFetchAndAdd;
 }
 
+// ------------------------------------------------------------- opcode table
+
+const QueuePairImpl::OpcodeHandling& QueuePairImpl::handling(uint8_t opcode) {
+  using Q = QueuePairImpl;
+  using M = InMessage;
+  namespace o = roce::op;
+  static constexpr std::array<OpcodeHandling, 256> kRows = [] {
+    std::array<OpcodeHandling, 256> t{};
+    // Unknown here: requests refused before any check, duplicates and
+    // responses dropped.
+    for (auto& row : t) row.duplicate = &Q::duplicate_drop;
+    const OpcodeHandling send{.message = M::kSend, .execute = &Q::execute_send,
+                              .duplicate = &Q::duplicate_send_write};
+    const OpcodeHandling write{.message = M::kWrite, .access = kRemoteWrite, .execute = &Q::execute_write,
+                               .duplicate = &Q::duplicate_send_write};
+    t[o::kRcSendFirst] = send;
+    t[o::kRcSendFirst].needs_recv = true;
+    t[o::kRcSendMiddle] = send;
+    t[o::kRcSendLast] = send;
+    t[o::kRcSendLastImm] = send;
+    t[o::kRcSendOnly] = send;
+    t[o::kRcSendOnly].needs_recv = true;
+    t[o::kRcSendOnlyImm] = send;
+    t[o::kRcSendOnlyImm].needs_recv = true;
+    t[o::kRcWriteFirst] = write;
+    t[o::kRcWriteMiddle] = write;
+    t[o::kRcWriteLast] = write;
+    t[o::kRcWriteLastImm] = write;
+    t[o::kRcWriteLastImm].needs_recv = true;  // the immediate completes a receive
+    t[o::kRcWriteOnly] = write;
+    t[o::kRcWriteOnlyImm] = write;
+    t[o::kRcWriteOnlyImm].needs_recv = true;
+    t[o::kRcReadRequest] = {.access = kRemoteRead, .execute = &Q::execute_read, .duplicate = &Q::duplicate_read};
+    t[o::kRcCompareSwap] = {.access = kRemoteAtomic, .execute = &Q::execute_atomic,
+                            .duplicate = &Q::duplicate_atomic};
+    t[o::kRcFetchAdd] = t[o::kRcCompareSwap];
+    // SEND with invalidate: refused before any check (no memory windows or
+    // invalidation here); a resent one is still acknowledged like a SEND.
+    t[o::kRcSendLastInv] = {.message = M::kSend, .duplicate = &Q::duplicate_send_write};
+    t[o::kRcSendOnlyInv] = t[o::kRcSendLastInv];
+    // FLUSH and ATOMIC_WRITE: checked like any request, then refused.
+    t[o::kRcFlush].execute = &Q::refuse_request;
+    t[o::kRcAtomicWrite].execute = &Q::refuse_request;
+    t[o::kRcReadResponseFirst].response = &Q::on_read_response;
+    t[o::kRcReadResponseMiddle].response = &Q::on_read_response;
+    t[o::kRcReadResponseLast].response = &Q::on_read_response;
+    t[o::kRcReadResponseOnly].response = &Q::on_read_response;
+    t[o::kRcAck].response = &Q::on_ack;
+    t[o::kRcAtomicAck].response = &Q::on_atomic_ack;
+    // UD datagrams take on_ud_send; they have no PSN checks or responses.
+    return t;
+  }();
+  return kRows[opcode];
+}
+
 // ------------------------------------------------------------- state machine
 
 Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
-  const std::string who = "modifying QP " + hex(qpn_);
-  QpState from = attr_.state;
-  QpState to = (mask & kAttrState) ? a.state : from;
-
-  if (to == QpState::kReset || to == QpState::kError) {
-    if (mask & ~kAttrState) {
-      return fail(EINVAL, who + " to " + qp_state_name(to) + ": only the state may be given, not " +
-                              mask_names(mask & ~kAttrState));
-    }
-    if (to == QpState::kError) {
-      if (from != QpState::kError) enter_error("moved to ERROR by modify");
-      return {};
-    }
-    // RESET drops all work without completions and forgets the connection.
-    for (auto& w : sq_) w = SendWqe{};
-    sq_head_ = sq_next_ = sq_tail_ = 0;
-    rq_head_ = rq_tail_ = 0;
-    replies_.clear();
-    atomic_cache_.clear();
-    in_message_ = InMessage::kNone;
-    msg_offset_ = 0;
-    msn_ = 0;
-    nak_sent_ = false;
-    noack_pkts_ = 0;
-    read_retry_.reset();
-    timer_.reset();
-    rnr_until_.reset();
-    mac_.reset();
-    rd_atomic_outstanding_ = 0;
-    attr_ = QpAttr{};
+  // Everything is checked before anything changes (qp_transition.h).
+  const PortLimits port{.active_mtu = ctx_.active_mtu(), .link_mtu = ctx_.link().mtu(), .own_ip = ctx_.ip().value};
+  if (auto s = check_modify(type_, attr_, a, mask, &port); !s) {
+    return fail(s.error().code(), "modifying QP " + hex(qpn_) + " " + s.error().message());
+  }
+  const QpState to = (mask & kAttrState) ? a.state : attr_.state;
+  if (to == QpState::kError) {
+    if (attr_.state != QpState::kError) enter_error("moved to ERROR by modify");
     return {};
   }
+  if (to == QpState::kReset) {
+    reset();
+    return {};
+  }
+  apply(a, mask & ~kAttrState);
+  if (to == QpState::kRtr && is_rc()) {
+    // rxe's rule (rdma_get_udp_sport): flow label from the AV, or from the
+    // two QP numbers, folded into the port.
+    udp_sport_ = roce::rxe_sport_after_modify(attr_.av.flow_label, qpn_, attr_.dest_qpn);
+  }
+  if (to == QpState::kRtr && !is_rc()) mtu_ = ctx_.active_mtu();
+  attr_.state = to;
+  return {};
+}
 
-  const Transition* t = nullptr;
-  for (const auto& candidate : kTransitions) {
-    if (candidate.from == from && candidate.to == to) t = &candidate;
-  }
-  if (t == nullptr) {
-    return fail(EINVAL, who + ": " + qp_state_name(from) + " -> " + qp_state_name(to) +
-                            " is not a valid transition (RESET -> INIT -> RTR -> RTS; any -> ERROR or RESET)");
-  }
-  QpAttrMask required = is_rc() ? t->rc_required : t->ud_required;
-  QpAttrMask optional = is_rc() ? t->rc_optional : t->ud_optional;
-  QpAttrMask given = mask & ~kAttrState;
-  if (QpAttrMask missing = required & ~given) {
-    return fail(EINVAL, who + " " + qp_state_name(from) + " -> " + qp_state_name(to) + ": missing " +
-                            mask_names(missing));
-  }
-  if (QpAttrMask extra = given & ~(required | optional)) {
-    return fail(EINVAL, who + " " + qp_state_name(from) + " -> " + qp_state_name(to) + ": " + mask_names(extra) +
-                            " cannot be set in this transition");
-  }
+// RESET drops all work without completions and forgets the connection.
+void QueuePairImpl::reset() {
+  for (auto& w : sq_) w = SendWqe{};
+  sq_head_ = sq_next_ = sq_tail_ = 0;
+  rq_head_ = rq_tail_ = 0;
+  replies_.clear();
+  atomic_cache_.clear();
+  in_message_ = InMessage::kNone;
+  msg_offset_ = 0;
+  msn_ = 0;
+  nak_sent_ = false;
+  noack_pkts_ = 0;
+  read_retry_.reset();
+  timer_.reset();
+  rnr_until_.reset();
+  mac_.reset();
+  rd_atomic_outstanding_ = 0;
+  attr_ = QpAttr{};
+}
 
-  // Values, all checked before anything changes.
-  if ((given & kAttrPkeyIndex) && a.pkey_index != 0) {
-    return fail(EINVAL, who + ": pkey_index " + std::to_string(a.pkey_index) + " does not exist (the port has one "
-                              "P_Key, 0xFFFF, at index 0)");
-  }
-  if ((given & kAttrPort) && a.port != 1) {
-    return fail(EINVAL, who + ": port " + std::to_string(a.port) + " does not exist (a ufab device has port 1)");
-  }
-  if ((given & kAttrAccessFlags) && (a.access_flags & ~kSupportedAccess)) {
-    return fail(EINVAL, who + ": access_flags " + access_string(a.access_flags) + " has unsupported bits");
-  }
-  if (given & kAttrPathMtu) {
-    uint32_t m = a.path_mtu;
-    if (m != 256 && m != 512 && m != 1024 && m != 2048 && m != 4096) {
-      return fail(EINVAL, who + ": path_mtu " + std::to_string(m) + " is not 256, 512, 1024, 2048 or 4096");
-    }
-    if (m > ctx_.active_mtu()) {
-      return fail(EINVAL, who + ": path_mtu " + std::to_string(m) + " exceeds the port's active MTU " +
-                              std::to_string(ctx_.active_mtu()) + " (link MTU " +
-                              std::to_string(ctx_.link().mtu()) + "); use at most " +
-                              std::to_string(ctx_.active_mtu()));
-    }
-  }
-  if ((given & kAttrAv) && !net::Ipv4Address{a.av.dest_ip}.is_unicast()) {
-    return fail(EINVAL, who + ": destination " + net::Ipv4Address{a.av.dest_ip}.str() +
-                            " is not a unicast IPv4 address (GID ::ffff:a.b.c.d)");
-  }
-  if ((given & kAttrAv) && a.av.dest_ip == ctx_.ip().value) {
-    return fail(EINVAL, who + ": destination " + net::Ipv4Address{a.av.dest_ip}.str() +
-                            " is this device's own address; loopback is not supported");
-  }
-  if ((given & kAttrDestQpn) && (a.dest_qpn > roce::kPsnMask || a.dest_qpn < 2)) {
-    return fail(EINVAL, who + ": dest_qpn " + hex(a.dest_qpn) + " is not a QP number (2 .. 0xffffff)");
-  }
-  if (((given & kAttrRqPsn) && a.rq_psn > roce::kPsnMask) || ((given & kAttrSqPsn) && a.sq_psn > roce::kPsnMask)) {
-    return fail(EINVAL, who + ": PSNs are 24 bits (at most 0xffffff)");
-  }
-  if ((given & kAttrTimeout) && a.timeout > 31) return fail(EINVAL, who + ": timeout must be 0..31");
-  if ((given & kAttrRetryCnt) && a.retry_cnt > 7) return fail(EINVAL, who + ": retry_cnt must be 0..7");
-  if ((given & kAttrRnrRetry) && a.rnr_retry > 7) return fail(EINVAL, who + ": rnr_retry must be 0..7");
-  if ((given & kAttrMinRnrTimer) && a.min_rnr_timer > 31) return fail(EINVAL, who + ": min_rnr_timer must be 0..31");
-  if ((given & kAttrMaxDestRdAtomic) && (a.max_dest_rd_atomic == 0 || a.max_dest_rd_atomic > 128)) {
-    return fail(EINVAL, who + ": max_dest_rd_atomic must be 1..128");
-  }
-  if ((given & kAttrMaxQpRdAtomic) && (a.max_rd_atomic == 0 || a.max_rd_atomic > 128)) {
-    return fail(EINVAL, who + ": max_rd_atomic must be 1..128");
-  }
-
+// Takes the attributes in `given` (already checked) for a move to
+// a.state or, without kAttrState, for a modify within the current state.
+void QueuePairImpl::apply(const QpAttr& a, QpAttrMask given) {
   if (given & kAttrAccessFlags) attr_.access_flags = a.access_flags;
   if (given & kAttrQkey) attr_.qkey = a.qkey;
   if (given & kAttrAv) {
@@ -236,14 +187,6 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
   if (given & kAttrRetryCnt) attr_.retry_cnt = retry_left_ = a.retry_cnt;
   if (given & kAttrRnrRetry) attr_.rnr_retry = rnr_left_ = a.rnr_retry;
   if (given & kAttrMaxQpRdAtomic) attr_.max_rd_atomic = a.max_rd_atomic;
-  if (to == QpState::kRtr && is_rc()) {
-    // rxe's rule (rdma_get_udp_sport): flow label from the AV, or from the
-    // two QP numbers, folded into the port.
-    udp_sport_ = roce::rxe_sport_after_modify(attr_.av.flow_label, qpn_, attr_.dest_qpn);
-  }
-  if (to == QpState::kRtr && !is_rc()) mtu_ = ctx_.active_mtu();
-  attr_.state = to;
-  return {};
 }
 
 // ------------------------------------------------------------------ posting

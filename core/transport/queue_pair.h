@@ -99,15 +99,72 @@ class QueuePairImpl {
     uint64_t original = 0;
   };
 
+  // The multi-packet message a request packet belongs to (none for READ,
+  // atomics and the rest).
+  enum class InMessage : uint8_t { kNone, kSend, kWrite };
+
+  // The transport's half of the opcode table: how this QP handles one BTH
+  // opcode. What the packet is on the wire (position in its message,
+  // extension headers, payload) is roce::OpcodeInfo's half; this row adds
+  // what rxe's opcode masks add (the message it continues, the QP access it
+  // needs, whether it needs a receive WQE) and names the handlers. A new
+  // opcode is one row in QueuePairImpl::handling (queue_pair.cc) and its
+  // handlers.
+  using RequestHandler = void (QueuePairImpl::*)(const roce::Packet&);
+  using ResponseHandler = bool (QueuePairImpl::*)(const roce::Packet&, SendWqe&);
+  struct OpcodeHandling {
+    InMessage message = InMessage::kNone;  // FIRST/MIDDLE packets carry exactly the MTU
+    verbs::AccessFlags access = 0;         // QP access flag the operation needs
+    bool needs_recv = false;               // consumes (FIRST/ONLY) or completes a receive WQE
+    // Responder, at the expected PSN after the generic checks (PSN, opcode
+    // sequence, lengths, QP access, DMA length, receive WQE). nullptr: the
+    // responder refuses the opcode before those checks.
+    RequestHandler execute = nullptr;
+    RequestHandler duplicate = nullptr;  // responder, PSN already executed
+    // Requester, for a PSN inside the oldest outstanding work request;
+    // true when it made progress (acknowledged PSNs). nullptr: dropped.
+    ResponseHandler response = nullptr;
+  };
+  // The row for `opcode`; opcodes nobody handles get a row that refuses
+  // requests and drops responses.
+  static const OpcodeHandling& handling(uint8_t opcode);
+
   bool is_rc() const { return type_ == verbs::QpType::kRc; }
   bool is_read_or_atomic(const SendWqe& w) const;
   SendWqe& sq_at(uint64_t index) { return sq_[index % sq_.size()]; }
   RecvWqe& rq_at(uint64_t index) { return rq_[index % rq_.size()]; }
 
+  // modify: RESET's forgetting, and taking checked attributes.
+  void reset();
+  void apply(const verbs::QpAttr& a, verbs::QpAttrMask given);
+
   // Requester.
   bool start_wqe(SendWqe& w);
   int send_request_packet(SendWqe& w);  // 1 sent, 0 no buffer/MAC yet, 2 WQE failed (completed), -1 QP left RTS
+  // One request packet as built, before its payload is gathered.
+  struct RequestPacket {
+    roce::FrameSpec spec;
+    uint64_t offset = 0;    // of the payload (or of a re-requested READ) in the message
+    uint32_t payload = 0;   // bytes
+    uint32_t psn_step = 1;  // PSNs the packet takes (a READ: its responses)
+    bool last = true;       // the work request's last packet
+  };
+  struct Gather {
+    std::array<std::span<const uint8_t>, verbs::kMaxSge> pieces;
+    std::array<verbs::Access, verbs::kMaxSge> pins;  // keep the regions pinned until the frame is built
+    size_t n = 0;
+  };
+  int build_ud_request(SendWqe& w, RequestPacket& p);
+  int build_rc_request(SendWqe& w, RequestPacket& p);
+  int gather_request(SendWqe& w, const RequestPacket& p, Gather& g);
   void on_response(const roce::Packet& pkt);
+  bool ack_earlier(uint32_t psn);  // completes WQEs before psn; false when it rewound or failed
+  void note_progress();            // the peer answered: retries start over
+  // Response handlers (OpcodeHandling::response).
+  bool on_ack(const roce::Packet& pkt, SendWqe& w);
+  bool on_nak(const roce::Packet& pkt, SendWqe& w);
+  bool on_read_response(const roce::Packet& pkt, SendWqe& w);
+  bool on_atomic_ack(const roce::Packet& pkt, SendWqe& w);
   void complete_send(SendWqe& w, verbs::WcStatus status, std::string error = {});
   void rewind(uint32_t psn);
   void arm_timer();
@@ -120,8 +177,22 @@ class QueuePairImpl {
 
   // Responder.
   void on_request(const roce::Packet& pkt);
-  void on_duplicate(const roce::Packet& pkt);
+  bool check_psn(const roce::Packet& pkt);  // false: a gap or a duplicate, handled
+  bool check_request(const roce::Packet& pkt, const OpcodeHandling& h);  // false: NAKed
+  void finish_request(const roce::Packet& pkt);  // one PSN done: expect the next, ACK if asked
   void on_ud_send(const roce::Packet& pkt);
+  // Request handlers (OpcodeHandling::execute).
+  void execute_send(const roce::Packet& pkt);
+  void execute_write(const roce::Packet& pkt);
+  bool start_write(const roce::Packet& pkt);
+  void execute_read(const roce::Packet& pkt);
+  void execute_atomic(const roce::Packet& pkt);
+  void refuse_request(const roce::Packet& pkt);
+  // Duplicate handlers (OpcodeHandling::duplicate).
+  void duplicate_send_write(const roce::Packet& pkt);
+  void duplicate_read(const roce::Packet& pkt);
+  void duplicate_atomic(const roce::Packet& pkt);
+  void duplicate_drop(const roce::Packet& pkt);
   void send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, verbs::WcStatus recv_status);
   void send_rnr_nak(uint32_t psn);
   void queue_ack(uint32_t psn);
@@ -176,7 +247,7 @@ class QueuePairImpl {
   uint32_t epsn_ = 0;  // expected PSN
   uint32_t msn_ = 0;
   bool nak_sent_ = false;  // a sequence NAK went out for the current gap
-  enum class InMessage : uint8_t { kNone, kSend, kWrite } in_message_ = InMessage::kNone;
+  InMessage in_message_ = InMessage::kNone;
   uint64_t msg_offset_ = 0;  // bytes of the current message so far
   uint64_t write_va_ = 0;
   uint32_t write_rkey_ = 0;

@@ -78,122 +78,129 @@ bool QueuePairImpl::start_wqe(SendWqe& w) {
   return true;
 }
 
-// Sends the packet of `w` at cursor_psn_.
-int QueuePairImpl::send_request_packet(SendWqe& w) {
-  uint32_t index = static_cast<uint32_t>(psn_diff(cursor_psn_, w.first_psn));
-  roce::FrameSpec spec;
-  uint64_t offset = 0;
-  uint32_t payload = 0;
-  uint32_t psn_step = 1;
-  bool last;
+// The UD datagram of `w`: SEND or SEND_WITH_IMM with a DETH, to the
+// work request's destination. Returns as send_request_packet.
+int QueuePairImpl::build_ud_request(SendWqe& w, RequestPacket& p) {
+  bool failed = false;
+  auto mac = peer_mac(w.wr.ud.ip, failed);
+  if (failed) {
+    complete_send(w, WcStatus::kRetryExcErr,
+                  "UD destination " + net::Ipv4Address{w.wr.ud.ip}.str() + " did not answer ARP");
+    return 2;
+  }
+  if (!mac) return 0;
+  roce::FrameSpec& spec = p.spec;
+  spec = frame_spec(w.wr.opcode == WrOpcode::kSendWithImm ? roce::op::kUdSendOnlyImm : roce::op::kUdSendOnly,
+                    cursor_psn_, false);
+  spec.dst_mac = *mac;
+  spec.dst_ip = w.wr.ud.ip;
+  spec.traffic_class = w.wr.ud.traffic_class;
+  spec.hop_limit = w.wr.ud.hop_limit;
+  spec.bth.dest_qp = w.wr.ud.qpn;
+  spec.ext.deth = {w.wr.ud.qkey, qpn_};
+  spec.ext.immdt.imm = w.wr.imm_data;
+  spec.bth.se = (w.wr.flags & kSendSolicited) != 0;
+  p.payload = static_cast<uint32_t>(w.length);
+  return 1;
+}
 
-  if (!is_rc()) {
+// The RC packet of `w` at cursor_psn_, by work request opcode. Returns as
+// send_request_packet.
+int QueuePairImpl::build_rc_request(SendWqe& w, RequestPacket& p) {
+  if (!mac_) {
     bool failed = false;
-    auto mac = peer_mac(w.wr.ud.ip, failed);
+    mac_ = peer_mac(attr_.av.dest_ip, failed);
     if (failed) {
-      complete_send(w, WcStatus::kRetryExcErr,
-                    "UD destination " + net::Ipv4Address{w.wr.ud.ip}.str() + " did not answer ARP");
-      return 2;
+      fail_head(WcStatus::kRetryExcErr,
+                "peer " + net::Ipv4Address{attr_.av.dest_ip}.str() + " did not answer ARP requests");
+      return -1;
     }
-    if (!mac) return 0;
-    spec = frame_spec(w.wr.opcode == WrOpcode::kSendWithImm ? roce::op::kUdSendOnlyImm : roce::op::kUdSendOnly,
-                      cursor_psn_, false);
-    spec.dst_mac = *mac;
-    spec.dst_ip = w.wr.ud.ip;
-    spec.traffic_class = w.wr.ud.traffic_class;
-    spec.hop_limit = w.wr.ud.hop_limit;
-    spec.bth.dest_qp = w.wr.ud.qpn;
-    spec.ext.deth = {w.wr.ud.qkey, qpn_};
-    spec.ext.immdt.imm = w.wr.imm_data;
-    spec.bth.se = (w.wr.flags & kSendSolicited) != 0;
-    payload = static_cast<uint32_t>(w.length);
-    last = true;
-  } else {
-    if (!mac_) {
-      bool failed = false;
-      mac_ = peer_mac(attr_.av.dest_ip, failed);
-      if (failed) {
-        fail_head(WcStatus::kRetryExcErr,
-                  "peer " + net::Ipv4Address{attr_.av.dest_ip}.str() + " did not answer ARP requests");
+    if (!mac_) return 0;
+  }
+  const uint32_t index = static_cast<uint32_t>(psn_diff(cursor_psn_, w.first_psn));
+  switch (w.wr.opcode) {
+    case WrOpcode::kRdmaRead: {
+      // One request for everything not yet received (a retry asks only
+      // for the rest, as rxe's req_retry does).
+      p.offset = uint64_t{index} * mtu_;
+      p.spec = frame_spec(roce::op::kRcReadRequest, cursor_psn_, true);
+      p.spec.ext.reth = {w.wr.remote_addr + p.offset, w.wr.rkey, static_cast<uint32_t>(w.length - p.offset)};
+      p.psn_step = w.npkts - index;
+      break;
+    }
+    case WrOpcode::kAtomicCmpAndSwp:
+    case WrOpcode::kAtomicFetchAndAdd: {
+      bool cas = w.wr.opcode == WrOpcode::kAtomicCmpAndSwp;
+      p.spec = frame_spec(cas ? roce::op::kRcCompareSwap : roce::op::kRcFetchAdd, cursor_psn_, true);
+      p.spec.ext.atomic_eth = {w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
+                               cas ? w.wr.compare_add : 0};
+      break;
+    }
+    default: {
+      // SEND and WRITE: cut at the path MTU.
+      p.offset = uint64_t{index} * mtu_;
+      p.payload = static_cast<uint32_t>(std::min<uint64_t>(mtu_, w.length - p.offset));
+      p.last = index + 1 == w.npkts;
+      bool ack_req = p.last || ++noack_pkts_ >= kMaxPacketsPerAck;
+      p.spec = frame_spec(send_opcode(w.wr.opcode, index, w.npkts), cursor_psn_, ack_req);
+      if (index == 0 && (w.wr.opcode == WrOpcode::kRdmaWrite || w.wr.opcode == WrOpcode::kRdmaWriteWithImm)) {
+        p.spec.ext.reth = {w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
+      }
+      p.spec.ext.immdt.imm = w.wr.imm_data;
+      p.spec.bth.se = p.last && (w.wr.flags & kSendSolicited);
+      break;
+    }
+  }
+  if (p.spec.bth.ack_req) noack_pkts_ = 0;
+  return 1;
+}
+
+// The payload of `p`: inline bytes, or the SGEs through the key table
+// (re-checked per packet, so a region deregistered meanwhile is caught).
+// Returns as send_request_packet, 1 when the pieces are ready.
+int QueuePairImpl::gather_request(SendWqe& w, const RequestPacket& p, Gather& g) {
+  if (p.payload > 0 && w.is_inline) {
+    g.pieces[g.n++] = std::span<const uint8_t>(w.inline_data).subspan(p.offset, p.payload);
+    return 1;
+  }
+  uint64_t skip = p.offset, want = p.payload;
+  for (uint32_t i = 0; i < w.num_sge && want > 0; ++i) {
+    const Sge& s = w.sge[i];
+    if (skip >= s.length) {
+      skip -= s.length;
+      continue;
+    }
+    uint64_t take = std::min<uint64_t>(s.length - skip, want);
+    auto access = ctx_.memory().check_local(s.lkey, pd_, s.addr + skip, take, false);
+    if (!access) {
+      if (is_rc()) {
+        fail_from(sq_next_, WcStatus::kLocProtErr, std::string(wr_opcode_name(w.wr.opcode)) + " SGE " +
+                                                       std::to_string(i) + ": " + access.error().message());
         return -1;
       }
-      if (!mac_) return 0;
+      complete_send(w, WcStatus::kLocProtErr, access.error().message());
+      return 2;
     }
-    switch (w.wr.opcode) {
-      case WrOpcode::kRdmaRead: {
-        // One request for everything not yet received (a retry asks only
-        // for the rest, as rxe's req_retry does).
-        offset = uint64_t{index} * mtu_;
-        spec = frame_spec(roce::op::kRcReadRequest, cursor_psn_, true);
-        spec.ext.reth = {w.wr.remote_addr + offset, w.wr.rkey, static_cast<uint32_t>(w.length - offset)};
-        psn_step = w.npkts - index;
-        last = true;
-        break;
-      }
-      case WrOpcode::kAtomicCmpAndSwp:
-      case WrOpcode::kAtomicFetchAndAdd: {
-        bool cas = w.wr.opcode == WrOpcode::kAtomicCmpAndSwp;
-        spec = frame_spec(cas ? roce::op::kRcCompareSwap : roce::op::kRcFetchAdd, cursor_psn_, true);
-        spec.ext.atomic_eth = {w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
-                               cas ? w.wr.compare_add : 0};
-        last = true;
-        break;
-      }
-      default: {
-        offset = uint64_t{index} * mtu_;
-        payload = static_cast<uint32_t>(std::min<uint64_t>(mtu_, w.length - offset));
-        last = index + 1 == w.npkts;
-        bool ack_req = last || ++noack_pkts_ >= kMaxPacketsPerAck;
-        spec = frame_spec(send_opcode(w.wr.opcode, index, w.npkts), cursor_psn_, ack_req);
-        if (index == 0 && (w.wr.opcode == WrOpcode::kRdmaWrite || w.wr.opcode == WrOpcode::kRdmaWriteWithImm)) {
-          spec.ext.reth = {w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
-        }
-        spec.ext.immdt.imm = w.wr.imm_data;
-        spec.bth.se = last && (w.wr.flags & kSendSolicited);
-        break;
-      }
-    }
-    if (spec.bth.ack_req) noack_pkts_ = 0;
+    g.pieces[g.n++] = {access->data(), static_cast<size_t>(take)};
+    g.pins[i] = std::move(*access);
+    want -= take;
+    skip = 0;
   }
+  return 1;
+}
 
-  // Gather the payload: inline bytes, or the SGEs through the key table
-  // (re-checked per packet, so a region deregistered meanwhile is caught).
-  std::array<std::span<const uint8_t>, kMaxSge> pieces;
-  std::array<Access, kMaxSge> pins;
-  size_t npieces = 0;
-  if (payload > 0 && w.is_inline) {
-    pieces[npieces++] = std::span<const uint8_t>(w.inline_data).subspan(offset, payload);
-  } else if (payload > 0) {
-    uint64_t skip = offset, want = payload;
-    for (uint32_t i = 0; i < w.num_sge && want > 0; ++i) {
-      const Sge& s = w.sge[i];
-      if (skip >= s.length) {
-        skip -= s.length;
-        continue;
-      }
-      uint64_t take = std::min<uint64_t>(s.length - skip, want);
-      auto access = ctx_.memory().check_local(s.lkey, pd_, s.addr + skip, take, false);
-      if (!access) {
-        if (is_rc()) {
-          fail_from(sq_next_, WcStatus::kLocProtErr, std::string(wr_opcode_name(w.wr.opcode)) + " SGE " +
-                                                         std::to_string(i) + ": " + access.error().message());
-          return -1;
-        }
-        complete_send(w, WcStatus::kLocProtErr, access.error().message());
-        return 2;
-      }
-      pieces[npieces++] = {access->data(), static_cast<size_t>(take)};
-      pins[i] = std::move(*access);
-      want -= take;
-      skip = 0;
-    }
-  }
-  if (!ctx_.send_frame_locked(spec, std::span(pieces.data(), npieces))) return 0;
+// Sends the packet of `w` at cursor_psn_.
+int QueuePairImpl::send_request_packet(SendWqe& w) {
+  RequestPacket p;
+  if (int r = is_rc() ? build_rc_request(w, p) : build_ud_request(w, p); r != 1) return r;
+  Gather g;
+  if (int r = gather_request(w, p, g); r != 1) return r;
+  if (!ctx_.send_frame_locked(p.spec, std::span(g.pieces.data(), g.n))) return 0;
 
   if (is_rc() && psn_diff(cursor_psn_, max_sent_psn_) < 0) ++ctx_.stats().retransmits;
-  cursor_psn_ = psn_add(cursor_psn_, psn_step);
+  cursor_psn_ = psn_add(cursor_psn_, p.psn_step);
   if (psn_diff(cursor_psn_, max_sent_psn_) > 0) max_sent_psn_ = cursor_psn_;
-  if (last) ++sq_next_;
+  if (p.last) ++sq_next_;
   if (!is_rc()) {
     // Datagrams are done once on the wire.
     una_psn_ = cursor_psn_;
@@ -293,7 +300,8 @@ int QueuePairImpl::on_timer(Clock::time_point now) {
   return 1;
 }
 
-// ACKs, NAKs, READ responses and atomic ACKs for this QP's requests.
+// ACKs, NAKs, READ responses and atomic ACKs for this QP's requests: the
+// checks every response passes, then the opcode's response handler.
 void QueuePairImpl::on_response(const roce::Packet& pkt) {
   if (attr_.state != QpState::kRts) {
     ++ctx_.stats().rx_dropped;
@@ -307,119 +315,15 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
     ++ctx_.stats().rx_dropped;
     return;
   }
-  const uint8_t syndrome = pkt.has(roce::kAeth) ? pkt.ext.aeth.syndrome : 0;
-  const auto type = roce::aeth::type(syndrome);
-  const bool is_ack_opcode = pkt.bth.opcode == roce::op::kRcAck;
-
-  // Earlier SENDs and WRITEs are acknowledged implicitly by any response to
-  // a later PSN; an earlier READ or atomic still waiting means its responses
-  // were lost: ask again.
-  while (sq_head_ < sq_tail_ && sq_at(sq_head_).started) {
-    SendWqe& w = sq_at(sq_head_);
-    uint32_t last_psn = psn_add(w.first_psn, w.npkts - 1);
-    if (psn_diff(last_psn, psn) >= 0) break;
-    if (is_read_or_atomic(w)) {
-      if (retry_exhausted(false)) {
-        fail_head(WcStatus::kRetryExcErr, "responses to " + std::string(wr_opcode_name(w.wr.opcode)) + " lost too often");
-        return;
-      }
-      rewind(psn_add(w.first_psn, w.rcv_pkts));
-      return;
-    }
-    complete_send(w, WcStatus::kSuccess);
-  }
+  if (!ack_earlier(psn)) return;
   if (sq_head_ == sq_tail_ || !sq_at(sq_head_).started) return;  // nothing started contains psn
-  SendWqe& w = sq_at(sq_head_);
-  const uint32_t last_psn = psn_add(w.first_psn, w.npkts - 1);
-
-  if (is_ack_opcode && type != roce::aeth::Type::kAck) {
-    if (type == roce::aeth::Type::kRnrNak) {
-      ++ctx_.stats().rnr_naks_received;
-      retry_left_ = attr_.retry_cnt;  // the peer is alive: only RNR retries count down
-      if (retry_exhausted(true)) {
-        fail_head(WcStatus::kRnrRetryExcErr, "the peer had no receive posted (RNR NAK) " +
-                                                 std::to_string(attr_.rnr_retry) + " times");
-        return;
-      }
-      rewind(psn);
-      rnr_until_ = ctx_.now() + std::chrono::microseconds(roce::aeth::rnr_timer_usec(roce::aeth::value(syndrome)));
-      arm_timer();
-      return;
-    }
-    ++ctx_.stats().naks_received;
-    uint8_t code = roce::aeth::value(syndrome);
-    if (type == roce::aeth::Type::kNak && code == static_cast<uint8_t>(roce::aeth::NakCode::kPsnSequenceError)) {
-      if (retry_exhausted(false)) {
-        fail_head(WcStatus::kRetryExcErr, "PSN sequence errors beyond retry_cnt");
-        return;
-      }
-      rewind(psn);
-      arm_timer();
-      return;
-    }
-    fail_head(status_for_nak(code), std::string(wr_opcode_name(w.wr.opcode)) + " NAKed by " +
-                                        net::Ipv4Address{attr_.av.dest_ip}.str() + ": " +
-                                        roce::aeth::nak_code_name(code) + " (AETH " + hex(syndrome) + ")");
-    return;
-  }
-
-  // Progress: the peer is alive, retries start over.
-  retry_left_ = attr_.retry_cnt;
-  rnr_left_ = attr_.rnr_retry;
-
-  if (is_ack_opcode) {
-    if (is_read_or_atomic(w)) return;  // an ACK cannot answer these
-    una_psn_ = psn_add(psn, 1);
-    if (psn == last_psn) complete_send(w, WcStatus::kSuccess);
-  } else if (pkt.op->kind == roce::OpKind::kReadResponse) {
-    if (w.wr.opcode != WrOpcode::kRdmaRead) {
-      fail_head(WcStatus::kBadRespErr, "READ response for a " + std::string(wr_opcode_name(w.wr.opcode)));
-      return;
-    }
-    uint32_t expected = psn_add(w.first_psn, w.rcv_pkts);
-    if (psn != expected) {
-      // A response went missing: ask for the rest once; stragglers of the
-      // old answer that follow must not trigger more requests.
-      if (psn_diff(psn, expected) > 0 && !(read_retry_ && *read_retry_ == expected)) {
-        read_retry_ = expected;
-        rewind(expected);
-      }
-      return;
-    }
-    uint64_t offset = uint64_t{w.rcv_pkts} * mtu_;
-    bool is_last = w.rcv_pkts + 1 == w.npkts;
-    uint64_t want = is_last ? w.length - offset : mtu_;
-    // A re-requested READ is answered from FIRST (or ONLY) again, so only
-    // the end of the message is checked against the position.
-    bool position_ok = is_last == pkt.op->last() && (w.rcv_pkts > 0 || pkt.op->first());
-    if (!position_ok || pkt.payload.size() != want) {
-      fail_head(WcStatus::kBadRespErr, "READ response " + std::string(roce::opcode_full_name(pkt.bth.opcode)) +
-                                           " with " + std::to_string(pkt.payload.size()) + " bytes, expected " +
-                                           std::to_string(want));
-      return;
-    }
-    if (auto err = scatter(w.sge.data(), w.num_sge, offset, pkt.payload)) {
-      fail_head(WcStatus::kLocProtErr, "RDMA_READ destination: " + err->message());
-      return;
-    }
-    ++w.rcv_pkts;
-    una_psn_ = psn_add(psn, 1);
-    if (is_last) complete_send(w, WcStatus::kSuccess);
-  } else if (pkt.op->kind == roce::OpKind::kAtomicAck) {
-    if (!is_read_or_atomic(w) || w.wr.opcode == WrOpcode::kRdmaRead || psn != w.first_psn) return;
-    uint64_t original = pkt.ext.atomic_ack.original;
-    uint8_t bytes[8];
-    std::memcpy(bytes, &original, 8);  // host order, like the target memory
-    if (auto err = scatter(w.sge.data(), w.num_sge, 0, bytes)) {
-      fail_head(WcStatus::kLocProtErr, "atomic result: " + err->message());
-      return;
-    }
-    una_psn_ = psn_add(psn, 1);
-    complete_send(w, WcStatus::kSuccess);
-  } else {
+  const ResponseHandler handler = handling(pkt.bth.opcode).response;
+  if (handler == nullptr) {
+    note_progress();
     ++ctx_.stats().rx_dropped;
     return;
   }
+  if (!(this->*handler)(pkt, sq_at(sq_head_))) return;
   // Acknowledged beyond the cursor (answers to packets sent before a
   // rewind): skip what the peer already has.
   if (psn_diff(una_psn_, cursor_psn_) > 0) rewind(una_psn_);
@@ -428,6 +332,139 @@ void QueuePairImpl::on_response(const roce::Packet& pkt) {
   } else {
     arm_timer();
   }
+}
+
+// Earlier SENDs and WRITEs are acknowledged implicitly by any response to
+// a later PSN; an earlier READ or atomic still waiting means its responses
+// were lost: ask again (and return false, as when retries ran out).
+bool QueuePairImpl::ack_earlier(uint32_t psn) {
+  while (sq_head_ < sq_tail_ && sq_at(sq_head_).started) {
+    SendWqe& w = sq_at(sq_head_);
+    uint32_t last_psn = psn_add(w.first_psn, w.npkts - 1);
+    if (psn_diff(last_psn, psn) >= 0) break;
+    if (is_read_or_atomic(w)) {
+      if (retry_exhausted(false)) {
+        fail_head(WcStatus::kRetryExcErr, "responses to " + std::string(wr_opcode_name(w.wr.opcode)) + " lost too often");
+        return false;
+      }
+      rewind(psn_add(w.first_psn, w.rcv_pkts));
+      return false;
+    }
+    complete_send(w, WcStatus::kSuccess);
+  }
+  return true;
+}
+
+// Progress: the peer is alive, retries start over.
+void QueuePairImpl::note_progress() {
+  retry_left_ = attr_.retry_cnt;
+  rnr_left_ = attr_.rnr_retry;
+}
+
+// ACKNOWLEDGE: an ACK completes `w` at its last PSN; a NAK goes to on_nak.
+bool QueuePairImpl::on_ack(const roce::Packet& pkt, SendWqe& w) {
+  if (roce::aeth::type(pkt.ext.aeth.syndrome) != roce::aeth::Type::kAck) return on_nak(pkt, w);
+  note_progress();
+  if (is_read_or_atomic(w)) return false;  // an ACK cannot answer these
+  const uint32_t psn = pkt.bth.psn;
+  una_psn_ = psn_add(psn, 1);
+  if (psn == psn_add(w.first_psn, w.npkts - 1)) complete_send(w, WcStatus::kSuccess);
+  return true;
+}
+
+// RNR NAK: back off for the NAK's timer and resend from its PSN. Sequence
+// NAK: resend from its PSN. Any other code ends `w` and the QP.
+bool QueuePairImpl::on_nak(const roce::Packet& pkt, SendWqe& w) {
+  const uint32_t psn = pkt.bth.psn;
+  const uint8_t syndrome = pkt.ext.aeth.syndrome;
+  const auto type = roce::aeth::type(syndrome);
+  if (type == roce::aeth::Type::kRnrNak) {
+    ++ctx_.stats().rnr_naks_received;
+    retry_left_ = attr_.retry_cnt;  // the peer is alive: only RNR retries count down
+    if (retry_exhausted(true)) {
+      fail_head(WcStatus::kRnrRetryExcErr, "the peer had no receive posted (RNR NAK) " +
+                                               std::to_string(attr_.rnr_retry) + " times");
+      return false;
+    }
+    rewind(psn);
+    rnr_until_ = ctx_.now() + std::chrono::microseconds(roce::aeth::rnr_timer_usec(roce::aeth::value(syndrome)));
+    arm_timer();
+    return false;
+  }
+  ++ctx_.stats().naks_received;
+  uint8_t code = roce::aeth::value(syndrome);
+  if (type == roce::aeth::Type::kNak && code == static_cast<uint8_t>(roce::aeth::NakCode::kPsnSequenceError)) {
+    if (retry_exhausted(false)) {
+      fail_head(WcStatus::kRetryExcErr, "PSN sequence errors beyond retry_cnt");
+      return false;
+    }
+    rewind(psn);
+    arm_timer();
+    return false;
+  }
+  fail_head(status_for_nak(code), std::string(wr_opcode_name(w.wr.opcode)) + " NAKed by " +
+                                      net::Ipv4Address{attr_.av.dest_ip}.str() + ": " +
+                                      roce::aeth::nak_code_name(code) + " (AETH " + hex(syndrome) + ")");
+  return false;
+}
+
+// READ RESPONSE FIRST/MIDDLE/LAST/ONLY: in PSN order, in the right position
+// and of exactly the expected length, scattered into the READ's SGEs.
+bool QueuePairImpl::on_read_response(const roce::Packet& pkt, SendWqe& w) {
+  note_progress();
+  const uint32_t psn = pkt.bth.psn;
+  if (w.wr.opcode != WrOpcode::kRdmaRead) {
+    fail_head(WcStatus::kBadRespErr, "READ response for a " + std::string(wr_opcode_name(w.wr.opcode)));
+    return false;
+  }
+  uint32_t expected = psn_add(w.first_psn, w.rcv_pkts);
+  if (psn != expected) {
+    // A response went missing: ask for the rest once; stragglers of the
+    // old answer that follow must not trigger more requests.
+    if (psn_diff(psn, expected) > 0 && !(read_retry_ && *read_retry_ == expected)) {
+      read_retry_ = expected;
+      rewind(expected);
+    }
+    return false;
+  }
+  uint64_t offset = uint64_t{w.rcv_pkts} * mtu_;
+  bool is_last = w.rcv_pkts + 1 == w.npkts;
+  uint64_t want = is_last ? w.length - offset : mtu_;
+  // A re-requested READ is answered from FIRST (or ONLY) again, so only
+  // the end of the message is checked against the position.
+  bool position_ok = is_last == pkt.op->last() && (w.rcv_pkts > 0 || pkt.op->first());
+  if (!position_ok || pkt.payload.size() != want) {
+    fail_head(WcStatus::kBadRespErr, "READ response " + std::string(roce::opcode_full_name(pkt.bth.opcode)) +
+                                         " with " + std::to_string(pkt.payload.size()) + " bytes, expected " +
+                                         std::to_string(want));
+    return false;
+  }
+  if (auto err = scatter(w.sge.data(), w.num_sge, offset, pkt.payload)) {
+    fail_head(WcStatus::kLocProtErr, "RDMA_READ destination: " + err->message());
+    return false;
+  }
+  ++w.rcv_pkts;
+  una_psn_ = psn_add(psn, 1);
+  if (is_last) complete_send(w, WcStatus::kSuccess);
+  return true;
+}
+
+// ATOMIC ACKNOWLEDGE: the original value, 8 bytes in host order, into the
+// atomic's SGE.
+bool QueuePairImpl::on_atomic_ack(const roce::Packet& pkt, SendWqe& w) {
+  note_progress();
+  const uint32_t psn = pkt.bth.psn;
+  if (!is_read_or_atomic(w) || w.wr.opcode == WrOpcode::kRdmaRead || psn != w.first_psn) return false;
+  uint64_t original = pkt.ext.atomic_ack.original;
+  uint8_t bytes[8];
+  std::memcpy(bytes, &original, 8);  // host order, like the target memory
+  if (auto err = scatter(w.sge.data(), w.num_sge, 0, bytes)) {
+    fail_head(WcStatus::kLocProtErr, "atomic result: " + err->message());
+    return false;
+  }
+  una_psn_ = psn_add(psn, 1);
+  complete_send(w, WcStatus::kSuccess);
+  return true;
 }
 
 }  // namespace ufab::transport

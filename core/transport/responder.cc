@@ -139,6 +139,9 @@ bool QueuePairImpl::send_reply_packet(Reply& r) {
   return true;
 }
 
+// Every RC request: the generic checks in rxe's order (check_psn,
+// check_op_seq, check_op_valid, check_resource, then the handler's own
+// key, length and resource checks), then the opcode's handler.
 void QueuePairImpl::on_request(const roce::Packet& pkt) {
   if (!is_rc()) {
     on_ud_send(pkt);
@@ -148,239 +151,275 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
     ++ctx_.stats().rx_dropped;
     return;
   }
-  const uint32_t psn = pkt.bth.psn;
-  const int32_t diff = psn_diff(psn, epsn_);
+  if (!check_psn(pkt)) return;
+  const OpcodeHandling& h = handling(pkt.bth.opcode);
+  if (h.execute == nullptr) {
+    send_nak(kNakInvalid, pkt.bth.psn,
+             std::string(roce::opcode_full_name(pkt.bth.opcode)) +
+                 (pkt.has(roce::kIeth) ? " (SEND with invalidate)" : "") + " is not supported by this responder",
+             WcStatus::kSuccess);
+    return;
+  }
+  if (!check_request(pkt, h)) return;
+  (this->*h.execute)(pkt);
+}
+
+// True for the expected PSN. A PSN ahead of it gets one sequence NAK per
+// gap (IBA 9.7.5.1.2), repeated only once the expected PSN has arrived; one
+// behind it is a duplicate, for the opcode's duplicate handler.
+bool QueuePairImpl::check_psn(const roce::Packet& pkt) {
+  const int32_t diff = psn_diff(pkt.bth.psn, epsn_);
   if (diff > 0) {
-    // A gap: one NAK per gap (IBA 9.7.5.1.2), repeated only once the
-    // expected PSN has arrived.
     if (!nak_sent_) {
       nak_sent_ = true;
       ++ctx_.stats().naks_sent;
       replies_.push_back(Reply{.kind = Reply::kAck, .psn = epsn_, .msn = msn_, .syndrome = kNakSequence});
     }
-    return;
+    return false;
   }
   if (diff < 0) {
-    on_duplicate(pkt);
-    return;
+    ++ctx_.stats().duplicates;
+    (this->*handling(pkt.bth.opcode).duplicate)(pkt);
+    return false;
   }
   nak_sent_ = false;
+  return true;
+}
 
+// The checks every request at the expected PSN passes before its handler
+// runs; false when one failed and the packet was answered.
+bool QueuePairImpl::check_request(const roce::Packet& pkt, const OpcodeHandling& h) {
   const roce::OpcodeInfo& op = *pkt.op;
-  if (op.has(roce::kIeth)) {
-    send_nak(kNakInvalid, psn, std::string(roce::opcode_full_name(pkt.bth.opcode)) + " (SEND with invalidate) is not "
-             "supported by this responder", WcStatus::kSuccess);
-    return;
-  }
+  const uint32_t psn = pkt.bth.psn;
   const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
-  const std::string opname = roce::opcode_full_name(pkt.bth.opcode);
-
-  // Opcode sequence (IBA 9.7.5.1.3 / rxe check_op_seq).
-  bool continues = !op.first();
-  if ((in_message_ == InMessage::kSend && !(continues && op.kind == roce::OpKind::kSend)) ||
-      (in_message_ == InMessage::kWrite && !(continues && op.kind == roce::OpKind::kRdmaWrite)) ||
-      (in_message_ == InMessage::kNone && continues)) {
-    send_nak(kNakInvalid, psn, opname + " out of sequence", WcStatus::kSuccess);
-    return;
+  auto opname = [&] { return std::string(roce::opcode_full_name(pkt.bth.opcode)); };
+  // Opcode sequence (IBA 9.7.5.1.3 / rxe check_op_seq): inside a message
+  // only its MIDDLE and LAST, outside one only FIRST and single packets.
+  const bool continues = !op.first();
+  if (continues ? (in_message_ == InMessage::kNone || h.message != in_message_) : in_message_ != InMessage::kNone) {
+    send_nak(kNakInvalid, psn, opname() + " out of sequence", WcStatus::kSuccess);
+    return false;
   }
   // Payload sizes (rxe check_length): FIRST and MIDDLE carry exactly one MTU.
-  if ((op.kind == roce::OpKind::kSend || op.kind == roce::OpKind::kRdmaWrite) &&
+  if (h.message != InMessage::kNone &&
       ((!op.last() && len != mtu_) || (op.last() && !op.first() && (len == 0 || len > mtu_)) ||
        (op.only() && len > mtu_))) {
     send_nak(kNakInvalid, psn,
-             opname + " with " + std::to_string(len) + " bytes of payload at path MTU " + std::to_string(mtu_),
+             opname() + " with " + std::to_string(len) + " bytes of payload at path MTU " + std::to_string(mtu_),
              WcStatus::kSuccess);
-    return;
+    return false;
   }
   // QP access before resources, as rxe (check_op_valid, then
   // check_resource): a forbidden operation is an invalid request, not RNR.
-  AccessFlags needed = op.kind == roce::OpKind::kRdmaWrite   ? kRemoteWrite
-                       : op.kind == roce::OpKind::kReadRequest ? kRemoteRead
-                       : op.kind == roce::OpKind::kAtomic      ? kRemoteAtomic
-                                                               : 0;
-  if (needed && !(attr_.access_flags & needed)) {
-    send_nak(kNakInvalid, psn, opname + " on a QP without " + access_string(needed) + " access", WcStatus::kSuccess);
-    return;
+  if (h.access && !(attr_.access_flags & h.access)) {
+    send_nak(kNakInvalid, psn, opname() + " on a QP without " + access_string(h.access) + " access",
+             WcStatus::kSuccess);
+    return false;
   }
   // IBA C9-94: a DMA length above 2^31 is an invalid request.
   if (op.has(roce::kReth) && pkt.ext.reth.dma_length > (1u << 31)) {
-    send_nak(kNakInvalid, psn, opname + " with a DMA length above 2^31", WcStatus::kSuccess);
-    return;
+    send_nak(kNakInvalid, psn, opname() + " with a DMA length above 2^31", WcStatus::kSuccess);
+    return false;
   }
-  auto needs_recv = [&] { return op.kind == roce::OpKind::kSend ? op.first() : op.has(roce::kImmDt); };
-  if (needs_recv() && rq_head_ == rq_tail_) {
+  if (h.needs_recv && rq_head_ == rq_tail_) {
     send_rnr_nak(psn);
+    return false;
+  }
+  return true;
+}
+
+void QueuePairImpl::finish_request(const roce::Packet& pkt) {
+  epsn_ = psn_add(pkt.bth.psn, 1);
+  if (pkt.bth.ack_req) queue_ack(pkt.bth.psn);
+}
+
+// SEND FIRST/MIDDLE/LAST/ONLY: scattered into the receive WQE at the head;
+// the last packet completes it.
+void QueuePairImpl::execute_send(const roce::Packet& pkt) {
+  const roce::OpcodeInfo& op = *pkt.op;
+  const uint32_t psn = pkt.bth.psn;
+  const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
+  if (op.first()) msg_offset_ = 0;
+  RecvWqe& r = rq_at(rq_head_);
+  if (msg_offset_ + len > r.length) {
+    send_nak(kNakInvalid, psn,
+             "SEND of at least " + std::to_string(msg_offset_ + len) + " bytes into a receive of " +
+                 std::to_string(r.length),
+             WcStatus::kLocLenErr);
     return;
   }
-
-  switch (op.kind) {
-    case roce::OpKind::kSend: {
-      if (op.first()) msg_offset_ = 0;
-      RecvWqe& r = rq_at(rq_head_);
-      if (msg_offset_ + len > r.length) {
-        send_nak(kNakInvalid, psn,
-                 "SEND of at least " + std::to_string(msg_offset_ + len) + " bytes into a receive of " +
-                     std::to_string(r.length),
-                 WcStatus::kLocLenErr);
-        return;
-      }
-      if (auto err = scatter(r.sge.data(), r.num_sge, msg_offset_, pkt.payload)) {
-        send_nak(kNakRemoteOp, psn, "receive buffer: " + err->message(), WcStatus::kLocProtErr);
-        return;
-      }
-      msg_offset_ += len;
-      in_message_ = op.last() ? InMessage::kNone : InMessage::kSend;
-      if (op.last()) {
-        ++msn_;
-        complete_recv(WcStatus::kSuccess, WcOpcode::kRecv, static_cast<uint32_t>(msg_offset_),
-                      op.has(roce::kImmDt) ? std::optional(pkt.ext.immdt.imm) : std::nullopt, 0);
-      }
-      break;
-    }
-    case roce::OpKind::kRdmaWrite: {
-      if (op.first()) {
-        const roce::Reth& reth = pkt.ext.reth;
-        if (reth.dma_length > 0) {
-          auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite);
-          if (!a) {
-            send_nak(a.error().nak_syndrome(), psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
-            return;
-          }
-        }
-        write_va_ = reth.va;
-        write_rkey_ = reth.rkey;
-        write_length_ = reth.dma_length;
-        msg_offset_ = 0;
-      }
-      if (msg_offset_ + len > write_length_ || (op.last() && msg_offset_ + len != write_length_)) {
-        send_nak(kNakInvalid, psn,
-                 "RDMA WRITE payload (" + std::to_string(msg_offset_ + len) + " bytes so far) disagrees with "
-                 "its RETH length " + std::to_string(write_length_),
-                 WcStatus::kSuccess);
-        return;
-      }
-      if (len > 0) {
-        auto a = ctx_.memory().check_remote(write_rkey_, pd_, write_va_ + msg_offset_, len, kRemoteWrite);
-        if (!a) {
-          send_nak(a.error().nak_syndrome(), psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
-          return;
-        }
-        std::memcpy(a->data(), pkt.payload.data(), len);
-      }
-      msg_offset_ += len;
-      in_message_ = op.last() ? InMessage::kNone : InMessage::kWrite;
-      if (op.last()) {
-        ++msn_;
-        if (op.has(roce::kImmDt)) {
-          complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, write_length_, pkt.ext.immdt.imm, 0);
-        }
-      }
-      break;
-    }
-    case roce::OpKind::kReadRequest: {
-      const roce::Reth& reth = pkt.ext.reth;
-      if (reth.dma_length > 0) {
-        auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead);
-        if (!a) {
-          send_nak(a.error().nak_syndrome(), psn, "RDMA READ: " + a.error().message(), WcStatus::kSuccess);
-          return;
-        }
-      }
-      if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
-        send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
-        return;
-      }
-      ++msn_;
-      replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
-                               .length = reth.dma_length});
-      epsn_ = psn_add(psn, roce::packets_for(reth.dma_length, mtu_));
-      return;
-    }
-    case roce::OpKind::kAtomic: {
-      if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
-        send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
-        return;
-      }
-      const roce::AtomicEth& a = pkt.ext.atomic_eth;
-      auto access = ctx_.memory().check_remote(a.rkey, pd_, a.va, 8, kRemoteAtomic);
-      if (!access) {
-        send_nak(access.error().nak_syndrome(), psn, opname + ": " + access.error().message(), WcStatus::kSuccess);
-        return;
-      }
-      auto* target = reinterpret_cast<uint64_t*>(access->data());
-      uint64_t original;
-      if (pkt.bth.opcode == roce::op::kRcCompareSwap) {
-        original = a.compare;
-        __atomic_compare_exchange_n(target, &original, a.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-      } else {
-        original = __atomic_fetch_add(target, a.swap_add, __ATOMIC_SEQ_CST);
-      }
-      if (!atomic_cache_.empty()) {
-        atomic_cache_[atomic_cache_next_] = AtomicReplay{true, psn, original};
-        atomic_cache_next_ = (atomic_cache_next_ + 1) % atomic_cache_.size();
-      }
-      ++msn_;
-      replies_.push_back(Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = original});
-      epsn_ = psn_add(psn, 1);
-      return;
-    }
-    default:
-      // FLUSH, ATOMIC_WRITE and SEND with invalidate: not offered yet.
-      send_nak(kNakInvalid, psn, opname + " is not supported by this responder", WcStatus::kSuccess);
-      return;
+  if (auto err = scatter(r.sge.data(), r.num_sge, msg_offset_, pkt.payload)) {
+    send_nak(kNakRemoteOp, psn, "receive buffer: " + err->message(), WcStatus::kLocProtErr);
+    return;
   }
-  epsn_ = psn_add(psn, 1);
-  if (pkt.bth.ack_req) queue_ack(psn);
+  msg_offset_ += len;
+  in_message_ = op.last() ? InMessage::kNone : InMessage::kSend;
+  if (op.last()) {
+    ++msn_;
+    complete_recv(WcStatus::kSuccess, WcOpcode::kRecv, static_cast<uint32_t>(msg_offset_),
+                  op.has(roce::kImmDt) ? std::optional(pkt.ext.immdt.imm) : std::nullopt, 0);
+  }
+  finish_request(pkt);
 }
 
-// A request for a PSN already executed (the ACK or response was lost).
-void QueuePairImpl::on_duplicate(const roce::Packet& pkt) {
-  ++ctx_.stats().duplicates;
+// The RETH of a WRITE's first packet: the whole range is checked before
+// any byte lands (zero-length WRITEs are not, IBA C9-88).
+bool QueuePairImpl::start_write(const roce::Packet& pkt) {
+  const roce::Reth& reth = pkt.ext.reth;
+  if (reth.dma_length > 0) {
+    auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite);
+    if (!a) {
+      send_nak(a.error().nak_syndrome(), pkt.bth.psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
+      return false;
+    }
+  }
+  write_va_ = reth.va;
+  write_rkey_ = reth.rkey;
+  write_length_ = reth.dma_length;
+  msg_offset_ = 0;
+  return true;
+}
+
+// RDMA WRITE FIRST/MIDDLE/LAST/ONLY: each packet's slice is checked again
+// as it lands; the payload must add up to the RETH length exactly.
+void QueuePairImpl::execute_write(const roce::Packet& pkt) {
+  const roce::OpcodeInfo& op = *pkt.op;
   const uint32_t psn = pkt.bth.psn;
-  switch (pkt.op->kind) {
-    case roce::OpKind::kSend:
-    case roce::OpKind::kRdmaWrite:
-      // Not executed again. Acknowledge everything received so far, but
-      // only where the requester asked (AckReq): a go-back-N resend ends
-      // with such a packet anyway, and rxe's completer can complete a WQE
-      // it is still resending when ACKs arrive in the middle of the resend
-      // (seen as a stalled rxe requester in the interop tests).
-      if (pkt.bth.ack_req) queue_ack(psn_add(epsn_, roce::kPsnMask));
-      return;
-    case roce::OpKind::kReadRequest: {
-      // READs are idempotent: answer again from memory, re-checking the key
-      // (rxe does the same). Later queued READs restart after it.
-      const roce::Reth& reth = pkt.ext.reth;
-      if (!(attr_.access_flags & kRemoteRead)) return;
-      if (reth.dma_length > 0 && !ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead)) {
-        return;
-      }
-      std::erase_if(replies_, [&](const Reply& r) { return r.kind == Reply::kRead && psn_diff(r.psn, psn) >= 0; });
-      if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) {
-        ++ctx_.stats().rx_dropped;  // a flood of old READs must not queue unbounded responses
-        return;
-      }
-      replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
-                               .length = reth.dma_length, .replay = true});
+  const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
+  if (op.first() && !start_write(pkt)) return;
+  if (msg_offset_ + len > write_length_ || (op.last() && msg_offset_ + len != write_length_)) {
+    send_nak(kNakInvalid, psn,
+             "RDMA WRITE payload (" + std::to_string(msg_offset_ + len) + " bytes so far) disagrees with "
+             "its RETH length " + std::to_string(write_length_),
+             WcStatus::kSuccess);
+    return;
+  }
+  if (len > 0) {
+    auto a = ctx_.memory().check_remote(write_rkey_, pd_, write_va_ + msg_offset_, len, kRemoteWrite);
+    if (!a) {
+      send_nak(a.error().nak_syndrome(), psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
       return;
     }
-    case roce::OpKind::kAtomic:
-      // Never executed twice: the answer comes from the replay cache.
-      for (const AtomicReplay& c : atomic_cache_) {
-        if (c.valid && c.psn == psn) {
-          if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) break;
-          replies_.push_back(
-              Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = c.original, .replay = true});
-          return;
-        }
-      }
-      ++ctx_.stats().rx_dropped;  // too old to replay; the requester will time out
-      return;
-    default:
-      ++ctx_.stats().rx_dropped;
-      return;
+    std::memcpy(a->data(), pkt.payload.data(), len);
   }
+  msg_offset_ += len;
+  in_message_ = op.last() ? InMessage::kNone : InMessage::kWrite;
+  if (op.last()) {
+    ++msn_;
+    if (op.has(roce::kImmDt)) {
+      complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, write_length_, pkt.ext.immdt.imm, 0);
+    }
+  }
+  finish_request(pkt);
 }
+
+// RDMA READ: the key is checked now and again per response packet; the
+// responses are queued and take the PSNs the request covers.
+void QueuePairImpl::execute_read(const roce::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  const roce::Reth& reth = pkt.ext.reth;
+  if (reth.dma_length > 0) {
+    auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead);
+    if (!a) {
+      send_nak(a.error().nak_syndrome(), psn, "RDMA READ: " + a.error().message(), WcStatus::kSuccess);
+      return;
+    }
+  }
+  if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
+    send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
+    return;
+  }
+  ++msn_;
+  replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
+                           .length = reth.dma_length});
+  epsn_ = psn_add(psn, roce::packets_for(reth.dma_length, mtu_));
+}
+
+// COMPARE_SWAP and FETCH_ADD with the CPU's atomics, so they are atomic
+// against local threads too; the original value goes to the replay cache.
+void QueuePairImpl::execute_atomic(const roce::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
+    send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
+    return;
+  }
+  const roce::AtomicEth& a = pkt.ext.atomic_eth;
+  auto access = ctx_.memory().check_remote(a.rkey, pd_, a.va, 8, kRemoteAtomic);
+  if (!access) {
+    send_nak(access.error().nak_syndrome(), psn,
+             std::string(roce::opcode_full_name(pkt.bth.opcode)) + ": " + access.error().message(),
+             WcStatus::kSuccess);
+    return;
+  }
+  auto* target = reinterpret_cast<uint64_t*>(access->data());
+  uint64_t original;
+  if (pkt.bth.opcode == roce::op::kRcCompareSwap) {
+    original = a.compare;
+    __atomic_compare_exchange_n(target, &original, a.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } else {
+    original = __atomic_fetch_add(target, a.swap_add, __ATOMIC_SEQ_CST);
+  }
+  if (!atomic_cache_.empty()) {
+    atomic_cache_[atomic_cache_next_] = AtomicReplay{true, psn, original};
+    atomic_cache_next_ = (atomic_cache_next_ + 1) % atomic_cache_.size();
+  }
+  ++msn_;
+  replies_.push_back(Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = original});
+  epsn_ = psn_add(psn, 1);
+}
+
+// FLUSH and ATOMIC_WRITE: known on the wire, not offered yet.
+void QueuePairImpl::refuse_request(const roce::Packet& pkt) {
+  send_nak(kNakInvalid, pkt.bth.psn,
+           std::string(roce::opcode_full_name(pkt.bth.opcode)) + " is not supported by this responder",
+           WcStatus::kSuccess);
+}
+
+// Duplicates: requests for a PSN already executed (the ACK or response was
+// lost).
+
+// SEND and WRITE are not executed again. Acknowledge everything received
+// so far, but only where the requester asked (AckReq): a go-back-N resend
+// ends with such a packet anyway, and rxe's completer can complete a WQE it
+// is still resending when ACKs arrive in the middle of the resend (seen as
+// a stalled rxe requester in the interop tests).
+void QueuePairImpl::duplicate_send_write(const roce::Packet& pkt) {
+  if (pkt.bth.ack_req) queue_ack(psn_add(epsn_, roce::kPsnMask));
+}
+
+// READs are idempotent: answer again from memory, re-checking the key (rxe
+// does the same). Later queued READs restart after it.
+void QueuePairImpl::duplicate_read(const roce::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  const roce::Reth& reth = pkt.ext.reth;
+  if (!(attr_.access_flags & kRemoteRead)) return;
+  if (reth.dma_length > 0 && !ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead)) {
+    return;
+  }
+  std::erase_if(replies_, [&](const Reply& r) { return r.kind == Reply::kRead && psn_diff(r.psn, psn) >= 0; });
+  if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) {
+    ++ctx_.stats().rx_dropped;  // a flood of old READs must not queue unbounded responses
+    return;
+  }
+  replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
+                           .length = reth.dma_length, .replay = true});
+}
+
+// Atomics are never executed twice: the answer comes from the replay cache.
+void QueuePairImpl::duplicate_atomic(const roce::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  for (const AtomicReplay& c : atomic_cache_) {
+    if (c.valid && c.psn == psn) {
+      if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) break;
+      replies_.push_back(
+          Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = c.original, .replay = true});
+      return;
+    }
+  }
+  ++ctx_.stats().rx_dropped;  // too old to replay; the requester will time out
+}
+
+void QueuePairImpl::duplicate_drop(const roce::Packet&) { ++ctx_.stats().rx_dropped; }
 
 void QueuePairImpl::on_ud_send(const roce::Packet& pkt) {
   if ((attr_.state != QpState::kRtr && attr_.state != QpState::kRts) || pkt.op->kind != roce::OpKind::kSend ||
