@@ -1,0 +1,1084 @@
+// An shm RC queue pair: state machine, posting, the requester and the
+// responder. Everything here runs under the QP's mutex.
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "drivers/shm/shm_impl.h"
+
+namespace ufab::shm {
+namespace {
+
+constexpr uint32_t kLater = 0xFFFF;  // one_sided: the target is not ready yet; try again
+constexpr uint32_t kPsnMask = 0xFFFFFF;
+constexpr uint32_t kRights = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ |
+                             UFAB_ACCESS_REMOTE_ATOMIC;
+
+bool seq_le(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
+bool seq_lt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) < 0; }
+
+bool is_atomic(uint32_t op) { return op == UFAB_WR_ATOMIC_CMP_AND_SWP || op == UFAB_WR_ATOMIC_FETCH_AND_ADD; }
+
+uint32_t wc_opcode(uint32_t op) {
+  switch (op) {
+    case UFAB_WR_RDMA_WRITE:
+    case UFAB_WR_RDMA_WRITE_WITH_IMM: return UFAB_WC_RDMA_WRITE;
+    case UFAB_WR_RDMA_READ: return UFAB_WC_RDMA_READ;
+    case UFAB_WR_ATOMIC_CMP_AND_SWP: return UFAB_WC_COMP_SWAP;
+    case UFAB_WR_ATOMIC_FETCH_AND_ADD: return UFAB_WC_FETCH_ADD;
+    default: return UFAB_WC_SEND;
+  }
+}
+
+const char* state_name(uint32_t s) {
+  switch (s) {
+    case UFAB_QPS_RESET: return "RESET";
+    case UFAB_QPS_INIT: return "INIT";
+    case UFAB_QPS_RTR: return "RTR";
+    case UFAB_QPS_RTS: return "RTS";
+    case UFAB_QPS_ERR: return "ERROR";
+    default: return "an unknown state";
+  }
+}
+
+const char* op_name(uint32_t op) {
+  static const char* kNames[] = {"RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
+                                 "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"};
+  return op < 7 ? kNames[op] : "an unknown opcode";
+}
+
+std::string mask_names(uint32_t m) {
+  static const struct {
+    uint32_t bit;
+    const char* name;
+  } kNames[] = {{UFAB_QP_ACCESS_FLAGS, "access_flags"}, {UFAB_QP_PKEY_INDEX, "pkey_index"},
+                {UFAB_QP_PORT, "port"},                 {UFAB_QP_QKEY, "qkey"},
+                {UFAB_QP_AV, "av"},                     {UFAB_QP_PATH_MTU, "path_mtu"},
+                {UFAB_QP_TIMEOUT, "timeout"},           {UFAB_QP_RETRY_CNT, "retry_cnt"},
+                {UFAB_QP_RNR_RETRY, "rnr_retry"},       {UFAB_QP_RQ_PSN, "rq_psn"},
+                {UFAB_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"}, {UFAB_QP_MIN_RNR_TIMER, "min_rnr_timer"},
+                {UFAB_QP_SQ_PSN, "sq_psn"},             {UFAB_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"},
+                {UFAB_QP_DEST_QPN, "dest_qpn"}};
+  std::string out;
+  for (const auto& n : kNames) {
+    if (m & n.bit) out += (out.empty() ? "" : ", ") + std::string(n.name);
+    m &= ~n.bit;
+  }
+  if (m) out += (out.empty() ? "" : ", ") + std::string("unknown bits ") + hex(m);
+  return out;
+}
+
+struct Transition {
+  uint32_t from, to, required, optional;
+};
+constexpr uint32_t kInitRc = UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_ACCESS_FLAGS;
+constexpr uint32_t kRtrRc = UFAB_QP_AV | UFAB_QP_PATH_MTU | UFAB_QP_DEST_QPN | UFAB_QP_RQ_PSN |
+                            UFAB_QP_MAX_DEST_RD_ATOMIC | UFAB_QP_MIN_RNR_TIMER;
+constexpr uint32_t kRtsRc =
+    UFAB_QP_TIMEOUT | UFAB_QP_RETRY_CNT | UFAB_QP_RNR_RETRY | UFAB_QP_SQ_PSN | UFAB_QP_MAX_QP_RD_ATOMIC;
+constexpr Transition kTransitions[] = {
+    {UFAB_QPS_RESET, UFAB_QPS_INIT, kInitRc, 0},
+    {UFAB_QPS_INIT, UFAB_QPS_INIT, 0, kInitRc},
+    {UFAB_QPS_INIT, UFAB_QPS_RTR, kRtrRc, UFAB_QP_PKEY_INDEX | UFAB_QP_ACCESS_FLAGS},
+    {UFAB_QPS_RTR, UFAB_QPS_RTS, kRtsRc, UFAB_QP_ACCESS_FLAGS | UFAB_QP_MIN_RNR_TIMER},
+    {UFAB_QPS_RTS, UFAB_QPS_RTS, 0, UFAB_QP_ACCESS_FLAGS | UFAB_QP_MIN_RNR_TIMER},
+};
+
+// Moves n bytes of an iovec pair forward after a partial transfer.
+void advance(struct iovec*& v, unsigned long& n, size_t bytes) {
+  while (bytes > 0 && n > 0) {
+    if (bytes >= v->iov_len) {
+      bytes -= v->iov_len;
+      ++v;
+      --n;
+    } else {
+      v->iov_base = static_cast<char*>(v->iov_base) + bytes;
+      v->iov_len -= bytes;
+      bytes = 0;
+    }
+  }
+  while (n > 0 && v->iov_len == 0) {
+    ++v;
+    --n;
+  }
+}
+
+// process_vm_readv/writev until everything moved; 0 or an errno.
+int cma(pid_t pid, bool write, struct iovec* local, unsigned long nl, struct iovec* remote, unsigned long nr) {
+  advance(local, nl, 0);
+  advance(remote, nr, 0);
+  while (nl > 0 && nr > 0) {
+    ssize_t n = write ? ::process_vm_writev(pid, local, nl, remote, nr, 0)
+                      : ::process_vm_readv(pid, local, nl, remote, nr, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EFAULT;
+    advance(local, nl, static_cast<size_t>(n));
+    advance(remote, nr, static_cast<size_t>(n));
+  }
+  return 0;
+}
+
+std::string cma_words(int e, bool write, pid_t pid) {
+  std::string what = std::string(write ? "process_vm_writev" : "process_vm_readv") + " to pid " + std::to_string(pid) +
+                     " failed: " + std::strerror(e);
+  if (e == EPERM) {
+    what += "; the kernel refused cross-process copies (CMA needs ptrace access: same uid, Yama ptrace_scope 0, no "
+            "seccomp filter); use soft-RoCE (a swnic device) between these processes";
+  } else if (e == ENOSYS) {
+    what += "; this kernel has no cross-memory attach (CONFIG_CROSS_MEMORY_ATTACH)";
+  } else if (e == EFAULT) {
+    what += "; memory behind a registered region is not mapped (was it freed before deregistration?)";
+  }
+  return what;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ completions
+
+bool Cq::push(const ufab_wc& wc, const char* detail) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (count == ring.size()) {
+      overflow = true;
+      avail.store(count, std::memory_order_release);
+      return false;
+    }
+    uint32_t slot = (head + count) % static_cast<uint32_t>(ring.size());
+    ring[slot] = wc;
+    if (detail && *detail) {
+      details[slot] = detail;
+    } else {
+      details[slot].clear();
+    }
+    ++count;
+    avail.store(count, std::memory_order_release);
+  }
+  if (armed.load(std::memory_order_relaxed) && armed.exchange(false)) {
+    uint64_t one = 1;
+    ssize_t w = ::write(event_fd, &one, sizeof one);
+    (void)w;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (dev->seg->hdr.sleepers.load(std::memory_order_relaxed)) dev->wake_self();
+  return true;
+}
+
+void Qp::complete_send(SendWqe& w, uint32_t status, const std::string& detail) {
+  if (status == UFAB_WC_SUCCESS && !w.signaled) return;
+  ufab_wc wc = {};
+  wc.wr_id = w.wr.wr_id;
+  wc.status = status;
+  wc.opcode = wc_opcode(w.wr.opcode);
+  wc.byte_len = static_cast<uint32_t>(w.length);
+  wc.qp_num = qpn;
+  if (!scq->push(wc, detail.c_str()) && attr.state != UFAB_QPS_ERR) {
+    enter_error();
+  }
+}
+
+void Qp::complete_recv(const RecvWqe& r, uint32_t status, uint32_t opcode, uint32_t len, uint32_t imm,
+                       uint32_t flags, const std::string& detail) {
+  ufab_wc wc = {};
+  wc.wr_id = r.wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  wc.byte_len = len;
+  wc.imm_data = imm;
+  wc.qp_num = qpn;
+  wc.wc_flags = flags;
+  if (!rcq->push(wc, detail.c_str()) && attr.state != UFAB_QPS_ERR) {
+    enter_error();
+  }
+}
+
+void Qp::flush_all() {
+  static const std::string kFlushed = "flushed: the QP is in ERROR";
+  while (sq_head < sq_tail) {
+    SendWqe& w = sq[sq_head % sq.size()];
+    ++sq_head;
+    complete_send(w, UFAB_WC_WR_FLUSH_ERR, kFlushed);
+  }
+  sq_next = sq_tail;
+  while (rq_head < rq_tail) {
+    RecvWqe& r = rq[rq_head % rq.size()];
+    ++rq_head;
+    complete_recv(r, UFAB_WC_WR_FLUSH_ERR, UFAB_WC_RECV, 0, 0, 0, kFlushed);
+  }
+  rnr_wait = false;
+}
+
+void Qp::enter_error() {
+  if (attr.state == UFAB_QPS_ERR) return;
+  attr.state = UFAB_QPS_ERR;
+  ctl->state.store(UFAB_QPS_ERR, std::memory_order_release);
+  flush_all();
+}
+
+// The oldest work request in flight fails with `status`; the QP goes to ERROR.
+void Qp::fail_head(uint32_t status, const std::string& detail) {
+  if (sq_head < sq_tail) {
+    SendWqe& w = sq[sq_head % sq.size()];
+    ++sq_head;
+    if (sq_next < sq_head) sq_next = sq_head;
+    complete_send(w, status, detail);
+  }
+  enter_error();
+}
+
+// ------------------------------------------------------------ state machine
+
+void Qp::release_peer() {
+  if (!peer) return;
+  if (peer_ctl) {
+    uint64_t me = (static_cast<uint64_t>(dev->addr) << 32) | qpn;
+    peer_ctl->producer.compare_exchange_strong(me, 0);
+  }
+  peer_unref(peer);
+  peer = nullptr;
+  peer_ctl = nullptr;
+  out_req = out_resp = RingView{};
+}
+
+void Qp::reset_locked() {
+  release_peer();
+  for (auto& w : sq) w = SendWqe{};
+  sq_head = sq_next = sq_tail = 0;
+  rq_head = rq_tail = 0;
+  next_seq = expected_seq = msgs_sent = msgs_received = 0;
+  rnr_left = 0;
+  rnr_wait = false;
+  ack_owed = false;
+  stalled_ = false;
+  attr = ufab_qp_attr{};
+  attr.port = 1;
+  attr.path_mtu = 4096;
+  attr.sq_psn = initial_psn;
+  ctl->producer.store(0);
+  ctl->fatal.store(0);
+  ctl->access.store(0);
+  ctl->req.head.store(ctl->req.tail.load());
+  ctl->resp.head.store(ctl->resp.tail.load());
+  ctl->state.store(UFAB_QPS_RESET, std::memory_order_release);
+}
+
+void Qp::destroy_locked() {
+  reset_locked();
+  ctl->qpn.store(0, std::memory_order_release);
+  active.store(false);
+  timer.store(false);
+  std::vector<SendWqe>().swap(sq);
+  std::vector<RecvWqe>().swap(rq);
+  std::vector<unsigned char>().swap(inline_buf);
+}
+
+int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
+  auto fail = [this](int code, const std::string& m) {
+    dev->error("modifying QP " + hex(qpn) + " " + m);
+    return -code;
+  };
+  uint32_t from = attr.state;
+  uint32_t to = (mask & UFAB_QP_STATE) ? a.state : from;
+  uint32_t given = mask & ~static_cast<uint32_t>(UFAB_QP_STATE);
+  std::string tr = std::string(state_name(from)) + " -> " + state_name(to);
+  if (to != UFAB_QPS_RESET && to != UFAB_QPS_INIT && to != UFAB_QPS_RTR && to != UFAB_QPS_RTS && to != UFAB_QPS_ERR) {
+    return fail(EINVAL, "to state " + std::to_string(to) + ": not a QP state (RESET 0, INIT 1, RTR 2, RTS 3, ERROR 6)");
+  }
+  if (to == UFAB_QPS_RESET || to == UFAB_QPS_ERR) {
+    if (given) return fail(EINVAL, "to " + std::string(state_name(to)) + ": only the state may be given, not " + mask_names(given));
+    if (to == UFAB_QPS_ERR) {
+      enter_error();
+    } else {
+      reset_locked();
+    }
+    return 0;
+  }
+  const Transition* t = nullptr;
+  for (const auto& c : kTransitions) {
+    if (c.from == from && c.to == to) t = &c;
+  }
+  if (!t) return fail(EINVAL, tr + " is not a valid transition (RESET -> INIT -> RTR -> RTS; any -> ERROR or RESET)");
+  if (uint32_t missing = t->required & ~given) return fail(EINVAL, tr + ": missing " + mask_names(missing));
+  if (uint32_t extra = given & ~(t->required | t->optional)) {
+    return fail(EINVAL, tr + ": " + mask_names(extra) + " cannot be set in this transition");
+  }
+  if ((given & UFAB_QP_PKEY_INDEX) && a.pkey_index != 0) {
+    return fail(EINVAL, tr + ": pkey_index " + std::to_string(a.pkey_index) + " does not exist (index 0 only)");
+  }
+  if ((given & UFAB_QP_PORT) && a.port != 1) {
+    return fail(EINVAL, tr + ": port " + std::to_string(a.port) + " does not exist (an shm device has port 1)");
+  }
+  if ((given & UFAB_QP_ACCESS_FLAGS) && (a.access_flags & ~kRights)) {
+    return fail(EINVAL, tr + ": access_flags " + hex(a.access_flags) + " has unsupported bits");
+  }
+  if (given & UFAB_QP_PATH_MTU) {
+    uint32_t m = a.path_mtu;
+    if (m != 256 && m != 512 && m != 1024 && m != 2048 && m != 4096) {
+      return fail(EINVAL, tr + ": path_mtu " + std::to_string(m) + " is not 256, 512, 1024, 2048 or 4096");
+    }
+  }
+  if ((given & UFAB_QP_DEST_QPN) && (a.dest_qpn > kPsnMask || a.dest_qpn < 2)) {
+    return fail(EINVAL, tr + ": dest_qpn " + hex(a.dest_qpn) + " is not a QP number (2 .. 0xffffff)");
+  }
+  if (((given & UFAB_QP_RQ_PSN) && a.rq_psn > kPsnMask) || ((given & UFAB_QP_SQ_PSN) && a.sq_psn > kPsnMask)) {
+    return fail(EINVAL, tr + ": PSNs are 24 bits (at most 0xffffff)");
+  }
+  if ((given & UFAB_QP_TIMEOUT) && a.timeout > 31) return fail(EINVAL, tr + ": timeout must be 0..31");
+  if ((given & UFAB_QP_RETRY_CNT) && a.retry_cnt > 7) return fail(EINVAL, tr + ": retry_cnt must be 0..7");
+  if ((given & UFAB_QP_RNR_RETRY) && a.rnr_retry > 7) return fail(EINVAL, tr + ": rnr_retry must be 0..7");
+  if ((given & UFAB_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return fail(EINVAL, tr + ": min_rnr_timer must be 0..31");
+  if ((given & UFAB_QP_MAX_DEST_RD_ATOMIC) && (a.max_dest_rd_atomic == 0 || a.max_dest_rd_atomic > 128)) {
+    return fail(EINVAL, tr + ": max_dest_rd_atomic must be 1..128");
+  }
+  if ((given & UFAB_QP_MAX_QP_RD_ATOMIC) && (a.max_rd_atomic == 0 || a.max_rd_atomic > 128)) {
+    return fail(EINVAL, tr + ": max_rd_atomic must be 1..128");
+  }
+
+  if (to == UFAB_QPS_RTR) {
+    // Reach the peer device, check that the QP exists, and claim its rings.
+    Peer* p = nullptr;
+    try {
+      p = dev->connect_peer(a.av.dest_ip);
+    } catch (const Error& e) {
+      return fail(e.code, tr + ": " + e.msg);
+    }
+    QpCtl* pc = &p->seg->ctl[a.dest_qpn % kMaxQp];
+    if (pc->qpn.load(std::memory_order_acquire) != a.dest_qpn) {
+      peer_unref(p);
+      return fail(ECONNREFUSED, tr + ": the device at " + hex(a.av.dest_ip) + " has no QP " + hex(a.dest_qpn) +
+                                    " (destroyed, or the number is wrong)");
+    }
+    uint64_t me = (static_cast<uint64_t>(dev->addr) << 32) | qpn;
+    uint64_t cur = 0;
+    if (!pc->producer.compare_exchange_strong(cur, me) && cur != me) {
+      peer_unref(p);
+      return fail(EBUSY, tr + ": QP " + hex(a.dest_qpn) + " at " + hex(a.av.dest_ip) + " is already connected to QP " +
+                             hex(cur & 0xffffffff) + " at " + hex(cur >> 32) + "; an RC QP has one peer");
+    }
+    release_peer();
+    peer = p;
+    peer_ctl = pc;
+    RingPair& rp = p->seg->rings[a.dest_qpn % kMaxQp];
+    out_req = RingView{&pc->req, rp.req};
+    out_resp = RingView{&pc->resp, rp.resp};
+  }
+
+  if (given & UFAB_QP_ACCESS_FLAGS) {
+    attr.access_flags = a.access_flags;
+    ctl->access.store(a.access_flags, std::memory_order_release);
+  }
+  if (given & UFAB_QP_PKEY_INDEX) attr.pkey_index = a.pkey_index;
+  if (given & UFAB_QP_PORT) attr.port = a.port;
+  if (given & UFAB_QP_AV) attr.av = a.av;
+  if (given & UFAB_QP_PATH_MTU) attr.path_mtu = a.path_mtu;
+  if (given & UFAB_QP_DEST_QPN) attr.dest_qpn = a.dest_qpn;
+  if (given & UFAB_QP_RQ_PSN) {
+    attr.rq_psn = a.rq_psn;
+    msgs_received = 0;
+  }
+  if (given & UFAB_QP_MAX_DEST_RD_ATOMIC) attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if (given & UFAB_QP_MIN_RNR_TIMER) attr.min_rnr_timer = a.min_rnr_timer;
+  if (given & UFAB_QP_SQ_PSN) {
+    attr.sq_psn = a.sq_psn;
+    msgs_sent = 0;
+  }
+  if (given & UFAB_QP_TIMEOUT) attr.timeout = a.timeout;
+  if (given & UFAB_QP_RETRY_CNT) attr.retry_cnt = a.retry_cnt;
+  if (given & UFAB_QP_RNR_RETRY) attr.rnr_retry = rnr_left = a.rnr_retry;
+  if (given & UFAB_QP_MAX_QP_RD_ATOMIC) attr.max_rd_atomic = a.max_rd_atomic;
+  attr.state = to;
+  ctl->state.store(to, std::memory_order_release);
+  return 0;
+}
+
+void Qp::query(ufab_qp_attr* out) {
+  *out = attr;
+  out->sq_psn = (attr.sq_psn + msgs_sent) & kPsnMask;
+  out->rq_psn = (attr.rq_psn + msgs_received) & kPsnMask;
+}
+
+// ------------------------------------------------------------------ posting
+
+int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
+  int rc = 0;
+  uint32_t i = 0;
+  auto fail = [&](int code, const std::string& m) {
+    dev->error("post_send on QP " + hex(qpn) + ": work request " + std::to_string(i) + " (wr_id " +
+               hex(wrs[i].wr_id) + "): " + m);
+    rc = -code;
+  };
+  for (; i < n; ++i) {
+    const ufab_send_wr& wr = wrs[i];
+    if (attr.state != UFAB_QPS_RTS && attr.state != UFAB_QPS_ERR) {
+      fail(EINVAL, std::string("the QP is in ") + state_name(attr.state) + "; sends need RTS (modify it to RTS first)");
+      break;
+    }
+    if (sq_tail - sq_head >= sq.size()) {
+      fail(ENOMEM, "the send queue is full (" + std::to_string(sq.size()) +
+                       " work requests outstanding); poll the CQ or create the QP with a larger max_send_wr");
+      break;
+    }
+    if (wr.opcode > UFAB_WR_ATOMIC_FETCH_AND_ADD) {
+      fail(EINVAL, "unknown opcode " + std::to_string(wr.opcode));
+      break;
+    }
+    if (wr.num_sge > cap.max_send_sge) {
+      fail(EINVAL, std::to_string(wr.num_sge) + " SGEs, the QP allows " + std::to_string(cap.max_send_sge) +
+                       " (max_send_sge)");
+      break;
+    }
+    if (wr.num_sge > 0 && !wr.sg_list) {
+      fail(EINVAL, "num_sge is " + std::to_string(wr.num_sge) + " but sg_list is NULL");
+      break;
+    }
+    uint64_t length = 0;
+    for (uint32_t k = 0; k < wr.num_sge; ++k) length += wr.sg_list[k].length;
+    if (length > (1ull << 31)) {
+      fail(EINVAL, "messages are at most 2 GiB");
+      break;
+    }
+    bool atomic = is_atomic(wr.opcode);
+    if (atomic && (wr.num_sge != 1 || length != 8)) {
+      fail(EINVAL, std::string(op_name(wr.opcode)) + " needs exactly one 8-byte SGE for the result");
+      break;
+    }
+    bool inl = (wr.send_flags & UFAB_SEND_INLINE) && wr.opcode != UFAB_WR_RDMA_READ && !atomic;
+    if (inl && length > cap.max_inline_data) {
+      fail(EINVAL, std::to_string(length) + " bytes of inline data, the QP allows " +
+                       std::to_string(cap.max_inline_data) + " (max_inline_data)");
+      break;
+    }
+    uint64_t slot = sq_tail % sq.size();
+    SendWqe& w = sq[slot];
+    w = SendWqe{};
+    w.wr = wr;
+    w.wr.sg_list = nullptr;
+    std::memcpy(w.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
+    w.length = length;
+    w.signaled = sig_all || (wr.send_flags & UFAB_SEND_SIGNALED);
+    w.is_inline = inl;
+    if (inl) {
+      unsigned char* dst = inline_buf.data() + slot * cap.max_inline_data;
+      for (uint32_t k = 0; k < wr.num_sge; ++k) {
+        std::memcpy(dst, reinterpret_cast<const void*>(wr.sg_list[k].addr), wr.sg_list[k].length);
+        dst += wr.sg_list[k].length;
+      }
+    }
+    ++sq_tail;
+  }
+  if (rc != 0 && bad) *bad = i;
+  if (attr.state == UFAB_QPS_ERR) {
+    flush_all();
+  } else {
+    requester_send();
+    notify_peer();
+  }
+  timer.store(rnr_wait || stalled_, std::memory_order_relaxed);
+  return rc;
+}
+
+int Qp::post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
+  int rc = 0;
+  uint32_t i = 0;
+  auto fail = [&](int code, const std::string& m) {
+    dev->error("post_recv on QP " + hex(qpn) + ": work request " + std::to_string(i) + " (wr_id " +
+               hex(wrs[i].wr_id) + "): " + m);
+    rc = -code;
+  };
+  for (; i < n; ++i) {
+    const ufab_recv_wr& wr = wrs[i];
+    if (attr.state == UFAB_QPS_RESET) {
+      fail(EINVAL, "the QP is in RESET; receives can be posted from INIT on");
+      break;
+    }
+    if (rq_tail - rq_head >= rq.size()) {
+      fail(ENOMEM, "the receive queue is full (" + std::to_string(rq.size()) +
+                       " receives posted); poll the CQ or create the QP with a larger max_recv_wr");
+      break;
+    }
+    if (wr.num_sge > cap.max_recv_sge) {
+      fail(EINVAL, std::to_string(wr.num_sge) + " SGEs, the QP allows " + std::to_string(cap.max_recv_sge) +
+                       " (max_recv_sge)");
+      break;
+    }
+    if (wr.num_sge > 0 && !wr.sg_list) {
+      fail(EINVAL, "num_sge is " + std::to_string(wr.num_sge) + " but sg_list is NULL");
+      break;
+    }
+    RecvWqe& r = rq[rq_tail % rq.size()];
+    r.wr_id = wr.wr_id;
+    r.num_sge = wr.num_sge;
+    std::memcpy(r.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
+    ++rq_tail;
+  }
+  if (rc != 0 && bad) *bad = i;
+  if (attr.state == UFAB_QPS_ERR) flush_all();
+  return rc;
+}
+
+// ----------------------------------------------------------------- helpers
+
+uint32_t Qp::check_local(const ufab_sge& s, bool need_write, std::string* why) const {
+  if (s.length == 0) return 0;
+  const KeyEntry& e = dev->seg->keys[s.lkey & (kMaxMr - 1)];
+  uint32_t key = e.key.load(std::memory_order_acquire);
+  if (key == 0 || key != s.lkey) {
+    *why = "lkey " + hex(s.lkey) + " is not a registered region of this device";
+  } else if (e.pd.load(std::memory_order_relaxed) != pd->id) {
+    *why = "lkey " + hex(s.lkey) + " belongs to another protection domain than the QP's";
+  } else if (need_write && !(e.access.load(std::memory_order_relaxed) & UFAB_ACCESS_LOCAL_WRITE)) {
+    *why = "lkey " + hex(s.lkey) + " has no LOCAL_WRITE, and this operation writes into it";
+  } else {
+    uint64_t base = e.addr.load(std::memory_order_relaxed), len = e.length.load(std::memory_order_relaxed);
+    if (s.addr >= base && s.length <= len && s.addr - base <= len - s.length) return 0;
+    *why = "SGE [" + hex(s.addr) + ", +" + std::to_string(s.length) + ") lies outside the region of lkey " +
+           hex(s.lkey) + " [" + hex(base) + ", +" + std::to_string(len) + ")";
+  }
+  return UFAB_WC_LOC_PROT_ERR;
+}
+
+uint32_t Qp::check_remote_key(uint32_t rkey, uint64_t addr, uint64_t len, uint32_t right, Segment* s,
+                              uint32_t target_pd, KeyEntry** pinned, std::string* why) const {
+  KeyEntry& e = s->keys[rkey & (kMaxMr - 1)];
+  e.pins.fetch_add(1, std::memory_order_seq_cst);
+  uint32_t key = e.key.load(std::memory_order_seq_cst);
+  const char* rname = right == UFAB_ACCESS_REMOTE_WRITE  ? "REMOTE_WRITE"
+                      : right == UFAB_ACCESS_REMOTE_READ ? "REMOTE_READ"
+                                                         : "REMOTE_ATOMIC";
+  if (key == 0 || key != rkey) {
+    *why = "rkey " + hex(rkey) + " is not registered at the target (never, or deregistered)";
+  } else if (e.pd.load(std::memory_order_relaxed) != target_pd) {
+    *why = "rkey " + hex(rkey) + " belongs to another protection domain than the target QP's";
+  } else if (!(e.access.load(std::memory_order_relaxed) & right)) {
+    *why = "the target region of rkey " + hex(rkey) + " was registered without " + rname;
+  } else {
+    uint64_t base = e.addr.load(std::memory_order_relaxed), rlen = e.length.load(std::memory_order_relaxed);
+    if (addr >= base && len <= rlen && addr - base <= rlen - len) {
+      *pinned = &e;
+      return 0;
+    }
+    *why = "[" + hex(addr) + ", +" + std::to_string(len) + ") lies outside the target region of rkey " + hex(rkey) +
+           " [" + hex(base) + ", +" + std::to_string(rlen) + ")";
+  }
+  e.pins.fetch_sub(1, std::memory_order_release);
+  return UFAB_WC_REM_ACCESS_ERR;
+}
+
+void Qp::notify_peer() {
+  if (!notify_ || !peer) return;
+  notify_ = false;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (peer->seg->hdr.sleepers.load(std::memory_order_relaxed)) Device::wake(peer->seg);
+}
+
+bool Qp::resp_space(uint32_t slots) const {
+  uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
+  uint64_t head = out_resp.idx->head.load(std::memory_order_acquire);
+  return tail + slots - head <= kRingSlots;
+}
+
+bool Qp::send_resp(uint8_t type, uint32_t seq, uint64_t value) {
+  if (!peer || !resp_space(1)) return false;
+  MsgHdr h = {};
+  h.type = type;
+  h.nslots = 1;
+  h.seq = seq;
+  h.value = value;
+  uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
+  out_resp.put(tail, 0, &h, sizeof h);
+  out_resp.idx->tail.store(tail + 1, std::memory_order_release);
+  notify_ = true;
+  return true;
+}
+
+// ---------------------------------------------------------------- requester
+
+bool Qp::send_message(SendWqe& w) {
+  MsgHdr h = {};
+  h.seq = next_seq;
+  uint32_t body = 0;
+  uint32_t op = w.wr.opcode;
+  bool inline_data = false;
+  if (op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM) {
+    h.type = kMsgSend;
+    h.len = static_cast<uint32_t>(w.length);
+    if (w.is_inline || w.length <= kRingInlineMax) {
+      inline_data = true;
+      h.flags |= kFlagInline;
+      body = static_cast<uint32_t>(w.length);
+    } else {
+      for (uint32_t k = 0; k < w.wr.num_sge; ++k) h.n_iov += w.sge[k].length ? 1 : 0;
+      body = h.n_iov * sizeof(RemoteIov);
+    }
+    if (op == UFAB_WR_SEND_WITH_IMM) {
+      h.flags |= kFlagImm;
+      h.imm = w.wr.imm_data;
+    }
+  } else if (op == UFAB_WR_RDMA_WRITE_WITH_IMM) {
+    h.type = kMsgWriteImm;
+    h.len = static_cast<uint32_t>(w.length);
+    h.flags |= kFlagImm;
+    h.imm = w.wr.imm_data;
+  } else {
+    h.type = kMsgAtomic;
+    if (op == UFAB_WR_ATOMIC_CMP_AND_SWP) h.flags |= kFlagCmpSwp;
+    body = sizeof(AtomicBody);
+  }
+  if (w.wr.send_flags & UFAB_SEND_SOLICITED) h.flags |= kFlagSolicited;
+  h.nslots = static_cast<uint8_t>(msg_slots(body));
+  uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
+  uint64_t head = out_req.idx->head.load(std::memory_order_acquire);
+  if (tail + h.nslots - head > kRingSlots) return false;
+  out_req.put(tail, 0, &h, sizeof h);
+  if (h.type == kMsgSend) {
+    uint32_t off = kHdrSize;
+    if (inline_data) {
+      if (w.is_inline) {
+        out_req.put(tail, off, inline_buf.data() + (sq_next % sq.size()) * cap.max_inline_data, w.length);
+      } else {
+        for (uint32_t k = 0; k < w.wr.num_sge; ++k) {
+          out_req.put(tail, off, reinterpret_cast<const void*>(w.sge[k].addr), w.sge[k].length);
+          off += w.sge[k].length;
+        }
+      }
+    } else {
+      for (uint32_t k = 0; k < w.wr.num_sge; ++k) {
+        if (!w.sge[k].length) continue;
+        RemoteIov v = {w.sge[k].addr, w.sge[k].length};
+        out_req.put(tail, off, &v, sizeof v);
+        off += sizeof v;
+      }
+    }
+  } else if (h.type == kMsgAtomic) {
+    AtomicBody b = {w.wr.remote_addr, w.wr.compare_add, w.wr.swap, w.wr.rkey, 0};
+    out_req.put(tail, kHdrSize, &b, sizeof b);
+  }
+  out_req.idx->tail.store(tail + h.nslots, std::memory_order_release);
+  w.seq = next_seq++;
+  w.sent = true;
+  ++msgs_sent;
+  ++stats.tx;
+  notify_ = true;
+  return true;
+}
+
+// RDMA WRITE (the data of WRITE_WITH_IMM too) and READ, executed here: the
+// target's key table is checked, then CMA copies. 0, kLater or a status.
+uint32_t Qp::one_sided(SendWqe& w, std::string* why) {
+  uint32_t st = peer_ctl->state.load(std::memory_order_acquire);
+  if (peer_ctl->qpn.load(std::memory_order_acquire) != attr.dest_qpn) {
+    *why = "the peer QP " + hex(attr.dest_qpn) + " was destroyed";
+    return UFAB_WC_RETRY_EXC_ERR;
+  }
+  if (st == UFAB_QPS_RESET || st == UFAB_QPS_INIT) return kLater;  // as a dropped packet: sent again later
+  if (st == UFAB_QPS_ERR) {
+    *why = "the peer QP " + hex(attr.dest_qpn) + " is in ERROR and answers nothing";
+    return UFAB_WC_RETRY_EXC_ERR;
+  }
+  bool read = w.wr.opcode == UFAB_WR_RDMA_READ;
+  uint32_t right = read ? UFAB_ACCESS_REMOTE_READ : UFAB_ACCESS_REMOTE_WRITE;
+  if (!(peer_ctl->access.load(std::memory_order_acquire) & right)) {
+    *why = std::string("the target QP ") + hex(attr.dest_qpn) + " does not allow " +
+           (read ? "REMOTE_READ" : "REMOTE_WRITE") + " (its access_flags)";
+    return UFAB_WC_REM_INV_REQ_ERR;
+  }
+  if (w.length == 0) return 0;  // zero-length READ/WRITE: no key check (IBA C9-88)
+  KeyEntry* pin = nullptr;
+  uint32_t s = check_remote_key(w.wr.rkey, w.wr.remote_addr, w.length, right, peer->seg,
+                                peer_ctl->pd.load(std::memory_order_acquire), &pin, why);
+  if (s) return s;
+  struct iovec local[UFAB_MAX_SGE];
+  unsigned long nl = 0;
+  for (uint32_t k = 0; k < w.wr.num_sge; ++k) {
+    if (!w.sge[k].length) continue;
+    local[nl].iov_base = w.is_inline ? nullptr : reinterpret_cast<void*>(w.sge[k].addr);
+    local[nl].iov_len = w.sge[k].length;
+    ++nl;
+  }
+  if (w.is_inline) {
+    nl = 1;
+    local[0].iov_base = inline_buf.data() + (sq_next % sq.size()) * cap.max_inline_data;
+    local[0].iov_len = w.length;
+  }
+  struct iovec remote = {reinterpret_cast<void*>(w.wr.remote_addr), w.length};
+  int e = cma(peer->pid, !read, local, nl, &remote, 1);
+  pin->pins.fetch_sub(1, std::memory_order_release);
+  ++stats.tx;
+  if (e == 0) return 0;
+  if (e == ESRCH) {
+    *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
+    return UFAB_WC_RETRY_EXC_ERR;
+  }
+  *why = cma_words(e, !read, peer->pid);
+  return UFAB_WC_REM_OP_ERR;
+}
+
+int Qp::requester_send() {
+  int work = 0;
+  stalled_ = false;
+  while (sq_next < sq_tail && attr.state == UFAB_QPS_RTS) {
+    if (rnr_wait) {
+      if (Clock::now() < rnr_until) break;
+      rnr_wait = false;
+    }
+    SendWqe& w = sq[sq_next % sq.size()];
+    uint32_t op = w.wr.opcode;
+    bool one = (op == UFAB_WR_RDMA_WRITE || op == UFAB_WR_RDMA_READ || op == UFAB_WR_RDMA_WRITE_WITH_IMM) && !w.data_done;
+    // One-sided work and fences start once everything before them is done,
+    // so a WRITE never overtakes a SEND still in the peer's ring.
+    if ((one || (w.wr.send_flags & UFAB_SEND_FENCE)) && sq_head != sq_next) break;
+    if (!w.checked) {
+      std::string why;
+      uint32_t st = 0;
+      if (!w.is_inline) {
+        bool need_write = op == UFAB_WR_RDMA_READ || is_atomic(op);
+        for (uint32_t k = 0; k < w.wr.num_sge && !st; ++k) st = check_local(w.sge[k], need_write, &why);
+      }
+      if (st) {
+        if (sq_head != sq_next) break;  // complete in order: after what is in flight
+        fail_head(st, std::string(op_name(op)) + ": " + why);
+        return work + 1;
+      }
+      w.checked = true;
+    }
+    if (one) {
+      std::string why;
+      uint32_t st = one_sided(w, &why);
+      if (st == kLater) {
+        stalled_ = true;
+        break;
+      }
+      if (st) {
+        if (st == UFAB_WC_REM_ACCESS_ERR || st == UFAB_WC_REM_INV_REQ_ERR) {
+          // The responder's QP goes to ERROR too, as it does after a NAK.
+          uint32_t zero = 0;
+          peer_ctl->fatal.compare_exchange_strong(zero, st);
+          notify_ = true;
+          ++stats.naks_received;
+        }
+        fail_head(st, std::string(op_name(op)) + " to rkey " + hex(w.wr.rkey) + ": " + why);
+        return work + 1;
+      }
+      ++work;
+      if (op != UFAB_WR_RDMA_WRITE_WITH_IMM) {
+        ++sq_next;
+        ++sq_head;
+        complete_send(w, UFAB_WC_SUCCESS, std::string());
+        continue;
+      }
+      w.data_done = true;
+    }
+    if (!send_message(w)) {
+      stalled_ = true;
+      ++stats.stalls;
+      break;
+    }
+    ++sq_next;
+    ++work;
+  }
+  return work;
+}
+
+// Completes, in order, the messages the peer finished: those before `seq`,
+// and `seq` itself when inclusive.
+void Qp::ack_through(uint32_t seq, bool inclusive) {
+  while (sq_head < sq_next && attr.state != UFAB_QPS_ERR) {
+    SendWqe& w = sq[sq_head % sq.size()];
+    if (!w.sent) break;
+    if (!(inclusive ? seq_le(w.seq, seq) : seq_lt(w.seq, seq))) break;
+    ++sq_head;
+    rnr_left = attr.rnr_retry;
+    complete_send(w, UFAB_WC_SUCCESS, std::string());
+  }
+}
+
+int Qp::requester_responses() {
+  RingIdx* idx = in_resp.idx;
+  uint64_t head = idx->head.load(std::memory_order_relaxed);
+  uint64_t tail = idx->tail.load(std::memory_order_acquire);
+  int work = 0;
+  while (head != tail) {
+    MsgHdr h;
+    in_resp.get(head, 0, &h, sizeof h);
+    ++head;
+    ++work;
+    if (attr.state != UFAB_QPS_RTS && attr.state != UFAB_QPS_RTR) continue;
+    SendWqe* w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+    switch (h.type) {
+      case kMsgAck: ack_through(h.seq, true); break;
+      case kMsgAtomicAck:
+        ack_through(h.seq, false);
+        w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+        if (w && w->sent && w->seq == h.seq && is_atomic(w->wr.opcode)) {
+          std::memcpy(reinterpret_cast<void*>(w->sge[0].addr), &h.value, 8);
+          ++sq_head;
+          rnr_left = attr.rnr_retry;
+          complete_send(*w, UFAB_WC_SUCCESS, std::string());
+        }
+        break;
+      case kMsgNak: {
+        ack_through(h.seq, false);
+        ++stats.naks_received;
+        w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+        if (!w || w->seq != h.seq) break;
+        uint32_t st = static_cast<uint32_t>(h.value);
+        std::string why = st == UFAB_WC_REM_INV_REQ_ERR ? "the responder refused the request as invalid"
+                          : st == UFAB_WC_REM_ACCESS_ERR ? "the responder refused the rkey, its rights or bounds"
+                          : st == UFAB_WC_REM_OP_ERR     ? "the responder could not complete it (its receive failed)"
+                                                         : "the peer QP is in ERROR";
+        if (st == UFAB_WC_REM_INV_REQ_ERR && !is_atomic(w->wr.opcode)) {
+          why = "the responder refused it: the message is longer than the receive posted there";
+        }
+        fail_head(st, std::string(op_name(w->wr.opcode)) + ": " + why);
+        break;
+      }
+      case kMsgRnrNak: {
+        ack_through(h.seq, false);
+        ++stats.rnr_received;
+        w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+        if (!w || w->seq != h.seq) break;
+        if (attr.rnr_retry != 7 && rnr_left == 0) {
+          fail_head(UFAB_WC_RNR_RETRY_EXC_ERR,
+                    std::string(op_name(w->wr.opcode)) + ": the peer had no receive posted, " +
+                        std::to_string(attr.rnr_retry) + " RNR retries (rnr_retry) ran out");
+          break;
+        }
+        if (attr.rnr_retry != 7) --rnr_left;
+        // Go back: the responder drops what followed; all of it goes again.
+        stats.retransmits += sq_next - sq_head;
+        for (uint64_t k = sq_head; k < sq_next; ++k) sq[k % sq.size()].sent = false;
+        msgs_sent -= next_seq - h.seq;
+        sq_next = sq_head;
+        next_seq = h.seq;
+        rnr_wait = true;
+        rnr_until = Clock::now() + std::chrono::microseconds(rnr_timer_us(static_cast<uint32_t>(h.value)));
+        break;
+      }
+      default: break;
+    }
+  }
+  idx->head.store(head, std::memory_order_release);
+  return work;
+}
+
+// ---------------------------------------------------------------- responder
+
+int Qp::responder() {
+  RingIdx* idx = in_req.idx;
+  uint64_t head = idx->head.load(std::memory_order_relaxed);
+  uint64_t tail = idx->tail.load(std::memory_order_acquire);
+  int work = 0;
+  while (head != tail) {
+    if (attr.state == UFAB_QPS_ERR || !peer) {
+      head = tail;  // an ERROR QP answers nothing
+      break;
+    }
+    if (!resp_space(2)) {
+      ++stats.stalls;
+      break;
+    }
+    MsgHdr h;
+    in_req.get(head, 0, &h, sizeof h);
+    if (h.nslots == 0 || h.nslots > kMaxMsgSlots + 4 || h.nslots > tail - head) {
+      head = tail;
+      dev->log(1, "shm QP " + hex(qpn) + ": a malformed message in its ring; the QP goes to ERROR");
+      enter_error();
+      break;
+    }
+    uint64_t at = head;
+    ++work;
+    if (h.seq != expected_seq) {  // behind an RNR NAK: dropped, the requester sends it again
+      ++stats.dropped;
+      head += h.nslots;
+      continue;
+    }
+    bool fatal = false;
+    if (h.type == kMsgSend || h.type == kMsgWriteImm) {
+      if (rq_head == rq_tail) {
+        send_resp(kMsgRnrNak, h.seq, attr.min_rnr_timer);
+        ++stats.rnr_sent;
+        head += h.nslots;
+        continue;
+      }
+      RecvWqe& r = rq[rq_head % rq.size()];
+      if (h.type == kMsgWriteImm) {
+        ++rq_head;
+        complete_recv(r, UFAB_WC_SUCCESS, UFAB_WC_RECV_RDMA_WITH_IMM, h.len, h.imm, UFAB_WC_WITH_IMM, std::string());
+      } else {
+        uint64_t room = 0;
+        for (uint32_t k = 0; k < r.num_sge; ++k) room += r.sge[k].length;
+        std::string why;
+        uint32_t st = 0;
+        if (h.len > room) {
+          ++rq_head;
+          complete_recv(r, UFAB_WC_LOC_LEN_ERR, UFAB_WC_RECV, h.len, 0, 0,
+                        "a " + std::to_string(h.len) + "-byte SEND arrived for a receive of " + std::to_string(room) +
+                            " bytes");
+          send_resp(kMsgNak, h.seq, UFAB_WC_REM_INV_REQ_ERR);
+          fatal = true;
+        } else {
+          uint64_t need = h.len;
+          for (uint32_t k = 0; k < r.num_sge && need > 0 && !st; ++k) {
+            ufab_sge s = r.sge[k];
+            if (s.length > need) s.length = static_cast<uint32_t>(need);
+            st = check_local(s, true, &why);
+            need -= s.length;
+          }
+          int e = 0;
+          if (!st && h.len > 0) {
+            if (h.flags & kFlagInline) {
+              uint32_t off = kHdrSize;
+              uint64_t left = h.len;
+              for (uint32_t k = 0; k < r.num_sge && left > 0; ++k) {
+                uint32_t n = static_cast<uint32_t>(r.sge[k].length < left ? r.sge[k].length : left);
+                in_req.get(at, off, reinterpret_cast<void*>(r.sge[k].addr), n);
+                off += n;
+                left -= n;
+              }
+            } else {
+              struct iovec local[UFAB_MAX_SGE], remote[UFAB_MAX_SGE];
+              unsigned long nl = 0, nr = 0;
+              uint64_t left = h.len;
+              for (uint32_t k = 0; k < r.num_sge && left > 0; ++k) {
+                uint64_t n = r.sge[k].length < left ? r.sge[k].length : left;
+                local[nl++] = {reinterpret_cast<void*>(r.sge[k].addr), n};
+                left -= n;
+              }
+              for (uint32_t k = 0; k < h.n_iov && k < UFAB_MAX_SGE; ++k) {
+                RemoteIov v;
+                in_req.get(at, kHdrSize + k * sizeof(RemoteIov), &v, sizeof v);
+                remote[nr++] = {reinterpret_cast<void*>(v.addr), v.len};
+              }
+              e = cma(peer->pid, false, local, nl, remote, nr);
+            }
+          }
+          if (e == ESRCH) {
+            head = tail;
+            peer->dead.store(true);
+            break;
+          }
+          if (e) {
+            st = UFAB_WC_LOC_PROT_ERR;
+            why = "reading the sender's data failed: " + cma_words(e, false, peer->pid);
+          }
+          ++rq_head;
+          if (st) {
+            complete_recv(r, st, UFAB_WC_RECV, 0, 0, 0, "the receive's scatter list: " + why);
+            send_resp(kMsgNak, h.seq, UFAB_WC_REM_OP_ERR);
+            fatal = true;
+          } else {
+            uint32_t flags = (h.flags & kFlagImm) ? UFAB_WC_WITH_IMM : 0;
+            complete_recv(r, UFAB_WC_SUCCESS, UFAB_WC_RECV, h.len, h.imm, flags, std::string());
+          }
+        }
+      }
+    } else if (h.type == kMsgAtomic) {
+      AtomicBody b;
+      in_req.get(at, kHdrSize, &b, sizeof b);
+      std::string why;
+      uint32_t nak = 0;
+      KeyEntry* pin = nullptr;
+      if (!(attr.access_flags & UFAB_ACCESS_REMOTE_ATOMIC)) {
+        nak = UFAB_WC_REM_INV_REQ_ERR;
+        why = "this QP's access_flags do not allow REMOTE_ATOMIC";
+      } else if (check_remote_key(b.rkey, b.addr, 8, UFAB_ACCESS_REMOTE_ATOMIC, dev->seg, pd->id, &pin, &why)) {
+        nak = UFAB_WC_REM_ACCESS_ERR;
+      } else if (b.addr % 8) {
+        nak = UFAB_WC_REM_INV_REQ_ERR;
+        pin->pins.fetch_sub(1, std::memory_order_release);
+      }
+      if (nak) {
+        dev->log(3, "shm QP " + hex(qpn) + ": refused an atomic: " + why);
+        send_resp(kMsgNak, h.seq, nak);
+        fatal = true;
+      } else {
+        auto* p = reinterpret_cast<uint64_t*>(b.addr);
+        uint64_t orig;
+        if (h.flags & kFlagCmpSwp) {
+          orig = b.compare_add;
+          __atomic_compare_exchange_n(p, &orig, b.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        } else {
+          orig = __atomic_fetch_add(p, b.compare_add, __ATOMIC_SEQ_CST);
+        }
+        pin->pins.fetch_sub(1, std::memory_order_release);
+        send_resp(kMsgAtomicAck, h.seq, orig);
+        ack_owed = false;
+      }
+    } else {
+      head = tail;
+      enter_error();
+      break;
+    }
+    head += h.nslots;
+    ++stats.rx;
+    if (fatal) {
+      ++stats.naks_sent;
+      ack_owed = false;
+      enter_error();
+      head = tail;
+      break;
+    }
+    ++expected_seq;
+    ++msgs_received;
+    if (h.type != kMsgAtomic) {
+      ack_owed = true;
+      ack_seq = h.seq;
+    }
+  }
+  idx->head.store(head, std::memory_order_release);
+  if (ack_owed && send_resp(kMsgAck, ack_seq, 0)) ack_owed = false;
+  return work;
+}
+
+void Qp::peer_died_locked() {
+  if (attr.state == UFAB_QPS_RTR || attr.state == UFAB_QPS_RTS) {
+    std::string why = "the peer device at " + hex(peer->addr) + " (pid " + std::to_string(peer->pid) +
+                      ") is gone: it closed or its process died";
+    if (sq_head < sq_next) {
+      fail_head(UFAB_WC_RETRY_EXC_ERR, why);
+    } else {
+      enter_error();
+    }
+  }
+  release_peer();
+}
+
+int Qp::progress_locked() {
+  int work = 0;
+  if (peer && peer->dead.load(std::memory_order_relaxed)) {
+    peer_died_locked();
+    ++work;
+  }
+  if (uint32_t f = ctl->fatal.load(std::memory_order_relaxed)) {
+    ctl->fatal.store(0);
+    if (attr.state == UFAB_QPS_RTR || attr.state == UFAB_QPS_RTS) {
+      dev->log(3, "shm QP " + hex(qpn) + ": the peer's one-sided operation failed (status " + std::to_string(f) +
+                      "); the QP goes to ERROR");
+      ++stats.naks_sent;
+      enter_error();
+    }
+    ++work;
+  }
+  uint32_t st = attr.state;
+  if (st == UFAB_QPS_RTR || st == UFAB_QPS_RTS || st == UFAB_QPS_ERR) {
+    if (in_resp.idx->tail.load(std::memory_order_relaxed) != in_resp.idx->head.load(std::memory_order_relaxed))
+      work += requester_responses();
+    if (in_req.idx->tail.load(std::memory_order_relaxed) != in_req.idx->head.load(std::memory_order_relaxed) || ack_owed)
+      work += responder();
+  }
+  if (attr.state == UFAB_QPS_RTS) {
+    if (sq_next < sq_tail) work += requester_send();
+    if (sq_head < sq_next && peer_ctl && peer_ctl->qpn.load(std::memory_order_relaxed) != attr.dest_qpn) {
+      fail_head(UFAB_WC_RETRY_EXC_ERR, "the peer QP " + hex(attr.dest_qpn) + " was destroyed");
+    }
+  }
+  notify_peer();
+  timer.store(rnr_wait || stalled_, std::memory_order_relaxed);
+  return work;
+}
+
+}  // namespace ufab::shm

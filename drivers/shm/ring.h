@@ -1,0 +1,193 @@
+// The shared-memory layout of one shm device: what a peer maps (the
+// device's memfd segment) and the messages that travel through its rings.
+// docs/drivers/shm.md describes the protocol; this header is its data.
+//
+//   Segment (one memfd per device, mapped MAP_SHARED by the device and by
+//   every peer that connected to it):
+//     SegHeader        magic, version, owner, the futex word peers wake
+//     KeyEntry[kMaxMr] the published memory-key table (one cache line each)
+//     QpCtl[kMaxQp]    per QP: number, state, PD, access flags, who is
+//                      connected, and the indices of its two inbound rings
+//     rings            per QP: a request ring (the connected peer's
+//                      requests) and a response ring (the peer's ACKs,
+//                      NAKs and atomic replies), kRingSlots 64-byte slots
+//
+// Every ring has one producer (the connected peer QP, under its lock) and
+// one consumer (the owning QP, under its lock): the producer writes slots,
+// then publishes `tail` with release; the consumer reads them after an
+// acquire load of `tail`, then publishes `head`. Nothing else is shared.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace ufab::shm {
+
+constexpr uint32_t kSegMagic = 0x7566736d;  // "ufsm"
+constexpr uint32_t kSegVersion = 1;
+
+constexpr uint32_t kMaxQp = 256;      // QP index: the low 8 bits of the QPN
+constexpr uint32_t kMaxMr = 4096;     // key index: the low 12 bits of a key
+constexpr uint32_t kKeyIndexBits = 12;
+constexpr uint32_t kRingSlots = 256;  // per ring, power of two
+constexpr uint32_t kSlotSize = 64;
+constexpr uint32_t kRingBytes = kRingSlots * kSlotSize;
+
+// A message's first slot starts with a MsgHdr; the rest of the message
+// (inline data, an iovec list, atomic operands) follows it byte for byte,
+// across as many slots as it needs, wrapping at the ring's end.
+constexpr uint32_t kHdrSize = 24;
+// SEND payloads up to this many bytes travel inside the ring; larger ones
+// are pulled by the receiver from the sender's memory (CMA).
+constexpr uint32_t kRingInlineMax = 1024;
+constexpr uint32_t kMaxMsgSlots = (kHdrSize + kRingInlineMax + kSlotSize - 1) / kSlotSize;
+
+enum MsgType : uint8_t {
+  // Requests (request ring)
+  kMsgSend = 1,      // len bytes; kFlagInline: data follows, else n_iov RemoteIov
+  kMsgWriteImm = 2,  // the completion of a WRITE_WITH_IMM whose data already landed
+  kMsgAtomic = 3,    // AtomicBody follows
+  // Responses (response ring)
+  kMsgAck = 16,        // every request up to and including seq is done
+  kMsgAtomicAck = 17,  // requests before seq done; seq's original value in `value`
+  kMsgNak = 18,        // requests before seq done; seq failed with status `value`
+  kMsgRnrNak = 19,     // requests before seq done; seq found no receive: retry after timer `value`
+};
+
+enum MsgFlags : uint8_t {
+  kFlagInline = 1,     // the SEND payload is in the ring
+  kFlagImm = 2,        // imm is valid
+  kFlagSolicited = 4,  // the sender asked for a solicited event
+  kFlagCmpSwp = 8,     // atomic: compare-and-swap (else fetch-and-add)
+};
+
+struct MsgHdr {
+  uint8_t type;
+  uint8_t nslots;  // slots this message takes, this one included
+  uint8_t flags;
+  uint8_t n_iov;
+  uint32_t seq;  // the requester's message sequence number
+  uint32_t len;  // SEND: payload bytes; WRITE_IMM: the WRITE's length
+  uint32_t imm;
+  uint64_t value;  // responses: original value, status or RNR timer code
+};
+static_assert(sizeof(MsgHdr) == kHdrSize);
+
+// Where the payload of a large SEND is in the sender's address space.
+struct RemoteIov {
+  uint64_t addr;
+  uint64_t len;
+};
+
+struct AtomicBody {
+  uint64_t addr;
+  uint64_t compare_add;
+  uint64_t swap;
+  uint32_t rkey;
+  uint32_t reserved;
+};
+
+// One registered region as peers see it. `key` is written last on
+// registration (release) and cleared first on deregistration; a peer pins
+// before it reads the key and unpins after its copy, so deregistration
+// waits for copies in flight (bounded).
+struct alignas(64) KeyEntry {
+  std::atomic<uint32_t> key;  // 0: free
+  std::atomic<uint32_t> pins;
+  std::atomic<uint32_t> access;
+  std::atomic<uint32_t> pd;
+  std::atomic<uint64_t> addr;
+  std::atomic<uint64_t> length;
+};
+static_assert(sizeof(KeyEntry) == 64);
+
+struct alignas(64) RingIdx {
+  std::atomic<uint64_t> tail;  // producer
+  char pad0[56];
+  std::atomic<uint64_t> head;  // consumer
+  char pad1[56];
+};
+
+struct alignas(64) QpCtl {
+  std::atomic<uint32_t> qpn;    // 0: no QP
+  std::atomic<uint32_t> state;  // enum ufab_qp_state
+  std::atomic<uint32_t> pd;
+  std::atomic<uint32_t> access;  // the QP's remote access flags
+  // (peer address << 32) | peer QPN of the one QP allowed to produce into
+  // this QP's rings; 0: nobody.
+  std::atomic<uint64_t> producer;
+  // Set by a peer whose one-sided operation on this QP failed with a
+  // fatal error (the status): the owner moves the QP to ERROR.
+  std::atomic<uint32_t> fatal;
+  uint32_t reserved;
+  char pad[24];
+  RingIdx req;
+  RingIdx resp;
+};
+
+struct alignas(64) SegHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t addr;  // the device's endpoint address
+  uint32_t pid;
+  uint64_t size;
+  uint32_t max_qp, max_mr, ring_slots, slot_size;
+  char pad[24];
+  // The futex word: sleepers wait on it; anyone who gives them work
+  // increments it and wakes them, when `sleepers` says someone sleeps.
+  alignas(64) std::atomic<uint32_t> epoch;
+  std::atomic<uint32_t> sleepers;
+};
+
+struct RingPair {
+  unsigned char req[kRingBytes];
+  unsigned char resp[kRingBytes];
+};
+
+struct Segment {
+  SegHeader hdr;
+  KeyEntry keys[kMaxMr];
+  QpCtl ctl[kMaxQp];
+  RingPair rings[kMaxQp];
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// One ring as one side sees it: its indices and its bytes.
+struct RingView {
+  RingIdx* idx = nullptr;
+  unsigned char* bytes = nullptr;
+
+  // Copies n bytes into the ring starting `off` bytes into slot `slot`.
+  void put(uint64_t slot, uint32_t off, const void* src, size_t n) const {
+    size_t pos = (slot % kRingSlots) * kSlotSize + off;
+    pos %= kRingBytes;
+    size_t first = n < kRingBytes - pos ? n : kRingBytes - pos;
+    std::memcpy(bytes + pos, src, first);
+    if (first < n) std::memcpy(bytes, static_cast<const unsigned char*>(src) + first, n - first);
+  }
+  void get(uint64_t slot, uint32_t off, void* dst, size_t n) const {
+    size_t pos = (slot % kRingSlots) * kSlotSize + off;
+    pos %= kRingBytes;
+    size_t first = n < kRingBytes - pos ? n : kRingBytes - pos;
+    std::memcpy(dst, bytes + pos, first);
+    if (first < n) std::memcpy(static_cast<unsigned char*>(dst) + first, bytes, n - first);
+  }
+};
+
+inline uint32_t msg_slots(size_t body_bytes) {
+  return static_cast<uint32_t>((kHdrSize + body_bytes + kSlotSize - 1) / kSlotSize);
+}
+
+// IBA table 45: the RNR NAK timer code in microseconds.
+inline uint32_t rnr_timer_us(uint32_t code) {
+  static const uint32_t kUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,   320,
+                                   480,    640,   960,   1280,  1920,  2560,   3840,   5120,   7680,   10240, 15360,
+                                   20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  return kUs[code & 31];
+}
+
+}  // namespace ufab::shm

@@ -1,0 +1,252 @@
+// The shm provider's objects (internal to drivers/shm/).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "abi/rdma_provider.h"
+#include "drivers/shm/ring.h"
+
+namespace ufab::shm {
+
+using Clock = std::chrono::steady_clock;
+
+class Error {
+ public:
+  Error(int code, std::string msg) : code(code), msg(std::move(msg)) {}
+  int code;
+  std::string msg;
+};
+
+std::string hex(uint64_t v);
+
+// A device we connected to (or that connected to us): its segment, mapped,
+// and the socket whose end says it died.
+struct Peer {
+  uint32_t addr = 0;
+  pid_t pid = 0;
+  int sock = -1;
+  Segment* seg = nullptr;
+  size_t seg_size = 0;
+  std::atomic<bool> dead{false};
+  std::atomic<int> refs{1};
+};
+void peer_ref(Peer* p);
+void peer_unref(Peer* p);
+
+struct Device;
+struct Qp;
+
+struct Pd {
+  Device* dev;
+  uint32_t id;
+};
+
+struct Mr {
+  Pd* pd;
+  uint32_t index;
+  uint32_t key;
+};
+
+struct Cq {
+  Device* dev = nullptr;
+  std::mutex mu;
+  std::vector<ufab_wc> ring;
+  std::vector<std::string> details;  // beside ring: the words of error completions
+  std::vector<std::string> polled;   // the details of the last poll, for wc_detail
+  uint32_t head = 0, count = 0;
+  bool overflow = false;
+  std::atomic<uint32_t> avail{0};  // count, readable without the lock
+  std::atomic<bool> armed{false};
+  int event_fd = -1;
+
+  // False when the CQ is full: the completion is lost and the caller's QP
+  // goes to ERROR.
+  bool push(const ufab_wc& wc, const char* detail);
+};
+
+struct SendWqe {
+  ufab_send_wr wr;
+  ufab_sge sge[UFAB_MAX_SGE];
+  uint64_t length = 0;
+  uint32_t seq = 0;
+  bool signaled = false;
+  bool is_inline = false;
+  bool checked = false;
+  bool data_done = false;  // WRITE_WITH_IMM: the data landed
+  bool sent = false;       // a message for it is in the peer's ring
+};
+
+struct RecvWqe {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  ufab_sge sge[UFAB_MAX_SGE];
+};
+
+struct QpStats {
+  uint64_t tx = 0, rx = 0, naks_sent = 0, naks_received = 0, rnr_sent = 0, rnr_received = 0, dropped = 0,
+           retransmits = 0, stalls = 0;
+};
+
+struct Qp {
+  Device* dev = nullptr;
+  uint32_t index = 0;
+  std::mutex mu;
+  std::atomic<bool> active{false};  // created and not destroyed (slot reuse)
+  std::atomic<bool> timer{false};   // waits for an RNR timer or room in the peer's ring
+
+  // Everything below is guarded by mu.
+  Pd* pd = nullptr;
+  Cq* scq = nullptr;
+  Cq* rcq = nullptr;
+  uint32_t qpn = 0;
+  bool sig_all = false;
+  ufab_qp_cap cap{};
+  ufab_qp_attr attr{};
+  uint32_t initial_psn = 0;
+
+  QpCtl* ctl = nullptr;  // ours, in our segment
+  RingView in_req, in_resp;
+  Peer* peer = nullptr;
+  QpCtl* peer_ctl = nullptr;
+  RingView out_req, out_resp;  // the peer QP's rings, in its segment
+
+  std::vector<SendWqe> sq;
+  std::vector<unsigned char> inline_buf;
+  uint64_t sq_head = 0, sq_next = 0, sq_tail = 0;
+  std::vector<RecvWqe> rq;
+  uint64_t rq_head = 0, rq_tail = 0;
+
+  // Requester
+  uint32_t next_seq = 0;
+  uint32_t msgs_sent = 0;
+  uint8_t rnr_left = 0;
+  bool rnr_wait = false;
+  Clock::time_point rnr_until{};
+  // Responder
+  uint32_t expected_seq = 0;
+  uint32_t msgs_received = 0;
+  bool ack_owed = false;
+  uint32_t ack_seq = 0;
+
+  QpStats stats;
+
+  // qp.cc
+  int modify(const ufab_qp_attr& a, uint32_t mask);
+  void query(ufab_qp_attr* out);
+  int post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad);
+  int post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad);
+  int progress_locked();  // both sides, one round
+  void destroy_locked();
+  void peer_died_locked();
+  void enter_error();
+  void reset_locked();
+
+ private:
+  int requester_send();
+  int requester_responses();
+  int responder();
+  void retire_done();
+  void complete_send(SendWqe& w, uint32_t status, const std::string& detail);
+  void complete_recv(const RecvWqe& r, uint32_t status, uint32_t opcode, uint32_t len, uint32_t imm, uint32_t flags,
+                     const std::string& detail);
+  void flush_all();
+  void ack_through(uint32_t seq, bool inclusive);
+  bool resp_space(uint32_t slots) const;
+  bool send_resp(uint8_t type, uint32_t seq, uint64_t value);
+  uint32_t check_local(const ufab_sge& s, bool need_write, std::string* why) const;
+  uint32_t one_sided(SendWqe& w, std::string* why);
+  uint32_t check_remote_key(uint32_t rkey, uint64_t addr, uint64_t len, uint32_t right, Segment* seg,
+                            uint32_t target_pd, KeyEntry** pinned, std::string* why) const;
+  bool send_message(SendWqe& w);
+  void release_peer();
+  void notify_peer();
+  void fail_head(uint32_t status, const std::string& detail);
+
+  bool notify_ = false;
+  bool stalled_ = false;
+};
+
+struct Device {
+  const ufab_rdma_host* host = nullptr;
+  std::string name, domain;
+  uint32_t addr = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  int memfd = -1;
+  Segment* seg = nullptr;
+  size_t seg_size = 0;
+  int listen_fd = -1;
+  int ctl_fd = -1;  // eventfd: wakes the control thread
+  std::thread control;
+  std::atomic<bool> stopping{false};
+
+  std::mutex peers_mu;
+  std::vector<Peer*> peers;
+  std::atomic<uint32_t> dead_gen{0};
+  std::atomic<uint32_t> dead_handled{0};
+
+  std::mutex objects_mu;  // create/destroy only, never on the data path
+  std::unique_ptr<Qp> qps[kMaxQp];
+  std::atomic<uint32_t> qp_high{0};  // slots [0, qp_high) may be active
+  uint16_t qp_gen[kMaxQp] = {};
+  uint32_t key_gen[kMaxMr] = {};
+  bool key_used[kMaxMr] = {};
+  uint32_t next_pd = 1;
+  QpStats retired;  // statistics of destroyed QPs
+
+  std::thread progress_thread;
+  std::atomic<bool> progress_stop{false};
+  bool progress_running = false;
+
+  // device.cc
+  void open(const ufab_rdma_host* h, const char* name, const ufab_device_opts* opts);
+  void close();
+  int progress();
+  // Sleeps until someone wakes this device or `until` passes (at most
+  // `cap`); `ready` says whether there is already something to do.
+  template <class Ready>
+  void sleep(Clock::time_point until, Ready ready);
+  void wake_self();
+  static void wake(Segment* seg);
+  Peer* connect_peer(uint32_t addr);  // a reference; throws Error
+  void handle_dead_peers();
+  bool pending_input() const;
+  bool any_timer() const;
+  void control_loop();
+  void accept_one();
+  std::string socket_name(uint32_t a) const;
+  void error(const std::string& msg) const {
+    if (host && host->set_error) host->set_error(msg.c_str());
+  }
+  void log(int level, const std::string& msg) const {
+    if (host && host->log) host->log(level, msg.c_str());
+  }
+};
+
+int futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_us);
+void futex_wake(std::atomic<uint32_t>* word);
+
+template <class Ready>
+void Device::sleep(Clock::time_point until, Ready ready) {
+  auto now = Clock::now();
+  if (now >= until) return;
+  auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - now).count();
+  // Timers (RNR waits, a full peer ring) are polled every 200 us; everything
+  // else wakes us through the futex.
+  int64_t cap = any_timer() ? 200 : 1000000;
+  int us = static_cast<int>(left < cap ? left : cap);
+  uint32_t key = seg->hdr.epoch.load(std::memory_order_acquire);
+  seg->hdr.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (!ready() && !pending_input()) futex_wait(&seg->hdr.epoch, key, us);
+  seg->hdr.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+}  // namespace ufab::shm
