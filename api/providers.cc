@@ -2,26 +2,34 @@
 
 #include "core/nic_open.h"
 #include "core/provider/softroce.h"
-#include "drivers/builtin.h"
-#include "drivers/builtin_providers.h"
 
 namespace ufab::api {
+namespace {
 
-const provider::ProviderRegistry& providers() {
-  static const provider::ProviderRegistry registry = [] {
-    provider::ProviderRegistry r;
-    // Built-in tables are checked by the tests; a refusal here would be a
-    // build mistake, and the device open that needs it names what is there.
-    // The raw-frame plugins soft-RoCE opens NICs with: the built-in ones and
-    // those in the plugin directories. Kept for the life of the process.
-    static const core::PluginRegistry raw_plugins = core::default_registry(drivers::builtin_drivers());
-    (void)r.add(provider::softroce_provider(raw_plugins), "built-in");
-    size_t n = 0;
-    const ufab_rdma_provider* const* list = ufab_builtin_providers(&n);
-    for (size_t i = 0; i < n; ++i) (void)r.add(list[i], "built-in");
-    return r;
+struct State {
+  core::PluginRegistry raw;
+  provider::ProviderRegistry providers;
+  std::vector<std::string> warnings;
+};
+
+const State& state() {
+  static const State s = [] {
+    State st{core::default_registry(builtins().drivers), {}, {}};
+    auto add = [&st](const ufab_rdma_provider* table, const std::string& origin) {
+      if (auto added = st.providers.add(table, origin); !added) st.warnings.push_back(added.error().message());
+    };
+    add(provider::softroce_provider(st.raw), "built-in");
+    for (const ufab_rdma_provider* p : builtins().providers) add(p, "built-in");
+    for (const auto& loaded : st.raw.rdma_providers()) add(loaded.table, loaded.origin);
+    return st;
   }();
-  return registry;
+  return s;
 }
+
+}  // namespace
+
+const provider::ProviderRegistry& providers() { return state().providers; }
+const core::PluginRegistry& raw_plugins() { return state().raw; }
+const std::vector<std::string>& provider_warnings() { return state().warnings; }
 
 }  // namespace ufab::api

@@ -1,12 +1,34 @@
-// The RDMA providers of this library: soft-RoCE for raw-frame NICs, and the
-// queue-pair plugins linked in (drivers/builtin_providers). The C API picks
-// from these; `ufab plugins` lists them.
+// The RDMA providers of this library: soft-RoCE over the raw-frame plugins,
+// the queue-pair plugins linked in, and those found in the plugin
+// directories. The C API picks from these; `ufab plugins` lists them.
 #pragma once
 
+#include <span>
+#include <string>
+#include <vector>
+
+#include "abi/raw_frame.h"
+#include "abi/rdma_provider.h"
+#include "core/plugin_registry.h"
 #include "core/provider/providers.h"
 
 namespace ufab::api {
 
+// The plugins linked into the program, a choice made at link time: the
+// in-tree library (//api:rdma) links builtins_static.cc (every plugin of
+// drivers/), libufab.so links builtins_none.cc and finds them all in its
+// plugin directory at run time.
+struct Builtins {
+  std::span<const ufab_driver* const> drivers;
+  std::span<const ufab_rdma_provider* const> providers;
+};
+Builtins builtins();
+
+// Built on first use, kept for the life of the process.
 const provider::ProviderRegistry& providers();
+// The raw-frame plugins soft-RoCE opens NICs with.
+const core::PluginRegistry& raw_plugins();
+// What did not load, for `ufab plugins`.
+const std::vector<std::string>& provider_warnings();
 
 }  // namespace ufab::api

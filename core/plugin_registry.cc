@@ -306,6 +306,20 @@ Status PluginRegistry::load_file(const std::string& so_path) {
 
     dlerror();
     void* entry = dlsym(handle, UFAB_DRIVER_ENTRY_SYMBOL);
+    // A plugin that implements queue pairs itself exports the RDMA provider
+    // entry instead (or as well): kept for the provider layer, which checks
+    // its table (core/provider/providers.h).
+    if (void* rdma_entry = dlsym(handle, UFAB_RDMA_PROVIDER_ENTRY_SYMBOL); rdma_entry != nullptr) {
+      const ufab_rdma_provider* table = reinterpret_cast<ufab_rdma_provider_entry_fn>(rdma_entry)();
+      if (table == nullptr) {
+        return fail(ENOEXEC, UFAB_RDMA_PROVIDER_ENTRY_SYMBOL "() returned NULL: the plugin gave no provider table");
+      }
+      rdma_providers_.push_back({table, so_path});
+      if (entry == nullptr) {
+        libraries_.push_back(std::move(library));
+        return {};
+      }
+    }
     if (entry == nullptr) {
       std::string other = other_major_entry(handle);
       if (!other.empty()) {
@@ -315,8 +329,8 @@ Status PluginRegistry::load_file(const std::string& so_path) {
                                  abi_version(UFAB_ABI_MAJOR, UFAB_ABI_MINOR) +
                                  ": rebuild the plugin against abi/raw_frame.h of this ufab");
       }
-      return fail(ENOEXEC, "not a ufab plugin: no symbol " UFAB_DRIVER_ENTRY_SYMBOL
-                           " (a plugin defines it in its <name>_entry.cc and exports it; see "
+      return fail(ENOEXEC, "not a ufab plugin: no symbol " UFAB_DRIVER_ENTRY_SYMBOL " or "
+                           UFAB_RDMA_PROVIDER_ENTRY_SYMBOL " (a plugin defines it in its <name>_entry.cc and exports it; see "
                            "docs/plugin-guide.md)");
     }
     auto entry_fn = reinterpret_cast<ufab_driver_entry_fn>(entry);
@@ -462,6 +476,10 @@ const Plugin* PluginRegistry::by_name(const std::string& name) const {
 }
 
 const std::vector<std::unique_ptr<Plugin>>& PluginRegistry::plugins() const { return plugins_; }
+
+const std::vector<PluginRegistry::RdmaProviderTable>& PluginRegistry::rdma_providers() const {
+  return rdma_providers_;
+}
 
 const std::vector<std::string>& PluginRegistry::warnings() const { return warnings_; }
 

@@ -29,6 +29,7 @@
 
 #include "base/error.h"
 #include "abi/raw_frame.h"
+#include "abi/rdma_provider.h"
 
 namespace ufab::core {
 
@@ -99,6 +100,15 @@ class PluginRegistry {
   // missing or ignored directories, plugins built for a newer ABI minor.
   const std::vector<std::string>& warnings() const;
 
+  // RDMA provider plugins found by load_file/load_directory (libraries that
+  // export ufab_rdma_provider_entry_v1), in load order. Their tables are
+  // checked and completed by the provider layer, not here.
+  struct RdmaProviderTable {
+    const ufab_rdma_provider* table;
+    std::string origin;  // the .so path
+  };
+  const std::vector<RdmaProviderTable>& rdma_providers() const;
+
   // `<directory of the binary or shared library holding the registry>/ufab-plugins`,
   // symlinks resolved; "" when that location cannot be determined.
   static std::string default_directory();
@@ -115,6 +125,7 @@ class PluginRegistry {
   std::vector<std::unique_ptr<Plugin>> plugins_;
   std::vector<std::unique_ptr<Library>> libraries_;
   std::vector<std::string> warnings_;
+  std::vector<RdmaProviderTable> rdma_providers_;
   bool force_secure_ = false;
 };
 

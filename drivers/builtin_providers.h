@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "drivers/rdma_provider.h"
+#include "abi/rdma_provider.h"
 
 #ifdef __cplusplus
 extern "C" {

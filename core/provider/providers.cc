@@ -81,7 +81,7 @@ Status ProviderRegistry::add(const ufab_rdma_provider* table, const std::string&
     return fail(ENOEXEC, where + " was built for RDMA provider ABI " + std::to_string(table->abi_major) + "." +
                              std::to_string(table->abi_minor) + "; this ufab speaks " +
                              std::to_string(UFAB_RDMA_ABI_MAJOR) + "." + std::to_string(UFAB_RDMA_ABI_MINOR) +
-                             ": rebuild it against this ufab's drivers/rdma_provider.h");
+                             ": rebuild it against this ufab's abi/rdma_provider.h");
   }
   if (table->size < kHeaderSize + sizeof(void*)) {
     return fail(ENOEXEC, where + ": its table is " + std::to_string(table->size) + " bytes, shorter than any 1.x table");

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "drivers/rdma_provider.h"
+#include "abi/rdma_provider.h"
 
 namespace ufab::provider {
 

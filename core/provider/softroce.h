@@ -1,12 +1,12 @@
 // The soft-RoCE provider: RDMA over any raw-frame NIC plugin through ufab's
 // user-space RoCEv2 transport (core/transport), behind the same provider
-// ABI (drivers/rdma_provider.h) as queue-pair plugins. It serves every
+// ABI (abi/rdma_provider.h) as queue-pair plugins. It serves every
 // device name no other provider claims: PCI addresses of vfio-bound NICs
 // and software NICs such as "swnic:LAB:0".
 #pragma once
 
 #include "core/plugin_registry.h"
-#include "drivers/rdma_provider.h"
+#include "abi/rdma_provider.h"
 
 namespace ufab::provider {
 

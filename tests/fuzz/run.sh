@@ -75,7 +75,7 @@ if [ "$stale" = 1 ]; then
   "$cxx" -std=c++2b -U__cpp_concepts -D__cpp_concepts=202002L -Wno-builtin-macro-redefined \
     -O1 -g -fno-omit-frame-pointer \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -Wall -Wextra -Werror -I "$root" "${srcs[@]}" ${extra_libs:-} -o "$bin.tmp"
+    -Wall -Wextra -Werror -I "$root" -I "$root/api" "${srcs[@]}" ${extra_libs:-} -o "$bin.tmp"
   mv "$bin.tmp" "$bin"
 fi
 
@@ -118,10 +118,11 @@ for t in "${targets[@]}"; do
         status=1 ;;
     arp) fuzz arp "$root/tests/fuzz/arp_fuzzer.cc" "$root"/core/net/{arp,addresses}.cc || status=1 ;;
     rdma_receive)
-      extra_headers="$root/abi/*.h $root/api/*.h $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
+      extra_headers="$root/abi/*.h $root/api/*.h $root/api/ufab/* $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
       extra_libs="-lrt -ldl -lpthread" \
-      fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root/api/rdma.cc" \
-        "$root"/core/transport/{completion_queue,context,link,queue_pair,requester,responder,verbs}.cc \
+      fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root"/api/{c_api,providers}.cc \
+        "$root"/core/provider/{providers,softroce}.cc "$root"/drivers/builtin_providers.cc \
+        "$root"/core/transport/{completion_queue,context,link,qp_transition,queue_pair,requester,responder,verbs}.cc \
         "$root"/core/rdma/memory.cc "$root"/core/roce/{builder,gid,headers,icrc,opcodes,parser}.cc \
         "$root"/core/net/{arp,addresses}.cc "$root"/core/{nic,nic_open,plugin_registry,plugin_ops}.cc \
         "$root"/drivers/builtin.cc "$root"/drivers/swnic/swnic.cc "$root"/drivers/e1000e/e1000e.cc \

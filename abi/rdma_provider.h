@@ -3,7 +3,7 @@
  * itself (a shared-memory device, a NIC with RDMA in hardware), instead of
  * moving raw frames under ufab's soft-RoCE.
  *
- * Same conventions as the raw-frame ABI (drivers/plugin.h):
+ * Same conventions as the raw-frame ABI (abi/raw_frame.h):
  *  - A plugin exports ufab_rdma_provider_entry_v1(), returning a constant
  *    `struct ufab_rdma_provider`: a header (ABI version, size, name, the
  *    device-name prefixes it serves) followed by operations.
@@ -27,8 +27,8 @@
  * provider locks what it shares. It locks per queue, never per device, on
  * the post and poll paths.
  */
-#ifndef UFAB_DRIVERS_RDMA_PROVIDER_H
-#define UFAB_DRIVERS_RDMA_PROVIDER_H
+#ifndef UFAB_ABI_RDMA_PROVIDER_H
+#define UFAB_ABI_RDMA_PROVIDER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -139,4 +139,4 @@ const struct ufab_rdma_provider* ufab_rdma_provider_entry_v1(void);
 }
 #endif
 
-#endif /* UFAB_DRIVERS_RDMA_PROVIDER_H */
+#endif /* UFAB_ABI_RDMA_PROVIDER_H */

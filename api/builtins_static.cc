@@ -1,0 +1,14 @@
+// Every plugin of drivers/ linked in (the in-tree library, tools, tests).
+#include "api/providers.h"
+#include "drivers/builtin.h"
+#include "drivers/builtin_providers.h"
+
+namespace ufab::api {
+
+Builtins builtins() {
+  size_t n = 0;
+  const ufab_rdma_provider* const* list = ufab_builtin_providers(&n);
+  return {drivers::builtin_drivers(), {list, n}};
+}
+
+}  // namespace ufab::api
