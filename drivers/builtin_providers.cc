@@ -1,13 +1,12 @@
+// The explicit list of RDMA provider plugins linked into ufab binaries.
 #include "drivers/builtin_providers.h"
 
-namespace {
-
-// Empty until the shared-memory provider lands.
-const ufab_rdma_provider* const kProviders[] = {nullptr};
-
-}  // namespace
+#include "drivers/shm/shm.h"
 
 extern "C" const ufab_rdma_provider* const* ufab_builtin_providers(size_t* count) {
-  *count = 0;
-  return kProviders;
+  static const ufab_rdma_provider* const providers[] = {
+      ufab_shm_provider(),
+  };
+  *count = sizeof providers / sizeof providers[0];
+  return providers;
 }
