@@ -1,4 +1,4 @@
-// The one symbol libufab-shm.so exports (see shm.lds).
+// The one symbol libufab_shm.so exports (see shm.lds).
 #include "drivers/shm/shm.h"
 
 extern "C" __attribute__((visibility("default"))) const struct ufab_rdma_provider* ufab_rdma_provider_entry_v1(void) {
