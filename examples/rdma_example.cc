@@ -17,13 +17,13 @@
 #include <string>
 #include <string_view>
 
+#include "tools/exchange/exchange.h"
 #include "ufab/rdma.hpp"
-#include "core/transport/exchange.h"
 
 namespace {
 
 namespace rdma = ufab::rdma;
-namespace transport = ufab::transport;
+namespace exchange = ufab::exchange;
 using std::chrono::milliseconds;
 using ufab::Error;
 using ufab::Result;
@@ -248,7 +248,7 @@ Status run_client_steps(rdma::QueuePair& qp, rdma::CompletionQueue& cq, Buffer& 
 // The server's side: it receives the SEND and the WRITE_WITH_IMM's
 // immediate, then waits for the client to say it is done and checks what
 // the one-sided operations left in its memory.
-Status run_server_steps(rdma::CompletionQueue& cq, const Buffer& buf, transport::TcpChannel& channel,
+Status run_server_steps(rdma::CompletionQueue& cq, const Buffer& buf, exchange::TcpChannel& channel,
                         milliseconds timeout, Steps& steps) {
   auto wc = next_completion(cq, timeout);
   if (!wc) return failed("receiving the SEND", wc.error());
@@ -343,31 +343,31 @@ Status run(const Options& opt) {
   local.addr = reinterpret_cast<uint64_t>(mr->addr());
   local.rkey = mr->rkey();
   local.length = static_cast<uint32_t>(mr->length());
-  auto line = transport::encode_connection_line(local);
+  auto line = exchange::encode_connection_line(local);
   if (!line) return failed("encoding our connection data", line.error());
 
   // The exchange, with the server reading first as ibv_rc_pingpong's does:
   // it connects its QP before it answers, so the client's first packet
   // never reaches a QP that is not ready for it. The connection then stays
   // open for the client's final "done".
-  Result<transport::TcpChannel> channel = std::unexpected(Error(ENOTCONN, "not connected"));
+  Result<exchange::TcpChannel> channel = std::unexpected(Error(ENOTCONN, "not connected"));
   if (opt.server) {
-    auto listener = transport::TcpChannel::listen(opt.port);
+    auto listener = exchange::TcpChannel::listen(opt.port);
     if (!listener) return failed("listening on TCP port " + std::to_string(opt.port), listener.error());
     std::printf("rdma_example: server %s at %s, QP %s, listening on TCP port %u\n", dev.name().c_str(), opt.ip.c_str(),
                 hex((*qp)->qp_num()).c_str(), listener->port());
     channel = listener->accept(opt.timeout);
     if (!channel) return failed("waiting for the client", channel.error());
   } else {
-    channel = transport::TcpChannel::connect(opt.host, opt.port, opt.timeout);
+    channel = exchange::TcpChannel::connect(opt.host, opt.port, opt.timeout);
     if (!channel) return std::unexpected(channel.error());  // it names the address and what to check
     if (auto sent = channel->send_all(*line, opt.timeout); !sent) {
       return failed("sending our connection data", sent.error());
     }
   }
-  auto peer_line = channel->recv_line(transport::kConnectionLineMax, opt.timeout);
+  auto peer_line = channel->recv_line(exchange::kConnectionLineMax, opt.timeout);
   if (!peer_line) return failed("reading the peer's connection data", peer_line.error());
-  auto decoded = transport::decode_connection_line(*peer_line);
+  auto decoded = exchange::decode_connection_line(*peer_line);
   if (!decoded) return failed("the peer's connection data", decoded.error());
   const rdma::ConnectionData peer = *decoded;
 

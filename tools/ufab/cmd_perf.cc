@@ -96,7 +96,7 @@ Result<Config> configure(const Options& opts, const TestName& t) {
   auto duration = whole(opts, "duration", 0, 1, 86400);
   auto qps = whole(opts, "qps", 1, 1, 1024);
   auto tx = whole(opts, "tx-depth", lat ? 1 : 128, 1, 15000);
-  auto port = whole(opts, "port", transport::kPerftestPort, c.server() ? 0 : 1, 65535);
+  auto port = whole(opts, "port", exchange::kPerftestPort, c.server() ? 0 : 1, 65535);
   auto mtu = whole(opts, "mtu", 0, 256, 4096);
   auto gid = whole(opts, "gid-index", 0, 0, 255);
   auto timeout = whole(opts, "timeout", 30, 1, 86400);

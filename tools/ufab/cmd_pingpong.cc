@@ -4,7 +4,7 @@
 // RoCE NIC) and the other ufab.
 //
 // What is the same as ibv_rc_pingpong, and must stay so for the two to meet:
-//   - the TCP exchange (core/transport/exchange.h describes it): port 18515,
+//   - the TCP exchange (tools/exchange/exchange.h describes it): port 18515,
 //     one 52-byte "%04x:%06x:%06x:%s" message each way, the client's
 //     5-byte "done"; the server moves its QP to RTR and RTS before it
 //     answers, the client after the exchange;
@@ -43,7 +43,7 @@
 #include "ufab/rdma.hpp"
 #include "base/json.h"
 #include "core/roce/gid.h"
-#include "core/transport/exchange.h"
+#include "tools/exchange/exchange.h"
 #include "tools/ufab/cli.h"
 #include "tools/ufab/render.h"
 
@@ -51,7 +51,6 @@ namespace ufab::cli {
 namespace {
 
 namespace rdma = ufab::rdma;
-namespace transport = ufab::transport;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -75,7 +74,7 @@ struct Config {
 };
 
 struct Summary {
-  transport::PingpongMessage local, remote;
+  exchange::PingpongMessage local, remote;
   uint32_t path_mtu = 0;
   double seconds = 0;
   uint64_t bytes = 0;
@@ -89,7 +88,7 @@ std::string hex(uint64_t v, int width) {
 }
 
 // rc_pingpong's two address lines.
-void print_address(FILE* out, const char* label, const transport::PingpongMessage& m) {
+void print_address(FILE* out, const char* label, const exchange::PingpongMessage& m) {
   std::fprintf(out, "  %s LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", label, unsigned(m.lid), m.qpn, m.psn,
                roce::gid_to_text(m.gid).c_str());
   std::fflush(out);
@@ -101,7 +100,7 @@ uint8_t pattern(size_t i) { return static_cast<uint8_t>((static_cast<uint32_t>(i
 
 // The peer's QP address from its message, with what to do when it cannot
 // work on RoCE.
-Result<uint32_t> peer_ip(const transport::PingpongMessage& m) {
+Result<uint32_t> peer_ip(const exchange::PingpongMessage& m) {
   if (std::all_of(m.gid.begin(), m.gid.end(), [](uint8_t b) { return b == 0; })) {
     return fail(EPROTO,
                 "the peer sent GID :: (ibv_rc_pingpong without -g): RoCE needs the peer's GID; run "
@@ -149,9 +148,9 @@ class Pingpong {
   Status to_init();
   Status post_receives(uint32_t n);
   Status post_send();
-  Status connect(const transport::PingpongMessage& remote);
-  Result<transport::PingpongMessage> exchange_as_server(const transport::PingpongMessage& local);
-  Result<transport::PingpongMessage> exchange_as_client(const transport::PingpongMessage& local);
+  Status connect(const exchange::PingpongMessage& remote);
+  Result<exchange::PingpongMessage> exchange_as_server(const exchange::PingpongMessage& local);
+  Result<exchange::PingpongMessage> exchange_as_client(const exchange::PingpongMessage& local);
   Status handle(const rdma::WorkCompletion& wc);
   Status check_received(const rdma::WorkCompletion& wc);
   std::string where() const {
@@ -246,7 +245,7 @@ Status Pingpong::post_send() {
 }
 
 // pp_connect_ctx: RTR then RTS with rc_pingpong's attributes.
-Status Pingpong::connect(const transport::PingpongMessage& remote) {
+Status Pingpong::connect(const exchange::PingpongMessage& remote) {
   auto ip = peer_ip(remote);
   if (!ip) return std::unexpected(ip.error());
   rdma::QpAttr a;
@@ -279,8 +278,8 @@ Status Pingpong::connect(const transport::PingpongMessage& remote) {
   return {};
 }
 
-Result<transport::PingpongMessage> Pingpong::exchange_as_server(const transport::PingpongMessage& local) {
-  auto listener = transport::TcpChannel::listen(cfg_.port);
+Result<exchange::PingpongMessage> Pingpong::exchange_as_server(const exchange::PingpongMessage& local) {
+  auto listener = exchange::TcpChannel::listen(cfg_.port);
   if (!listener) return std::unexpected(listener.error().context("listening for the client"));
   // Not in rc_pingpong's output (which says nothing until a client came),
   // so on stderr: scripts wait for it, and learn the port that -p 0 got.
@@ -289,38 +288,38 @@ Result<transport::PingpongMessage> Pingpong::exchange_as_server(const transport:
   auto channel = listener->accept(cfg_.timeout);
   if (!channel) return std::unexpected(channel.error().context("waiting for the client on TCP port " +
                                                                std::to_string(listener->port())));
-  transport::PingpongBytes msg{};
+  exchange::PingpongBytes msg{};
   auto n = channel->recv_exact(msg, cfg_.timeout);
   if (!n) return std::unexpected(n.error().context("reading the client's address"));
   if (*n == 0) return fail(ECONNRESET, "the client " + channel->peer() + " closed the connection before sending its address");
-  auto remote = transport::decode_pingpong(msg);
+  auto remote = exchange::decode_pingpong(msg);
   if (!remote) return std::unexpected(remote.error().context("the client's address"));
   // As rc_pingpong's server: connected before it answers, so the client's
   // first SEND finds a QP in RTR.
   if (auto s = connect(*remote); !s) return std::unexpected(s.error());
-  auto ours = transport::encode_pingpong(local);
+  auto ours = exchange::encode_pingpong(local);
   if (!ours) return std::unexpected(ours.error());
   if (auto s = channel->send_all(std::span<const uint8_t>(*ours), cfg_.timeout); !s) {
     return std::unexpected(s.error().context("sending our address to the client"));
   }
   // The client's "done" (5 bytes with the NUL). rc_pingpong counts the bytes
   // and never looks at them; neither do we.
-  std::array<uint8_t, transport::kPingpongDone.size()> done{};
+  std::array<uint8_t, exchange::kPingpongDone.size()> done{};
   auto d = channel->recv_exact(done, cfg_.timeout);
   if (!d) return std::unexpected(d.error().context("waiting for the client's \"done\""));
   if (*d == 0) return fail(ECONNRESET, "the client closed the connection instead of sending \"done\"");
   return *remote;
 }
 
-Result<transport::PingpongMessage> Pingpong::exchange_as_client(const transport::PingpongMessage& local) {
-  auto channel = transport::TcpChannel::connect(cfg_.server_host, cfg_.port, cfg_.timeout);
+Result<exchange::PingpongMessage> Pingpong::exchange_as_client(const exchange::PingpongMessage& local) {
+  auto channel = exchange::TcpChannel::connect(cfg_.server_host, cfg_.port, cfg_.timeout);
   if (!channel) return std::unexpected(channel.error());
-  auto ours = transport::encode_pingpong(local);
+  auto ours = exchange::encode_pingpong(local);
   if (!ours) return std::unexpected(ours.error());
   if (auto s = channel->send_all(std::span<const uint8_t>(*ours), cfg_.timeout); !s) {
     return std::unexpected(s.error().context("sending our address to the server"));
   }
-  transport::PingpongBytes msg{};
+  exchange::PingpongBytes msg{};
   auto n = channel->recv_exact(msg, cfg_.timeout);
   if (!n) return std::unexpected(n.error().context("reading the server's address"));
   if (*n == 0) {
@@ -328,9 +327,9 @@ Result<transport::PingpongMessage> Pingpong::exchange_as_client(const transport:
                                 " closed the connection without answering; its own output says why (a GID "
                                 "it cannot use, an MTU its port does not have, ...)");
   }
-  auto remote = transport::decode_pingpong(msg);
+  auto remote = exchange::decode_pingpong(msg);
   if (!remote) return std::unexpected(remote.error().context("the server's address"));
-  if (auto s = channel->send_all(std::span<const uint8_t>(transport::kPingpongDone), cfg_.timeout); !s) {
+  if (auto s = channel->send_all(std::span<const uint8_t>(exchange::kPingpongDone), cfg_.timeout); !s) {
     return std::unexpected(s.error().context("sending \"done\" to the server"));
   }
   return *remote;
@@ -405,7 +404,7 @@ Result<Summary> Pingpong::run() {
   sum.local.gid = roce::gid_from_ipv4(me.ip);
   print_address(cfg_.json ? stderr : stdout, "local address: ", sum.local);
 
-  Result<transport::PingpongMessage> remote = std::unexpected(Error(ENOTCONN, "no exchange"));
+  Result<exchange::PingpongMessage> remote = std::unexpected(Error(ENOTCONN, "no exchange"));
   {
     BackgroundProgress answering(*dev_);
     remote = cfg_.server() ? exchange_as_server(sum.local) : exchange_as_client(sum.local);
@@ -529,7 +528,7 @@ int cmd_pingpong(const Options& opts) {
 
   const double usec = sum->seconds * 1e6;
   if (opts.json) {
-    auto address = [](JsonWriter& w, const std::string& k, const transport::PingpongMessage& m) {
+    auto address = [](JsonWriter& w, const std::string& k, const exchange::PingpongMessage& m) {
       w.key(k).begin_object().field("lid", unsigned(m.lid)).field("qpn", m.qpn).field("psn", m.psn);
       w.field("gid", roce::gid_to_text(m.gid)).end_object();
     };

@@ -7,7 +7,7 @@
 //   rdma_example --device 0000:00:02.0 --ip 10.0.0.2 --connect 127.0.0.1:18515
 //
 // It speaks the same exchange (one "UFAB1 ..." line each way over TCP, as
-// core/transport/exchange.h encodes it, and the client's final "done"),
+// tools/exchange/exchange.h encodes it, and the client's final "done"),
 // registers the same buffer layout, and runs the same steps: the client
 // does SEND, RDMA_WRITE, RDMA_READ, RDMA_WRITE_WITH_IMM, FETCH_AND_ADD and
 // CMP_AND_SWP against the server's buffer; the server checks the SEND, the
@@ -31,12 +31,12 @@
 #include <thread>
 
 #include "base/error.h"
-#include "core/transport/exchange.h"
-#include "core/transport/verbs.h"
+#include "tools/exchange/exchange.h"
+#include "ufab/rdma.hpp"
 
 namespace {
 
-namespace transport = ufab::transport;
+namespace exchange = ufab::exchange;
 using std::chrono::milliseconds;
 using ufab::Error;
 using ufab::Result;
@@ -337,7 +337,7 @@ Status run_client_steps(ibv_qp* qp, ibv_cq* cq, Buffer& buf, const ibv_mr* mr, c
   return {};
 }
 
-Status run_server_steps(ibv_cq* cq, const Buffer& buf, transport::TcpChannel& channel, milliseconds timeout,
+Status run_server_steps(ibv_cq* cq, const Buffer& buf, exchange::TcpChannel& channel, milliseconds timeout,
                         Steps& steps) {
   auto wc = next_completion(cq, timeout);
   if (!wc) return failed("receiving the SEND", wc.error());
@@ -430,7 +430,7 @@ Status run(const Options& opt) {
   local.addr = reinterpret_cast<uint64_t>(buf.get());
   local.rkey = mr->rkey;
   local.length = sizeof(Buffer);
-  auto line = transport::encode_connection_line(local);
+  auto line = exchange::encode_connection_line(local);
   if (!line) return failed("encoding our connection data", line.error());
 
   if (opt.server) {
@@ -446,24 +446,24 @@ Status run(const Options& opt) {
 
   // rdma_example's exchange: the server reads first and connects its QP
   // before it answers; the connection stays open for the client's "done".
-  Result<transport::TcpChannel> channel = std::unexpected(Error(ENOTCONN, "not connected"));
+  Result<exchange::TcpChannel> channel = std::unexpected(Error(ENOTCONN, "not connected"));
   if (opt.server) {
-    auto listener = transport::TcpChannel::listen(opt.port);
+    auto listener = exchange::TcpChannel::listen(opt.port);
     if (!listener) return failed("listening on TCP port " + std::to_string(opt.port), listener.error());
     std::printf("verbs_example: server %s at %s, QP %s, listening on TCP port %u\n", opt.device.c_str(),
                 dotted(*ip).c_str(), hex(qp->qp_num).c_str(), listener->port());
     channel = listener->accept(opt.timeout);
     if (!channel) return failed("waiting for the client", channel.error());
   } else {
-    channel = transport::TcpChannel::connect(opt.host, opt.port, opt.timeout);
+    channel = exchange::TcpChannel::connect(opt.host, opt.port, opt.timeout);
     if (!channel) return std::unexpected(channel.error());
     if (auto sent = channel->send_all(*line, opt.timeout); !sent) {
       return failed("sending our connection data", sent.error());
     }
   }
-  auto peer_line = channel->recv_line(transport::kConnectionLineMax, opt.timeout);
+  auto peer_line = channel->recv_line(exchange::kConnectionLineMax, opt.timeout);
   if (!peer_line) return failed("reading the peer's connection data", peer_line.error());
-  auto peer = transport::decode_connection_line(*peer_line);
+  auto peer = exchange::decode_connection_line(*peer_line);
   if (!peer) return failed("the peer's connection data", peer.error());
 
   if (auto s = to_rts(qp.get(), opt.gid_index, *peer, local.psn); !s) {

@@ -237,11 +237,11 @@ class BandwidthTest {
   std::vector<uint64_t> posted_ = std::vector<uint64_t>(cfg_.qps, 0);
 };
 
-transport::PerftestBwReport to_wire(const BandwidthResult& r) {
+exchange::PerftestBwReport to_wire(const BandwidthResult& r) {
   return {.size = r.size, .iters = r.iters, .bw_peak = r.bw_peak_mb, .bw_avg = r.bw_avg_mb, .msg_rate_avg = r.msg_rate_mpps};
 }
 
-BandwidthResult from_wire(const transport::PerftestBwReport& r) {
+BandwidthResult from_wire(const exchange::PerftestBwReport& r) {
   return {.size = r.size, .iters = r.iters, .bw_peak_mb = r.bw_peak, .bw_avg_mb = r.bw_avg, .msg_rate_mpps = r.msg_rate_avg};
 }
 

@@ -123,18 +123,18 @@ Status Session::open_channel() {
   const uint32_t mtu = cfg_.mtu ? cfg_.mtu : dev_->active_mtu();
   return with_progress(*dev_, [&]() -> Status {
     if (cfg_.server()) {
-      auto listener = transport::TcpChannel::listen(cfg_.port);
+      auto listener = exchange::TcpChannel::listen(cfg_.port);
       if (!listener) return std::unexpected(listener.error().context("listening for the client"));
       // Not in perftest's output; scripts wait for it before they start a
       // perftest client, which does not retry its connect.
       std::fprintf(stderr, "perf: waiting for a client on TCP port %u\n", unsigned(listener->port()));
       std::fflush(stderr);
-      auto ch = transport::PerftestChannel::accept(*listener, cfg_.timeout);
+      auto ch = exchange::PerftestChannel::accept(*listener, cfg_.timeout);
       if (!ch) return std::unexpected(ch.error().context("waiting for the client on TCP port " +
                                                          std::to_string(listener->port())));
       channel_.emplace(std::move(*ch));
     } else {
-      auto ch = transport::PerftestChannel::connect(cfg_.server_host, cfg_.port, cfg_.timeout);
+      auto ch = exchange::PerftestChannel::connect(cfg_.server_host, cfg_.port, cfg_.timeout);
       if (!ch) return std::unexpected(ch.error());
       channel_.emplace(std::move(*ch));
     }
@@ -157,8 +157,8 @@ Status Session::open() {
   return open_channel();
 }
 
-transport::PerftestKeys Session::my_keys(uint32_t i) const {
-  transport::PerftestKeys k;
+exchange::PerftestKeys Session::my_keys(uint32_t i) const {
+  exchange::PerftestKeys k;
   k.lid = 0;
   k.out_reads = out_reads(cfg_.verb);
   auto local = qps_[i]->local();
@@ -183,7 +183,7 @@ Status Session::swap_keys(bool first_only) {
 
 Status Session::connect() {
   for (uint32_t i = 0; i < cfg_.qps; ++i) {
-    const transport::PerftestKeys& peer = remote_[i];
+    const exchange::PerftestKeys& peer = remote_[i];
     auto ip = roce::ipv4_from_gid(peer.gid);
     if (!ip) {
       return fail(EPROTO, "the peer's GID " + roce::gid_to_text(peer.gid) +
@@ -227,8 +227,8 @@ Status Session::close() {
   return with_progress(*dev_, [&]() -> Status { return channel_->close(my_keys(0), cfg_.timeout); });
 }
 
-Result<transport::PerftestBwReport> Session::swap_bw_report(const transport::PerftestBwReport& mine) {
-  Result<transport::PerftestBwReport> theirs = std::unexpected(Error(ENOTCONN, "no report"));
+Result<exchange::PerftestBwReport> Session::swap_bw_report(const exchange::PerftestBwReport& mine) {
+  Result<exchange::PerftestBwReport> theirs = std::unexpected(Error(ENOTCONN, "no report"));
   auto s = with_progress(*dev_, [&]() -> Status {
     theirs = channel_->swap_bw_report(mine, cfg_.timeout);
     return theirs ? Status{} : std::unexpected(theirs.error());
@@ -270,7 +270,7 @@ void Session::print_banner(const char* title) const {
 
 void Session::print_addresses(bool remote) const {
   FILE* out = this->out();
-  auto line = [&](const char* side, const transport::PerftestKeys& k) {
+  auto line = [&](const char* side, const exchange::PerftestKeys& k) {
     // perftest's "%#04x"-style fields: zero prints without 0x.
     auto hex = [](uint64_t v, int width) {
       char b[32];

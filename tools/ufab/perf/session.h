@@ -1,7 +1,7 @@
 // `ufab perf`: perftest's eight RC tests (ib_write_lat, ib_write_bw,
 // ib_read_lat, ib_read_bw, ib_send_lat, ib_send_bw, ib_atomic_lat,
 // ib_atomic_bw from linux-rdma/perftest 6.06) over a ufab port, speaking
-// perftest's TCP exchange (core/transport/perftest_exchange.h) so either
+// perftest's TCP exchange (tools/exchange/perftest.h) so either
 // side can be perftest on rdma_rxe or any RoCE NIC.
 //
 // A Session owns what one run needs: the device, one registered buffer laid
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/exchange/perftest.h"
 #include "ufab/rdma.hpp"
-#include "core/transport/perftest_exchange.h"
 
 namespace ufab::cli::perf {
 
@@ -35,7 +35,7 @@ struct Config {
   std::string device;
   std::string ip;
   std::string server_host;  // empty: server
-  uint16_t port = transport::kPerftestPort;
+  uint16_t port = exchange::kPerftestPort;
   uint64_t size = 0;        // bytes per message (-s); the largest with -a
   bool all_sizes = false;   // -a: 2, 4, ... 8 MiB
   uint64_t iters = 0;       // -n
@@ -95,7 +95,7 @@ class Session {
   Status connect();
   // The close handshake and "done".
   Status close();
-  Result<transport::PerftestBwReport> swap_bw_report(const transport::PerftestBwReport& mine);
+  Result<exchange::PerftestBwReport> swap_bw_report(const exchange::PerftestBwReport& mine);
 
   // Where perftest's text goes: stdout, or stderr under --json.
   FILE* out() const { return cfg_.json ? stderr : stdout; }
@@ -118,7 +118,7 @@ class Session {
   rdma::CompletionQueue& recv_cq() { return recv_cq_ ? *recv_cq_ : *send_cq_; }
   rdma::Device& device() { return *dev_; }
   bool device_open() const { return dev_ != nullptr; }
-  const transport::PerftestKeys& remote(uint32_t qp) const { return remote_[qp]; }
+  const exchange::PerftestKeys& remote(uint32_t qp) const { return remote_[qp]; }
   uint32_t path_mtu() const { return path_mtu_; }
   const Config& config() const { return cfg_; }
   // The transport's counters, one line, for errors and the end report.
@@ -140,7 +140,7 @@ class Session {
  private:
   Status open_device();
   Status open_channel();
-  transport::PerftestKeys my_keys(uint32_t qp) const;
+  exchange::PerftestKeys my_keys(uint32_t qp) const;
 
   const Config& cfg_;
   std::unique_ptr<rdma::Device> dev_;
@@ -152,8 +152,8 @@ class Session {
   std::unique_ptr<rdma::CompletionQueue> send_cq_, recv_cq_;
   std::vector<std::unique_ptr<rdma::QueuePair>> qps_;
   std::vector<uint32_t> psns_;
-  std::vector<transport::PerftestKeys> remote_;
-  std::optional<transport::PerftestChannel> channel_;
+  std::vector<exchange::PerftestKeys> remote_;
+  std::optional<exchange::PerftestChannel> channel_;
   uint32_t path_mtu_ = 0;
 };
 

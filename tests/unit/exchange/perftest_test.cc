@@ -1,4 +1,4 @@
-#include "core/transport/perftest_exchange.h"
+#include "tools/exchange/perftest.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-namespace ufab::transport {
+namespace ufab::exchange {
 namespace {
 
 using namespace std::chrono_literals;
@@ -287,4 +287,4 @@ TEST(PerftestChannel, SilentPeerTimesOut) {
 }
 
 }  // namespace
-}  // namespace ufab::transport
+}  // namespace ufab::exchange

@@ -1,11 +1,11 @@
-#include "core/transport/perftest_exchange.h"
+#include "tools/exchange/perftest.h"
 
 #include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-namespace ufab::transport {
+namespace ufab::exchange {
 namespace {
 
 using std::chrono::milliseconds;
@@ -211,4 +211,4 @@ Status PerftestChannel::close(const PerftestKeys& mine, milliseconds timeout) {
   return {};
 }
 
-}  // namespace ufab::transport
+}  // namespace ufab::exchange

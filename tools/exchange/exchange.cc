@@ -1,4 +1,4 @@
-#include "core/transport/exchange.h"
+#include "tools/exchange/exchange.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-namespace ufab::transport {
+namespace ufab::exchange {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -509,4 +509,4 @@ Result<rdma::ConnectionData> exchange_as_client(const std::string& host, uint16_
   return remote;
 }
 
-}  // namespace ufab::transport
+}  // namespace ufab::exchange

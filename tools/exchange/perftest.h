@@ -26,9 +26,9 @@
 
 #include "base/error.h"
 #include "core/roce/gid.h"
-#include "core/transport/exchange.h"
+#include "tools/exchange/exchange.h"
 
-namespace ufab::transport {
+namespace ufab::exchange {
 
 inline constexpr uint16_t kPerftestPort = 18515;
 // The version we announce; perftest refuses peers older than 5.70 and sends
@@ -110,4 +110,4 @@ class PerftestChannel {
   std::string peer_version_;
 };
 
-}  // namespace ufab::transport
+}  // namespace ufab::exchange

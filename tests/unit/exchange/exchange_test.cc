@@ -1,4 +1,4 @@
-#include "core/transport/exchange.h"
+#include "tools/exchange/exchange.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-namespace ufab::transport {
+namespace ufab::exchange {
 namespace {
 
 using namespace std::chrono_literals;
@@ -615,4 +615,4 @@ TEST(Exchange, ClientRefusesToEncodeWideQpn) {
 }
 
 }  // namespace
-}  // namespace ufab::transport
+}  // namespace ufab::exchange

@@ -21,7 +21,7 @@
 #include "core/roce/gid.h"
 #include "ufab/rdma.hpp"
 
-namespace ufab::transport {
+namespace ufab::exchange {
 
 class TcpListener;
 
@@ -141,4 +141,4 @@ Result<rdma::ConnectionData> exchange_as_client(const std::string& host, uint16_
                                                 const rdma::ConnectionData& local,
                                                 std::chrono::milliseconds timeout);
 
-}  // namespace ufab::transport
+}  // namespace ufab::exchange
