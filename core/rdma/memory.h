@@ -122,7 +122,10 @@ using CheckResult = std::expected<T, KeyCheckError>;
 // Permission to touch [data(), data() + length()) of a registered region,
 // granted by a successful check. While it lives the region cannot be
 // deregistered (deregister_mr waits for it), so hold one per packet or per
-// copy, never across a blocking call. Must not outlive the table.
+// copy, never across a blocking call. Must not outlive the table; if one
+// does (a bug in the caller), the table leaves that region's slot memory
+// allocated so the late release still writes valid memory, but the region's
+// bytes are no longer guarded by anything.
 class Access {
  public:
   Access() = default;

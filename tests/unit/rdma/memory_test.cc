@@ -97,6 +97,17 @@ TEST_F(Fixture, RegisterHandsOutEqualLkeyAndRkeyForRemoteRegions) {
   EXPECT_EQ(table->live_regions(), 1u);
 }
 
+// A caller's bug, survived: the table goes first, the Access later. No
+// abort; the late release writes into slot memory the table left allocated.
+TEST_F(Fixture, AnAccessOutlivingItsTableIsReleasedSafely) {
+  auto a = table->check_remote(k.rkey, pd, start, 8, kRemoteRead);
+  ASSERT_TRUE(a);
+  Access held = std::move(*a);
+  table.reset();
+  held.release();
+  EXPECT_EQ(held.data(), nullptr);
+}
+
 TEST_F(Fixture, LocalOnlyRegionHasRkeyZeroAndZeroNeverValidates) {
   auto keys = table->register_mr(pd, buf.data(), 64, kLocalWrite);
   ASSERT_TRUE(keys);
