@@ -874,7 +874,14 @@ int Qp::responder() {
   int work = 0;
   while (head != tail) {
     if (attr.state == UFAB_QPS_ERR || !peer) {
-      head = tail;  // an ERROR QP answers nothing
+      // An ERROR QP executes nothing. Where soft-RoCE's requester would
+      // time out, ours learns it at once: RETRY_EXC_ERR for the oldest.
+      if (peer && resp_space(1)) {
+        MsgHdr h;
+        in_req.get(head, 0, &h, sizeof h);
+        send_resp(kMsgNak, h.seq, UFAB_WC_RETRY_EXC_ERR);
+      }
+      head = tail;
       break;
     }
     if (!resp_space(2)) {
