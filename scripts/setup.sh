@@ -22,7 +22,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java g++ libgtest-dev libpci-dev libibverbs-dev pci.ids pciutils
   busybox-static cpio kmod xz-utils zstd jq iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils
   clang-16 libclang-rt-16-dev
-  tshark perftest ucx-utils
+  tshark perftest ucx-utils pkgconf
 )
 
 missing=()

@@ -49,6 +49,17 @@ if [ "$fuzz_rc" -ne 0 ] && [ "$fuzz_bad" -eq 0 ]; then fuzz_bad=1; fi
 record fuzz "$fuzz_ok" "$fuzz_bad"
 rm -f "$fuzz_out"
 
+echo "== install (scripts/install.sh into a temporary prefix; C and C++ programs built with pkg-config)"
+inst_out=$(mktemp)
+tests/install/install_test.sh 2>&1 | tee "$inst_out"
+inst_rc=${PIPESTATUS[0]}
+inst_counts=$(grep -E '^install: [0-9]+ passed' "$inst_out" | tail -n1)
+ip=$(sed -n 's/.*: \([0-9]*\) passed.*/\1/p' <<<"$inst_counts"); if_=$(sed -n 's/.* \([0-9]*\) failed.*/\1/p' <<<"$inst_counts")
+ip=${ip:-0}; if_=${if_:-0}
+if [ "$inst_rc" -ne 0 ] && [ "$if_" -eq 0 ]; then if_=1; fi
+record install "$ip" "$if_"
+rm -f "$inst_out"
+
 echo "== build for the VM tests (bazel build //...)"
 build_log=$(mktemp)
 if ! bazel build //... >"$build_log" 2>&1; then

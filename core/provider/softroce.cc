@@ -182,6 +182,9 @@ Result<core::NicParams> parse_params(const char* const* params) {
 int open_device(const ufab_rdma_host* host, const char* name, const ufab_device_opts* opts, ufab_rdma_dev** result) {
   return guarded(host, "opening a soft-RoCE device", [&]() -> int {
     std::string spec = name;
+    // Which NIC first: a name nothing serves is a better error than a
+    // missing address.
+    if (auto plugin = core::plugin_for(*g_raw_plugins, spec); !plugin) return report(host, plugin.error());
     if (opts == nullptr || opts->ip == nullptr || *opts->ip == '\0') {
       return report(host, Error(EINVAL, "opening " + spec + ": no IPv4 address given; a ufab port needs its own "
                                         "(ufab_device_opts.ip = \"10.0.0.1\"), since the kernel has no netdev for it"));
@@ -218,7 +221,7 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
   *a = {};
   std::snprintf(a->name, sizeof a->name, "%s", dev->name.c_str());
   std::snprintf(a->provider, sizeof a->provider, "soft-roce");
-  std::snprintf(a->transport, sizeof a->transport, "RoCEv2 over %s", dev->ctx->link().name().c_str());
+  std::snprintf(a->transport, sizeof a->transport, "RoCEv2 over %s", dev->name.c_str());
   a->ip = dev->ctx->ip().value;
   a->active_mtu = dev->ctx->active_mtu();
   a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2;

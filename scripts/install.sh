@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs ufab under a prefix, so applications outside this repository build
+# with `cc app.c $(pkg-config --cflags --libs ufab)`:
+#   PREFIX/lib/libufab.so.1.0.0 (+ libufab.so.1, libufab.so)  the C API
+#   PREFIX/lib/ufab-plugins/libufab_*.so    device plugins, loaded at run time
+#   PREFIX/include/ufab/rdma.h, rdma.hpp    the C and C++ headers
+#   PREFIX/include/ufab/base/error.h        errors as values (for rdma.hpp)
+#   PREFIX/lib/pkgconfig/ufab.pc
+#   PREFIX/bin/ufab                         the CLI
+# Usage: scripts/install.sh PREFIX     (e.g. /usr/local, or $HOME/.local)
+# Then: export PKG_CONFIG_PATH=PREFIX/lib/pkgconfig when PREFIX is not a
+# system prefix. Builds with Bazel first (scripts/setup.sh installs it).
+set -euo pipefail
+
+die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
+[ $# -eq 1 ] || die "usage: scripts/install.sh PREFIX (an absolute or relative directory)"
+cd "$(dirname "$0")/.."
+command -v bazel >/dev/null || die "bazel not found: run scripts/setup.sh first"
+
+mkdir -p "$1" || die "cannot create $1"
+prefix=$(cd "$1" && pwd)
+version=$(awk '/#define UFAB_API_MAJOR/ {ma=$3} /#define UFAB_API_MINOR/ {mi=$3} END {print ma "." mi ".0"}' api/ufab/rdma.h)
+major=${version%%.*}
+
+plugins=(//drivers/e1000e:libufab_e1000e.so //drivers/virtio_net:libufab_virtio_net.so
+         //drivers/swnic:libufab_swnic.so //drivers/shm:libufab_shm.so)
+echo "install: building libufab.so, the plugins and the CLI" >&2
+log=$(mktemp)
+if ! bazel build //api:libufab.so //tools/ufab "${plugins[@]}" >"$log" 2>&1; then
+  grep -E 'ERROR|error:' "$log" | head -20 >&2
+  rm -f "$log"
+  die "bazel build failed (above)"
+fi
+rm -f "$log"
+bin=$(bazel info bazel-bin 2>/dev/null)
+
+install -d -m 755 "$prefix/bin" "$prefix/lib" "$prefix/lib/ufab-plugins" "$prefix/lib/pkgconfig" \
+  "$prefix/include/ufab/base"
+install -m 755 "$bin/api/libufab.so" "$prefix/lib/libufab.so.$version"
+ln -sfn "libufab.so.$version" "$prefix/lib/libufab.so.$major"
+ln -sfn "libufab.so.$major" "$prefix/lib/libufab.so"
+for p in "${plugins[@]}"; do
+  path=${p#//}; path=${path/://}
+  install -m 755 "$bin/$path" "$prefix/lib/ufab-plugins/"
+done
+install -m 644 api/ufab/rdma.h api/ufab/rdma.hpp "$prefix/include/ufab/"
+install -m 644 base/error.h "$prefix/include/ufab/base/"
+install -m 755 "$bin/tools/ufab/ufab" "$prefix/bin/ufab"
+sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" api/ufab.pc.in >"$prefix/lib/pkgconfig/ufab.pc"
+chmod 644 "$prefix/lib/pkgconfig/ufab.pc"
+echo "install: ufab $version in $prefix (pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig)" >&2
