@@ -1,4 +1,4 @@
-// The two-process harness of the RDMA tests over swnic (two_process.h).
+// The two-process harness of the RDMA tests (two_process.h).
 #include "tests/unit/transport/two_process.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <thread>
 
 namespace ufab::two_process {
@@ -171,18 +173,59 @@ std::string sanitized_test_name() {
   return n;
 }
 
-Result<std::unique_ptr<Device>> open_port(const std::string& link, int port,
-                                          const std::map<std::string, std::string>& params, bool progress_thread) {
-  rdma::DeviceOptions o;
-  o.ip = port == 0 ? "10.0.0.1" : "10.0.0.2";
-  o.params = params;
-  o.progress_thread = progress_thread;
-  return Device::open("swnic:" + link + ":" + std::to_string(port), o);
+// The name of end `role`'s device for this run.
+std::string device_name(Provider p, const std::string& link, int role) {
+  if (p == Provider::kShm) return "shm:" + link;
+  return "swnic:" + link + ":" + std::to_string(role);
 }
 
-bool shm_exists(const std::string& link) {
-  struct stat st;
-  return ::stat(("/dev/shm/ufab-swnic-" + link).c_str(), &st) == 0;
+Result<std::unique_ptr<Device>> open_end(Provider p, const std::string& link, int role,
+                                         const std::map<std::string, std::string>& params, bool progress_thread) {
+  rdma::DeviceOptions o;
+  // shm needs no ip: its device address is an endpoint of the domain.
+  if (p == Provider::kSoftRoceSwnic) o.ip = role == 0 ? "10.0.0.1" : "10.0.0.2";
+  o.params = params;
+  o.progress_thread = progress_thread;
+  return Device::open(device_name(p, link, role), o);
+}
+
+std::set<std::string> dev_shm_entries() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (struct dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.insert(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// Open file descriptors of this process (the directory's own fd counted
+// every time alike).
+int count_fds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (struct dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+std::string list_fds() {
+  std::string out;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (struct dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char target[256] = {};
+      std::string path = std::string("/proc/self/fd/") + e->d_name;
+      ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+      out += std::string(" ") + e->d_name + "->" + (n > 0 ? std::string(target, static_cast<size_t>(n)) : "?");
+    }
+    ::closedir(d);
+  }
+  return out;
 }
 
 int child_main(const PairOptions& opt, const std::string& link, int fd, pid_t parent,
@@ -193,14 +236,16 @@ int child_main(const PairOptions& opt, const std::string& link, int fd, pid_t pa
   ::alarm(static_cast<unsigned>(opt.limit.count()) + 30);  // last resort
   Side s;
   s.role = 1;
+  s.provider = opt.provider;
   s.link = link;
+  s.device = device_name(opt.provider, link, 1);
   s.ch.reset(fd);
   g_child_channel = &s.ch;
   std::string token;
   if (!s.ch.recv(&token, Clock::now() + 30s, nullptr)) return 91;  // parent never opened port 0
-  auto dev = open_port(link, 1, opt.params[1], opt.progress_thread[1]);
+  auto dev = open_end(opt.provider, link, 1, opt.params[1], opt.progress_thread[1]);
   if (!dev) {
-    record_failure(__FILE__, __LINE__, "opening port 1: " + dev.error().message());
+    record_failure(__FILE__, __LINE__, "opening " + s.device + ": " + dev.error().message());
     s.ch.send_frame('A', nullptr, 0);
     return 92;
   }
@@ -259,11 +304,21 @@ struct ChildGuard {
 
 }  // namespace
 
-// Runs `body` in both processes: here as port 0 (opened first, with
-// stale=reset), in a forked child as port 1.
+const char* provider_name(Provider p) {
+  return p == Provider::kShm ? "shm" : "soft-RoCE over swnic";
+}
+
+// Runs `body` in both processes: here as end 0 (opened first; swnic port 0
+// with stale=reset), in a forked child as end 1.
 void run_pair(const PairOptions& opt, const std::function<bool(Side&)>& body) {
   static int counter = 0;
-  std::string link = "rs" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + sanitized_test_name();
+  const int fds_before = opt.leak_check ? count_fds() : 0;
+  const std::string fd_list_before = opt.leak_check ? list_fds() : "";
+  const std::set<std::string> shm_before = dev_shm_entries();
+  // The run's name: unique per process and run; it also names the test for
+  // people (shm domains are at most 64 bytes, so they get a short one).
+  const std::string tag = "rs" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  std::string link = opt.provider == Provider::kShm ? tag : tag + "-" + sanitized_test_name();
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0) << std::strerror(errno);
   std::fflush(stdout);
@@ -284,52 +339,68 @@ void run_pair(const PairOptions& opt, const std::function<bool(Side&)>& body) {
     ::_exit(rc);
   }
   ::close(sv[1]);
-  // Declared before the guard: on an early return the guard kills the child
-  // first, then port 0 closes as the last user and removes the segment.
-  Side s;
-  s.role = 0;
-  s.link = link;
-  s.ch.reset(sv[0]);
-  ChildGuard guard{pid};
+  bool failed = false;
+  {
+    // Declared before the guard: on an early return the guard kills the
+    // child first, then end 0 closes as the last user and removes the segment.
+    Side s;
+    s.role = 0;
+    s.provider = opt.provider;
+    s.link = link;
+    s.device = device_name(opt.provider, link, 0);
+    s.ch.reset(sv[0]);
+    ChildGuard guard{pid};
 
-  auto params = opt.params[0];
-  params["stale"] = "reset";
-  auto dev = open_port(link, 0, params, opt.progress_thread[0]);
-  ASSERT_TRUE(dev) << "opening port 0: " << dev.error().message();
-  s.dev = std::move(*dev);
-  auto pd = s.dev->alloc_pd();
-  ASSERT_TRUE(pd) << pd.error().message();
-  s.pd.emplace(std::move(*pd));
-  ASSERT_TRUE(s.ch.send("opened")) << s.ch.last_error();
-  std::string ready;
-  ASSERT_TRUE(s.ch.recv(&ready, Clock::now() + 30s, s.dev.get())) << "child: " << s.ch.last_error();
-  ASSERT_EQ(ready, "ready");
+    auto params = opt.params[0];
+    if (opt.provider == Provider::kSoftRoceSwnic) params["stale"] = "reset";
+    auto dev = open_end(opt.provider, link, 0, params, opt.progress_thread[0]);
+    ASSERT_TRUE(dev) << "opening " << s.device << ": " << dev.error().message();
+    s.dev = std::move(*dev);
+    auto pd = s.dev->alloc_pd();
+    ASSERT_TRUE(pd) << pd.error().message();
+    s.pd.emplace(std::move(*pd));
+    ASSERT_TRUE(s.ch.send("opened")) << s.ch.last_error();
+    std::string ready;
+    ASSERT_TRUE(s.ch.recv(&ready, Clock::now() + 30s, s.dev.get())) << "child: " << s.ch.last_error();
+    ASSERT_EQ(ready, "ready");
 
-  auto start = Clock::now();
-  bool ok = body(s);
-  bool failed = !ok || ::testing::Test::HasFailure();
-  if (failed) {
-    // Collect what the child already reported, then stop it.
-    s.ch.send_frame('A', nullptr, 0);
-    s.ch.wait_eof(Clock::now() + 2s, s.dev.get());
-    guard.kill();
-  } else {
-    auto deadline = start + opt.limit + 10s;
-    if (!s.ch.wait_eof(deadline, s.dev.get())) ADD_FAILURE() << "the child did not finish: " << s.ch.last_error();
-    int st = guard.wait(10s);
-    if (!opt.child_may_die && st != 0 && s.ch.child_failures_seen() == 0)
-      ADD_FAILURE() << "the child exited with status " << st;
+    auto start = Clock::now();
+    bool ok = body(s);
+    failed = !ok || ::testing::Test::HasFailure();
+    if (failed) {
+      // Collect what the child already reported, then stop it.
+      s.ch.send_frame('A', nullptr, 0);
+      s.ch.wait_eof(Clock::now() + 2s, s.dev.get());
+      guard.kill();
+    } else {
+      auto deadline = start + opt.limit + 10s;
+      if (!s.ch.wait_eof(deadline, s.dev.get())) ADD_FAILURE() << "the child did not finish: " << s.ch.last_error();
+      int st = guard.wait(10s);
+      if (!opt.child_may_die && st != 0 && s.ch.child_failures_seen() == 0)
+        ADD_FAILURE() << "the child exited with status " << st;
+    }
+    s.pd.reset();
+    s.dev.reset();
   }
-  s.pd.reset();
-  s.dev.reset();
-  if (shm_exists(link)) {
+  // What the run left in /dev/shm: entries that carry its name. (Other
+  // processes may create entries meanwhile; only ours count. shm itself
+  // keeps nothing there: its segments are memfds.)
+  for (const std::string& n : dev_shm_entries()) {
+    bool ours = n.find(tag + "-") != std::string::npos ||
+                (n.size() >= tag.size() && n.compare(n.size() - tag.size(), tag.size(), tag) == 0);
+    if (shm_before.count(n) || !ours) continue;
     // swnic's close leaves the segment when the other port is still marked
-    // present, which is the case when the child was killed: clean up then.
-    if (failed || opt.child_may_die)
-      std::fprintf(stderr, "note: removing /dev/shm/ufab-swnic-%s left by the killed child\n", link.c_str());
+    // present and alive, which can happen when a failed run killed the child.
+    if (failed || (opt.child_may_die && !opt.leak_check))
+      std::fprintf(stderr, "note: removing /dev/shm/%s left by the killed child\n", n.c_str());
     else
-      ADD_FAILURE() << "/dev/shm/ufab-swnic-" << link << " left behind";
-    ::unlink(("/dev/shm/ufab-swnic-" + link).c_str());
+      ADD_FAILURE() << "/dev/shm/" << n << " left behind by the run (" << provider_name(opt.provider) << ")";
+    ::unlink(("/dev/shm/" + n).c_str());
+  }
+  if (opt.leak_check) {
+    int fds_after = count_fds();
+    EXPECT_EQ(fds_after, fds_before) << "open file descriptors before the run:" << fd_list_before
+                                     << "\nafter the run, the device closed:" << list_fds();
   }
 }
 
@@ -528,5 +599,37 @@ Status post_recv(QueuePair& qp, uint64_t wr_id, std::span<const Sge> sgl) {
 }
 
 std::span<const Sge> one(const Sge& s) { return std::span<const Sge>(&s, 1); }
+
+Status post_atomic(QueuePair& qp, uint64_t wr_id, WrOpcode op, const Sge& result, uint64_t remote_addr, uint32_t rkey,
+                   uint64_t compare_add, uint64_t swap) {
+  SendWr wr;
+  wr.wr_id = wr_id;
+  wr.opcode = op;
+  wr.flags = rdma::kSendSignaled;
+  wr.sgl = std::span<const Sge>(&result, 1);
+  wr.remote_addr = remote_addr;
+  wr.rkey = rkey;
+  wr.compare_add = compare_add;
+  wr.swap = swap;
+  return qp.post_send(wr);
+}
+
+std::function<bool(Side&)> connected(ConnectedBody body, ConnOptions o) {
+  return [body = std::move(body), o](Side& s) {
+    Arena arena(1 << 16);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite);
+    TREQUIRE(mr);
+    Conn c;
+    TREQUIRE(make_conn(s, c, o));
+    return body(s, arena, *mr, c);
+  };
+}
+
+bool expect_error(Side& s, Conn& c, CompletionQueue& cq, uint64_t wr_id, WcStatus status, milliseconds limit,
+                  std::source_location loc) {
+  if (!expect_one(cq, {.wr_id = wr_id, .status = status, .qp_num = c.qp->qp_num()}, limit, loc)) return false;
+  if (!wait_state(*s.dev, *c.qp, QpState::kError, 10s, loc)) record_failure(loc, "check failed: the QP in ERROR");
+  return true;
+}
 
 }  // namespace ufab::two_process

@@ -1,10 +1,17 @@
-// The two-process harness of the RDMA tests over the software NIC
-// (rdma_swnic_test, rdma_faults_test): run_pair() runs one scenario
-// function at both ends of a swnic link, port 0 in the test process (gtest's
-// assertions) and port 1 in a forked child, which dies with the parent
+// The two-process harness of the RDMA tests (rdma_swnic_test,
+// rdma_faults_test, tests/unit/provider:conformance_test): run_pair() runs
+// one scenario function at both ends, end 0 in the test process (gtest's
+// assertions) and end 1 in a forked child, which dies with the parent
 // (PR_SET_PDEATHSIG), has an alarm() as a last resort and reports its
-// failures to the parent over a socketpair. Each run uses its own swnic name
-// and checks that no segment is left in /dev/shm.
+// failures to the parent over a socketpair.
+//
+// Which provider the two devices are comes from PairOptions::provider:
+//   soft-RoCE over swnic: "swnic:LINK:0" (10.0.0.1) here, "swnic:LINK:1"
+//                         (10.0.0.2) in the child, a new LINK per run;
+//   shm:                  "shm:DOMAIN" at both ends, a new DOMAIN per run.
+// Each run checks that nothing of it is left in /dev/shm, and with
+// PairOptions::leak_check that this process has as many open file
+// descriptors after the run as before it.
 //
 // Also: TCHECK*/TREQUIRE*, failures that work in either process; Side, one
 // end with its device, PD and control channel (barriers, value exchange);
@@ -23,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <source_location>
 #include <span>
 #include <string>
@@ -214,14 +222,26 @@ class Channel {
 // ---------------------------------------------------------------------------
 // One end: which process, its port, the channel to the peer.
 
+// The provider both ends run.
+enum class Provider {
+  kSoftRoceSwnic,  // soft-RoCE (core/transport) over the two ports of a swnic link
+  kShm,            // the shared-memory provider (drivers/shm)
+};
+const char* provider_name(Provider p);
+// For gtest's messages about parameterized tests.
+inline void PrintTo(Provider p, std::ostream* os) { *os << provider_name(p); }
+
 struct Side {
-  int role = 0;  // 0: the test process, port 0, 10.0.0.1; 1: the child, port 1, 10.0.0.2
-  std::string link;
+  int role = 0;  // 0: the test process (swnic port 0, 10.0.0.1); 1: the child (port 1, 10.0.0.2)
+  Provider provider = Provider::kSoftRoceSwnic;
+  std::string link;    // the run's name: the swnic link, or the shm domain
+  std::string device;  // the name this end opened ("swnic:LINK:0", "shm:DOMAIN")
   Channel ch;
   std::unique_ptr<Device> dev;
   std::optional<rdma::ProtectionDomain> pd;
 
   bool parent() const { return role == 0; }
+  bool soft_roce() const { return provider == Provider::kSoftRoceSwnic; }
 
   // A barrier: both ends call it with the same tag. Drives progress while
   // it waits (drive = false leaves this end silent, for queue-full tests).
@@ -250,14 +270,19 @@ struct Side {
 };
 
 struct PairOptions {
+  Provider provider = Provider::kSoftRoceSwnic;
   std::map<std::string, std::string> params[2];
   bool progress_thread[2] = {false, false};
   std::chrono::seconds limit{120};  // the whole scenario
   bool child_may_die = false;       // the scenario kills the child on purpose
+  // After the run (the device closed, the child reaped): this process has
+  // as many open fds as before it, and /dev/shm holds nothing of the run,
+  // even when the child was killed.
+  bool leak_check = false;
 };
 
-// Runs `body` in both processes: here as port 0 (opened first, with
-// stale=reset), in a forked child as port 1.
+// Runs `body` in both processes: here as end 0 (opened first; swnic port 0
+// with stale=reset), in a forked child as end 1.
 void run_pair(const PairOptions& opt, const std::function<bool(Side&)>& body);
 
 // ---------------------------------------------------------------------------
@@ -346,5 +371,65 @@ Status post_send(QueuePair& qp, uint64_t wr_id, WrOpcode op, std::span<const Sge
                  uint32_t imm = 0);
 Status post_recv(QueuePair& qp, uint64_t wr_id, std::span<const Sge> sgl);
 std::span<const Sge> one(const Sge& s);
+Status post_atomic(QueuePair& qp, uint64_t wr_id, WrOpcode op, const Sge& result, uint64_t remote_addr, uint32_t rkey,
+                   uint64_t compare_add, uint64_t swap);
+
+// What most scenarios start from: a 64 KiB arena registered for local
+// writes and one connection made with `o`; then `body`.
+using ConnectedBody = std::function<bool(Side&, Arena&, MemoryRegion&, Conn&)>;
+std::function<bool(Side&)> connected(ConnectedBody body, ConnOptions o = {});
+
+// A request of `c` that completes in error on `cq` (c's send or receive CQ),
+// after which the QP goes to ERROR.
+bool expect_error(Side& s, Conn& c, CompletionQueue& cq, uint64_t wr_id, WcStatus status, milliseconds limit = 20s,
+                  std::source_location loc = std::source_location::current());
+
+// ---------------------------------------------------------------------------
+// Patterns.
+
+// Byte `off` of the message named by `seed`: every message (size, direction,
+// tag) and every offset in it differ, so misplaced, reordered or stale data
+// shows.
+inline uint8_t pattern_byte(uint64_t seed, uint64_t off) {
+  uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (off * 0xD1B54A32D192ED03ull);
+  x ^= x >> 31;
+  return static_cast<uint8_t>(x ^ (x >> 17) ^ (x >> 40));
+}
+
+inline void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed, uint64_t first_off = 0) {
+  for (uint64_t i = 0; i < len; ++i) p[i] = pattern_byte(seed, first_off + i);
+}
+
+// -1 when [p, p + len) holds bytes first_off.. of message `seed`, else the
+// first offset (relative to p) that does not.
+inline int64_t pattern_mismatch(const uint8_t* p, uint64_t len, uint64_t seed, uint64_t first_off = 0) {
+  for (uint64_t i = 0; i < len; ++i)
+    if (p[i] != pattern_byte(seed, first_off + i)) return static_cast<int64_t>(i);
+  return -1;
+}
+
+inline int64_t byte_mismatch(const uint8_t* p, uint64_t len, uint8_t v) {
+  for (uint64_t i = 0; i < len; ++i)
+    if (p[i] != v) return static_cast<int64_t>(i);
+  return -1;
+}
+
+#define TCHECK_PATTERN(p, len, seed, first_off)                                                    \
+  do {                                                                                             \
+    int64_t tcp_bad_ = ::ufab::two_process::pattern_mismatch((p), (len), (seed), (first_off));     \
+    if (tcp_bad_ >= 0)                                                                             \
+      ::ufab::two_process::record_failure(__FILE__, __LINE__,                                      \
+                                          std::string("data differs at byte ") +                   \
+                                              std::to_string(tcp_bad_) + " of " +                  \
+                                              std::to_string(static_cast<uint64_t>(len)) + " (" #p ")"); \
+  } while (0)
+
+#define TCHECK_BYTES(p, len, v)                                                                    \
+  do {                                                                                             \
+    int64_t tcb_bad_ = ::ufab::two_process::byte_mismatch((p), (len), (v));                        \
+    if (tcb_bad_ >= 0)                                                                             \
+      ::ufab::two_process::record_failure(                                                         \
+          __FILE__, __LINE__, std::string("byte ") + std::to_string(tcb_bad_) + " of " #p " was overwritten"); \
+  } while (0)
 
 }  // namespace ufab::two_process
