@@ -81,6 +81,16 @@ struct Traits {
 constexpr Traits kSoftRoce{.provider = "soft-roce", .active_mtu = 1024, .ud = true, .notices_peer_death = false};
 constexpr Traits kShm{.provider = "shm", .active_mtu = 4096, .ud = false, .notices_peer_death = true};
 
+// Differences that need no per-provider expectation, only scenarios that
+// hold for both:
+//  - shm runs a WRITE or READ itself at post time (a cross-process copy),
+//    without the peer's progress; soft-RoCE needs the peer to answer. So the
+//    queue-full check (PostTimeErrors) fills the send queue with SENDs,
+//    which wait for the silent peer on both.
+//  - shm has no packets: the PSN-wrap run (sq_psn just below 2^24, wrapping
+//    inside the first 1 MiB SEND on soft-RoCE) exercises connecting by hand
+//    there; its PSNs only advance per message in query().
+
 const Traits& traits(Provider p) { return p == Provider::kShm ? kShm : kSoftRoce; }
 const Traits& traits(const Side& s) { return traits(s.provider); }
 
