@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "base/hex.h"
 #include "vfio/container.h"
 #include "vfio/text.h"
 
@@ -25,7 +26,6 @@
 namespace ufab::dma {
 
 using vfio::bytes;
-using vfio::hex;
 
 namespace {
 

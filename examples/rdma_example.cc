@@ -17,6 +17,8 @@
 #include <string>
 #include <string_view>
 
+#include "base/hex.h"
+
 #include "tools/exchange/exchange.h"
 #include "ufab/rdma.hpp"
 
@@ -26,6 +28,7 @@ namespace rdma = ufab::rdma;
 namespace exchange = ufab::exchange;
 using std::chrono::milliseconds;
 using ufab::Error;
+using ufab::hex;
 using ufab::Result;
 using ufab::Status;
 
@@ -132,12 +135,6 @@ Result<rdma::WorkCompletion> execute(rdma::QueuePair& qp, rdma::CompletionQueue&
         Error(EPROTO, "completion for wr_id " + std::to_string(wc->wr_id) + ", expected " + std::to_string(wr.wr_id)));
   }
   return wc;
-}
-
-std::string hex(uint64_t v) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-  return text;
 }
 
 std::string dotted(uint32_t ip) {  // host order, as ConnectionData holds it

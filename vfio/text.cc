@@ -4,12 +4,6 @@
 
 namespace ufab::vfio {
 
-std::string hex(uint64_t value) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(value));
-  return buf;
-}
-
 std::string bytes(uint64_t value) {
   static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   if (value < 1024) return std::to_string(value) + (value == 1 ? " byte" : " bytes");

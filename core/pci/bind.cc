@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/files.h"
+#include "base/hex.h"
 #include "core/pci/discovery.h"
 #include "core/pci/sysfs_layout.h"
 
@@ -188,7 +189,7 @@ Result<BindReport> bind_to_vfio(const Host& host, const PciAddress& address, Bin
   // --- every check, before anything is written ---
   if (!info.is_network()) {
     return fail(EINVAL, "cannot bind " + address.str() + ": it is not a network device (class " +
-                            layout::hex(info.class_code, 6) + (info.class_name.empty() ? "" : ", " + info.class_name) +
+                            hex(info.class_code, 6) + (info.class_name.empty() ? "" : ", " + info.class_name) +
                             "); ufab only binds NICs (`ufab list` shows them)");
   }
   if (info.driver == layout::kVfioDriver) {
@@ -307,7 +308,7 @@ Result<UnbindReport> unbind_from_vfio(const Host& host, const PciAddress& addres
   // --- every check, before anything is written ---
   if (!info.is_network()) {
     return fail(EINVAL, "cannot unbind " + address.str() + ": it is not a network device (class " +
-                            layout::hex(info.class_code, 6) + (info.class_name.empty() ? "" : ", " + info.class_name) +
+                            hex(info.class_code, 6) + (info.class_name.empty() ? "" : ", " + info.class_name) +
                             "); ufab only manages NICs");
   }
   if (info.driver != layout::kVfioDriver) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "base/files.h"
+#include "base/hex.h"
 #include "core/pci/sysfs_layout.h"
 
 namespace ufab::pci {
@@ -109,7 +110,7 @@ const char* virtio_cfg_type(unsigned type) {
 }
 
 std::string bar_offset(unsigned bar, uint32_t offset) {
-  return "BAR" + std::to_string(bar) + "+" + layout::hex(offset, 1);
+  return "BAR" + std::to_string(bar) + "+" + hex(offset, 1);
 }
 
 void decode_standard(const ConfigReader& cfg, size_t at, Capability& cap, CapabilityList& list) {
@@ -135,7 +136,7 @@ void decode_standard(const ConfigReader& cfg, size_t at, Capability& cap, Capabi
         // virtio-pci (vendor 0x1af4) locates its register blocks this way.
         if (cfg.u16(0) == 0x1af4 && cfg.has(at, 16)) {
           d << ", virtio " << virtio_cfg_type(cfg.u8(at + 3)) << " at " << bar_offset(cfg.u8(at + 4), cfg.u32(at + 8))
-            << " length " << layout::hex(cfg.u32(at + 12), 1);
+            << " length " << hex(cfg.u32(at + 12), 1);
         }
       }
       break;
@@ -174,7 +175,7 @@ void decode_extended(const ConfigReader& cfg, size_t at, Capability& cap) {
   std::ostringstream d;
   switch (cap.id) {
     case 0x03:  // Device Serial Number
-      if (cfg.has(at, 12)) d << "serial " << layout::hex(cfg.u64(at + 4), 16);
+      if (cfg.has(at, 12)) d << "serial " << hex(cfg.u64(at + 4), 16);
       break;
     case 0x10:  // SR-IOV
       if (cfg.has(at, 0x12)) {
@@ -185,7 +186,7 @@ void decode_extended(const ConfigReader& cfg, size_t at, Capability& cap) {
     case 0x0b:  // Vendor Specific Extended
       if (cfg.has(at, 8)) {
         uint32_t header = cfg.u32(at + 4);
-        d << "VSEC id " << layout::hex(header & 0xffff, 4) << " rev " << ((header >> 16) & 0xf) << " length "
+        d << "VSEC id " << hex(header & 0xffff, 4) << " rev " << ((header >> 16) & 0xf) << " length "
           << (header >> 20);
       }
       break;
@@ -202,11 +203,11 @@ void walk_standard(const ConfigReader& cfg, CapabilityList& list) {
   std::set<size_t> seen;
   for (int n = 0; at != 0 && n < kMaxCapabilities; ++n) {
     if (at < kStandardHeaderEnd || !cfg.has(at, 2)) {
-      list.notes.push_back("capability pointer " + layout::hex(at, 2) + " points outside the capability area");
+      list.notes.push_back("capability pointer " + hex(at, 2) + " points outside the capability area");
       return;
     }
     if (!seen.insert(at).second) {
-      list.notes.push_back("capability list loops back to " + layout::hex(at, 2));
+      list.notes.push_back("capability list loops back to " + hex(at, 2));
       return;
     }
     Capability cap;
@@ -224,14 +225,14 @@ void walk_extended(const ConfigReader& cfg, CapabilityList& list) {
   std::set<size_t> seen;
   for (int n = 0; n < kMaxCapabilities; ++n) {
     if (!cfg.has(at, 4)) {
-      list.notes.push_back("extended capability pointer " + layout::hex(at, 3) + " points outside config space");
+      list.notes.push_back("extended capability pointer " + hex(at, 3) + " points outside config space");
       return;
     }
     uint32_t header = cfg.u32(at);
     // An empty or all-ones header means there is no extended list at all.
     if (header == 0 || header == 0xffffffff) return;
     if (!seen.insert(at).second) {
-      list.notes.push_back("extended capability list loops back to " + layout::hex(at, 3));
+      list.notes.push_back("extended capability list loops back to " + hex(at, 3));
       return;
     }
     Capability cap;
@@ -245,7 +246,7 @@ void walk_extended(const ConfigReader& cfg, CapabilityList& list) {
     size_t next = (header >> 20) & 0xffc;
     if (next == 0) return;
     if (next < kExtendedStart) {
-      list.notes.push_back("extended capability pointer " + layout::hex(next, 3) + " points below 0x100");
+      list.notes.push_back("extended capability pointer " + hex(next, 3) + " points below 0x100");
       return;
     }
     at = next;

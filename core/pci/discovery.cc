@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "base/files.h"
+#include "base/hex.h"
 #include "core/pci/libpci_scan.h"
 #include "core/pci/sysfs_layout.h"
 
@@ -146,7 +147,7 @@ void judge_readiness(DeviceInfo& info) {
   std::string group_text = info.iommu_group ? "IOMMU group " + std::to_string(*info.iommu_group) : "";
   if (!info.is_network()) {
     info.readiness = Readiness::kNotNetwork;
-    info.readiness_reason = "class " + layout::hex(info.class_code, 6) +
+    info.readiness_reason = "class " + hex(info.class_code, 6) +
                             (info.class_name.empty() ? "" : " (" + info.class_name + ")") +
                             " is not a network device; ufab leaves it alone";
     return;

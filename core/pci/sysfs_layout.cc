@@ -48,10 +48,4 @@ bool keeps_group_viable(const std::string& driver, uint32_t class_code) {
   return is_bridge_class(class_code);
 }
 
-std::string hex(uint64_t value, int digits) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%0*llx", digits, static_cast<unsigned long long>(value));
-  return buf;
-}
-
 }  // namespace ufab::pci::layout

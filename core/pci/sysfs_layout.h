@@ -36,7 +36,4 @@ inline bool is_bridge_class(uint32_t class_code) { return (class_code >> 8) == 0
 // or a PCI bridge (pcieport), as the kernel's DMA-ownership rule allows.
 bool keeps_group_viable(const std::string& driver, uint32_t class_code);
 
-// "0x0200" style hex with a fixed number of digits.
-std::string hex(uint64_t value, int digits);
-
 }  // namespace ufab::pci::layout

@@ -8,6 +8,8 @@
 #include <limits>
 #include <thread>
 
+#include "base/hex.h"
+
 namespace ufab::verbs {
 
 // One region. Readers never lock: the fields are atomics written only
@@ -92,18 +94,6 @@ Status getrandom_fill(void* buf, size_t len) {
   return {};
 }
 
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0x%08" PRIx32, v);
-  return buf;
-}
-
-std::string hex64(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%" PRIx64, v);
-  return buf;
-}
-
 }  // namespace
 
 std::string access_string(AccessFlags flags) {
@@ -124,7 +114,7 @@ std::string access_string(AccessFlags flags) {
   }
   if (flags) {
     if (!out.empty()) out += '|';
-    out += hex32(flags);
+    out += hex(flags, 8);
   }
   return out;
 }
@@ -169,32 +159,32 @@ std::string KeyCheckError::message() const {
       std::snprintf(buf, sizeof(buf),
                     "%s %s matches no memory region: it was never issued or its region was deregistered "
                     "(use the key register_mr returned for a live region)",
-                    key_name, hex32(key).c_str());
+                    key_name, hex(key, 8).c_str());
       break;
     case KeyError::kStaleKey:
       std::snprintf(buf, sizeof(buf),
                     "%s %s is stale: its region was deregistered and the slot now holds another region "
                     "(re-exchange keys after re-registering)",
-                    key_name, hex32(key).c_str());
+                    key_name, hex(key, 8).c_str());
       break;
     case KeyError::kPdMismatch:
       std::snprintf(buf, sizeof(buf),
                     "%s %s: the region belongs to another protection domain than the queue pair "
                     "(register it in the QP's PD)",
-                    key_name, hex32(key).c_str());
+                    key_name, hex(key, 8).c_str());
       break;
     case KeyError::kAccessDenied:
       if (path == KeyPath::kRemote && !(region_access & kRemoteAccess)) {
         std::snprintf(buf, sizeof(buf),
                       "%s %s: the region was registered without remote access (%s), so it has no rkey "
                       "(register it with %s)",
-                      key_name, hex32(key).c_str(), access_string(region_access).c_str(),
+                      key_name, hex(key, 8).c_str(), access_string(region_access).c_str(),
                       access_string(needed_access).c_str());
       } else {
         std::snprintf(buf, sizeof(buf),
                       "%s %s: the operation needs %s but the region allows %s (register it with the "
                       "needed access)",
-                      key_name, hex32(key).c_str(), access_string(needed_access).c_str(),
+                      key_name, hex(key, 8).c_str(), access_string(needed_access).c_str(),
                       access_string(region_access).c_str());
       }
       break;
@@ -203,23 +193,23 @@ std::string KeyCheckError::message() const {
         std::snprintf(buf, sizeof(buf),
                       "%s %s: address 0x%" PRIx64 " + length %" PRIu64
                       " wraps around 2^64 (a corrupt or hostile address)",
-                      key_name, hex32(key).c_str(), va, length);
+                      key_name, hex(key, 8).c_str(), va, length);
       } else {
         std::snprintf(buf, sizeof(buf),
                       "%s %s: [0x%" PRIx64 ", +%" PRIu64 ") is outside the region [0x%" PRIx64 ", +%" PRIu64
                       ") (check the address and length against the region the key came with)",
-                      key_name, hex32(key).c_str(), va, length, region_start, region_length);
+                      key_name, hex(key, 8).c_str(), va, length, region_start, region_length);
       }
       break;
     case KeyError::kMisalignedAtomic:
       std::snprintf(buf, sizeof(buf),
                     "%s %s: atomic at 0x%" PRIx64 " is not 8-byte aligned (atomics need an aligned 8-byte "
                     "target)",
-                    key_name, hex32(key).c_str(), va);
+                    key_name, hex(key, 8).c_str(), va);
       break;
     case KeyError::kBadAtomicLength:
       std::snprintf(buf, sizeof(buf), "%s %s: atomic of %" PRIu64 " bytes; atomics are exactly 8 bytes",
-                    key_name, hex32(key).c_str(), length);
+                    key_name, hex(key, 8).c_str(), length);
       break;
   }
   return buf;
@@ -396,7 +386,7 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   if (length == 0) return fail(EINVAL, "memory region of length 0: register at least one byte");
   if (addr == nullptr) return fail(EINVAL, "memory region at a null address: pass the buffer's address");
   if (length > std::numeric_limits<uint64_t>::max() - host) {
-    return fail(EINVAL, "memory region [" + hex64(host) + ", +" + std::to_string(length) +
+    return fail(EINVAL, "memory region [" + hex(host) + ", +" + std::to_string(length) +
                             ") wraps around the address space: the length is wrong");
   }
   if (length > std::numeric_limits<uint64_t>::max() - iova) {
@@ -458,7 +448,7 @@ Result<MemoryRegionTable::Slot*> MemoryRegionTable::writer_find(uint32_t lkey, c
   uint32_t slot_no = slot_of(lkey);
   Slot* s = slot_no < fresh_slots_ ? slot_at(slot_no) : nullptr;
   if (!s || s->key.load(std::memory_order_relaxed) != lkey) {
-    return fail(ENOENT, std::string(what) + ": no memory region has lkey " + hex32(lkey) +
+    return fail(ENOENT, std::string(what) + ": no memory region has lkey " + hex(lkey, 8) +
                             " (never registered, already deregistered, or an rkey/lkey mix-up)");
   }
   return s;
@@ -470,7 +460,7 @@ Status MemoryRegionTable::deregister_mr(uint32_t lkey) {
   if (!found) return std::unexpected(found.error());
   Slot& s = **found;
   if (s.bound != 0) {
-    return fail(EBUSY, "memory region " + hex32(lkey) + " is still bound by " + std::to_string(s.bound) +
+    return fail(EBUSY, "memory region " + hex(lkey, 8) + " is still bound by " + std::to_string(s.bound) +
                            " user(s) (memory windows or queue pairs): unbind or destroy them first");
   }
   // Unpublish first, so no new check can succeed, then wait for the checks
@@ -485,7 +475,7 @@ Status MemoryRegionTable::deregister_mr(uint32_t lkey) {
       write_begin(s);
       put(s.key, lkey);  // never handed to anyone else: safe to restore
       write_end(s);
-      return fail(EBUSY, "memory region " + hex32(lkey) + " still has " + std::to_string(pins) +
+      return fail(EBUSY, "memory region " + hex(lkey, 8) + " still has " + std::to_string(pins) +
                              " access(es) in flight after " + std::to_string(options_.drain_timeout.count()) +
                              " ms: some code holds an Access too long (release it after each copy)");
     }
@@ -515,7 +505,7 @@ Status MemoryRegionTable::bind(uint32_t lkey) {
   if (!found) return std::unexpected(found.error());
   Slot& s = **found;
   if (s.bound == std::numeric_limits<uint32_t>::max()) {
-    return fail(EOVERFLOW, "memory region " + hex32(lkey) + " is bound 2^32-1 times: an unbind is missing");
+    return fail(EOVERFLOW, "memory region " + hex(lkey, 8) + " is bound 2^32-1 times: an unbind is missing");
   }
   ++s.bound;
   return {};
@@ -527,7 +517,7 @@ Status MemoryRegionTable::unbind(uint32_t lkey) {
   if (!found) return std::unexpected(found.error());
   Slot& s = **found;
   if (s.bound == 0) {
-    return fail(EINVAL, "memory region " + hex32(lkey) + " is not bound: unbind without a matching bind");
+    return fail(EINVAL, "memory region " + hex(lkey, 8) + " is not bound: unbind without a matching bind");
   }
   --s.bound;
   return {};

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "base/hex.h"
 #include "core/net/addresses.h"
 
 namespace ufab::verbs {
@@ -32,12 +33,6 @@ constexpr Transition kTransitions[] = {
 
 // QP numbers and PSNs are 24-bit fields of the BTH.
 constexpr uint32_t k24Bits = 0xFFFFFF;
-
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 // Attributes the target state needs, and that it may take, per QP type.
 Status check_mask(QpType type, QpState from, QpState to, QpAttrMask given, const std::string& where) {

@@ -16,12 +16,6 @@ using namespace verbs;
 using roce::psn_add;
 using roce::psn_diff;
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 namespace {
 
 WcOpcode wc_opcode_for(WrOpcode op) {

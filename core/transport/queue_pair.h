@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/hex.h"
 #include "core/net/addresses.h"
 #include "core/roce/builder.h"
 #include "core/roce/parser.h"
@@ -28,7 +29,7 @@ class Context;
 using Clock = std::chrono::steady_clock;
 
 // "0x1a2b" for QP numbers, keys and syndromes in messages.
-std::string hex(uint64_t v);
+using ufab::hex;  // base/hex.h, for requester.cc and responder.cc
 
 class QueuePairImpl {
  public:

@@ -128,7 +128,7 @@ for t in "${targets[@]}"; do
         "$root"/drivers/builtin.cc "$root"/drivers/swnic/swnic.cc "$root"/drivers/e1000e/e1000e.cc \
         "$root"/drivers/virtio_net/{virtio_net,virtio_pci,virtqueue}.cc "$root"/dma/{buffer_pool,dma}.cc \
         "$root"/vfio/{container,device,group,info_caps,iommu,iova_allocator,kernel,pci_config,text}.cc \
-        "$root"/base/{files,json,pci_address}.cc ||
+        "$root"/base/{files,hex,json,pci_address}.cc ||
         status=1 ;;
     *) die "unknown target '$t' (roce_parse, arp, rdma_receive)" ;;
   esac

@@ -2,6 +2,8 @@
 // through VFIO (regions, IRQs, IOMMU, MAC) when the device is on vfio-pci.
 #include <cstdio>
 
+#include "base/hex.h"
+
 #include "core/mac_probe.h"
 #include "core/nic_open.h"
 #include "core/pci/details.h"
@@ -134,9 +136,9 @@ void print_plugin(const std::optional<Result<PluginView>>& plugin) {
 
 void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& details,
                 const std::optional<Result<VfioView>>& vfio) {
-  std::printf("%s  %s [%s:%s]\n", d.address.str().c_str(), device_title(d).c_str(), hex(d.vendor_id, 4).c_str(),
-              hex(d.device_id, 4).c_str());
-  std::printf("  class         %s %s\n", hex(d.class_code, 6).c_str(), d.class_name.c_str());
+  std::printf("%s  %s [%s:%s]\n", d.address.str().c_str(), device_title(d).c_str(), hex_digits(d.vendor_id, 4).c_str(),
+              hex_digits(d.device_id, 4).c_str());
+  std::printf("  class         %s %s\n", hex_digits(d.class_code, 6).c_str(), d.class_name.c_str());
   std::printf("  driver        %s\n", d.driver.empty() ? "none" : d.driver.c_str());
   std::printf("  ufab          %s: %s\n", pci::readiness_name(d.readiness), d.readiness_reason.c_str());
   std::string members;
@@ -166,7 +168,7 @@ void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
     Table bars({"  RESOURCE", "TYPE", "SIZE", "ADDRESS"});
     for (const auto& r : details->resources) {
       std::string type = r.io ? "I/O" : (std::string(r.is_64bit ? "mem64" : "mem32") + (r.prefetchable ? " pref" : ""));
-      bars.add({"  " + r.name(), type, human_size(r.size), "0x" + hex(r.start, 1)});
+      bars.add({"  " + r.name(), type, human_size(r.size), hex(r.start)});
     }
     if (!bars.empty()) std::fputs(bars.render().c_str(), stdout);
     std::printf("  capabilities\n");
@@ -189,7 +191,7 @@ void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
     std::string areas;
     if (r.info.mappable()) {
       for (const auto& a : r.info.mappable_areas()) {
-        areas += (areas.empty() ? "" : " ") + std::string("0x") + hex(a.offset, 1) + "+" + human_size(a.size);
+        areas += (areas.empty() ? "" : " ") + hex(a.offset) + "+" + human_size(a.size);
       }
     }
     regions.add({"    " + r.name, human_size(r.info.size), region_flags(r.info), areas.empty() ? "-" : areas});
@@ -200,7 +202,7 @@ void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
   std::printf("    irqs        %s\n", irqs.c_str());
   std::string ranges;
   for (const auto& r : v.iommu.iova_ranges) {
-    ranges += (ranges.empty() ? "" : ", ") + std::string("0x") + hex(r.first, 1) + "-0x" + hex(r.last, 1);
+    ranges += (ranges.empty() ? "" : ", ") + hex(r.first) + "-" + hex(r.last);
   }
   std::printf("    iommu       page sizes 0x%llx, iova %s\n", static_cast<unsigned long long>(v.iommu.page_sizes),
               ranges.c_str());
@@ -252,7 +254,7 @@ void write_json(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
     }
     w.end_array().key("capabilities").begin_array();
     for (const auto& c : details->capabilities.capabilities) {
-      w.begin_object().field("id", hex(c.id, 2)).field("offset", hex(c.offset, 3)).field("extended", c.extended);
+      w.begin_object().field("id", hex_digits(c.id, 2)).field("offset", hex_digits(c.offset, 3)).field("extended", c.extended);
       w.field("name", c.name).field("detail", c.detail).end_object();
     }
     w.end_array().key("msix_vectors");

@@ -1,6 +1,8 @@
 // ufab list: every network-class PCI device and whether ufab can use it.
 #include <cstdio>
 
+#include "base/hex.h"
+
 #include "core/pci/discovery.h"
 #include "tools/ufab/cli.h"
 #include "tools/ufab/render.h"
@@ -31,7 +33,7 @@ int cmd_list(const Options& opts) {
   }
   Table table({"BDF", "ID", "DEVICE", "DRIVER", "GROUP", "NUMA", "NETDEV", "UFAB"});
   for (const auto& d : *devices) {
-    table.add({d.address.str(), hex(d.vendor_id, 4) + ":" + hex(d.device_id, 4), device_title(d),
+    table.add({d.address.str(), hex_digits(d.vendor_id, 4) + ":" + hex_digits(d.device_id, 4), device_title(d),
                d.driver.empty() ? "-" : d.driver, group_text(d),
                d.numa_node < 0 ? "-" : std::to_string(d.numa_node), interfaces_summary(d),
                pci::readiness_name(d.readiness)});

@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/hex.h"
+
 #include "ufab/rdma.hpp"
 #include "base/json.h"
 #include "core/roce/gid.h"
@@ -80,12 +82,6 @@ struct Summary {
   uint64_t bytes = 0;
   rdma::DeviceStats stats;
 };
-
-std::string hex(uint64_t v, int width) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%0*llx", width, static_cast<unsigned long long>(v));
-  return text;
-}
 
 // rc_pingpong's two address lines.
 void print_address(FILE* out, const char* label, const exchange::PingpongMessage& m) {

@@ -1,6 +1,8 @@
 // ufab plugins: the driver plugins this ufab can use.
 #include <cstdio>
 
+#include "base/hex.h"
+
 #include "base/json.h"
 #include "core/nic_open.h"
 #include "drivers/builtin.h"
@@ -11,14 +13,14 @@
 namespace ufab::cli {
 namespace {
 
-std::string id_or_any(uint16_t id) { return id == UFAB_PCI_ANY ? "*" : hex(id, 4); }
+std::string id_or_any(uint16_t id) { return id == UFAB_PCI_ANY ? "*" : hex_digits(id, 4); }
 
 std::string match_text(const ufab_pci_match& m) {
   std::string s = id_or_any(m.vendor_id) + ":" + id_or_any(m.device_id);
   if (m.subsystem_vendor_id != UFAB_PCI_ANY || m.subsystem_device_id != UFAB_PCI_ANY) {
     s += " sub " + id_or_any(m.subsystem_vendor_id) + ":" + id_or_any(m.subsystem_device_id);
   }
-  if (m.class_mask) s += " class " + hex(m.class_code, 6) + "/" + hex(m.class_mask, 6);
+  if (m.class_mask) s += " class " + hex_digits(m.class_code, 6) + "/" + hex_digits(m.class_mask, 6);
   if (m.model) s += std::string(" (") + m.model + ")";
   return s;
 }
@@ -36,10 +38,10 @@ int cmd_plugins(const Options& opts) {
       w.field("abi", std::to_string(p->abi_major) + "." + std::to_string(p->abi_minor)).field("software", p->software);
       w.key("matches").begin_array();
       for (const auto& m : p->matches) {
-        w.begin_object().field("vendor_id", hex(m.vendor_id, 4)).field("device_id", hex(m.device_id, 4));
-        w.field("subsystem_vendor_id", hex(m.subsystem_vendor_id, 4));
-        w.field("subsystem_device_id", hex(m.subsystem_device_id, 4));
-        w.field("class", hex(m.class_code, 6)).field("class_mask", hex(m.class_mask, 6));
+        w.begin_object().field("vendor_id", hex_digits(m.vendor_id, 4)).field("device_id", hex_digits(m.device_id, 4));
+        w.field("subsystem_vendor_id", hex_digits(m.subsystem_vendor_id, 4));
+        w.field("subsystem_device_id", hex_digits(m.subsystem_device_id, 4));
+        w.field("class", hex_digits(m.class_code, 6)).field("class_mask", hex_digits(m.class_mask, 6));
         w.field("model", m.model ? m.model : "").end_object();
       }
       w.end_array().key("unsupported_ops").begin_array();

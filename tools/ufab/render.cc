@@ -2,13 +2,9 @@
 
 #include <cstdio>
 
-namespace ufab::cli {
+#include "base/hex.h"
 
-std::string hex(uint64_t value, int digits) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%0*llx", digits, static_cast<unsigned long long>(value));
-  return buf;
-}
+namespace ufab::cli {
 
 std::string human_size(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -21,8 +17,8 @@ std::string human_size(uint64_t bytes) {
 }
 
 std::string device_title(const pci::DeviceInfo& d) {
-  std::string vendor = d.vendor_name.empty() ? "vendor " + hex(d.vendor_id, 4) : d.vendor_name;
-  std::string device = d.device_name.empty() ? "device " + hex(d.device_id, 4) : d.device_name;
+  std::string vendor = d.vendor_name.empty() ? "vendor " + hex_digits(d.vendor_id, 4) : d.vendor_name;
+  std::string device = d.device_name.empty() ? "device " + hex_digits(d.device_id, 4) : d.device_name;
   return vendor + " " + device;
 }
 
@@ -42,10 +38,10 @@ std::string group_text(const pci::DeviceInfo& d) {
 
 void write_device_fields(JsonWriter& w, const pci::DeviceInfo& d) {
   w.field("address", d.address.str());
-  w.field("vendor_id", hex(d.vendor_id, 4)).field("device_id", hex(d.device_id, 4));
-  w.field("subsystem_vendor_id", hex(d.subsystem_vendor_id, 4));
-  w.field("subsystem_device_id", hex(d.subsystem_device_id, 4));
-  w.field("revision", hex(d.revision, 2)).field("class", hex(d.class_code, 6));
+  w.field("vendor_id", hex_digits(d.vendor_id, 4)).field("device_id", hex_digits(d.device_id, 4));
+  w.field("subsystem_vendor_id", hex_digits(d.subsystem_vendor_id, 4));
+  w.field("subsystem_device_id", hex_digits(d.subsystem_device_id, 4));
+  w.field("revision", hex_digits(d.revision, 2)).field("class", hex_digits(d.class_code, 6));
   w.field("vendor_name", d.vendor_name).field("device_name", d.device_name);
   w.field("class_name", d.class_name);
   w.field("driver", d.driver).field("driver_override", d.driver_override);
@@ -59,7 +55,7 @@ void write_device_fields(JsonWriter& w, const pci::DeviceInfo& d) {
   w.key("group_members").begin_array();
   for (const auto& m : d.group_members) {
     w.begin_object().field("address", m.name).field("driver", m.driver);
-    w.field("class", hex(m.class_code, 6)).field("keeps_group_viable", m.keeps_group_viable).end_object();
+    w.field("class", hex_digits(m.class_code, 6)).field("keeps_group_viable", m.keeps_group_viable).end_object();
   }
   w.end_array();
   w.field("numa_node", d.numa_node);
@@ -102,7 +98,7 @@ void write_device_fields(JsonWriter& w, const pci::DeviceInfo& d) {
   w.key("vfio_node");
   if (d.vfio_node) {
     w.begin_object().field("path", d.vfio_node->path).field("exists", d.vfio_node->exists);
-    w.field("mode", hex(d.vfio_node->mode, 4)).field("accessible", d.vfio_node->accessible).end_object();
+    w.field("mode", hex_digits(d.vfio_node->mode, 4)).field("accessible", d.vfio_node->accessible).end_object();
   } else {
     w.null();
   }

@@ -10,7 +10,6 @@
 
 namespace ufab::cli {
 
-std::string hex(uint64_t value, int digits);
 std::string human_size(uint64_t bytes);  // "128 KiB"
 // "Intel Corporation 82574L Gigabit Network Connection", or the ids.
 std::string device_title(const pci::DeviceInfo& d);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "base/files.h"
+#include "base/hex.h"
 
 namespace ufab::pci::testing {
 namespace {
@@ -29,11 +30,7 @@ std::string resolve(const std::string& path) {
   return buf;
 }
 
-std::string hex_attr(uint64_t value, int digits) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%0*llx\n", digits, static_cast<unsigned long long>(value));
-  return buf;
-}
+std::string hex_attr(uint64_t value, int digits) { return hex(value, digits) + "\n"; }
 
 void walk(const std::string& base, const std::string& rel, std::map<std::string, std::string>& out) {
   DIR* dir = ::opendir((base + rel).c_str());

@@ -39,6 +39,8 @@
 #include <string>
 #include <vector>
 
+#include "base/hex.h"
+
 #include "ufab/rdma.hpp"
 #include "core/net/arp.h"
 #include "core/nic_open.h"
@@ -69,12 +71,6 @@ constexpr uint8_t kRnrTimer = 5;  // min_rnr_timer we give the QPs (not rxe's de
 constexpr uint8_t kSynPsnSeq = 0x60;
 constexpr uint8_t kSynInvalid = 0x61;
 constexpr uint8_t kSynAccess = 0x62;
-
-std::string hex(uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
 
 // ------------------------------------------------------------------ arena
 

@@ -5,12 +5,6 @@
 namespace ufab::vfio {
 namespace {
 
-TEST(Text, Hex) {
-  EXPECT_EQ(hex(0), "0x0");
-  EXPECT_EQ(hex(0xfee00000), "0xfee00000");
-  EXPECT_EQ(hex(UINT64_MAX), "0xffffffffffffffff");
-}
-
 TEST(Text, BytesUseExactUnitsWherePossible) {
   EXPECT_EQ(bytes(0), "0 bytes");
   EXPECT_EQ(bytes(1), "1 byte");

@@ -30,6 +30,8 @@
 #include <string_view>
 #include <thread>
 
+#include "base/hex.h"
+
 #include "base/error.h"
 #include "tools/exchange/exchange.h"
 #include "ufab/rdma.hpp"
@@ -39,6 +41,7 @@ namespace {
 namespace exchange = ufab::exchange;
 using std::chrono::milliseconds;
 using ufab::Error;
+using ufab::hex;
 using ufab::Result;
 using ufab::Status;
 
@@ -111,12 +114,6 @@ class Steps {
   int total_;
   int done_ = 0;
 };
-
-std::string hex(uint64_t v) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-  return text;
-}
 
 std::string dotted(uint32_t ip) {
   return std::to_string(ip >> 24) + "." + std::to_string(ip >> 16 & 255) + "." + std::to_string(ip >> 8 & 255) + "." +
