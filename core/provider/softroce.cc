@@ -347,7 +347,7 @@ int create_cq(ufab_rdma_dev* d, uint32_t depth, ufab_rdma_cq** result) {
     std::lock_guard lock(dev->ctx->mutex());
     auto impl = dev->ctx->create_cq_locked(depth);
     if (!impl) return report(dev->host, impl.error());
-    auto cq = std::make_unique<Cq>(Cq{dev, *impl});
+    auto cq = std::make_unique<Cq>(Cq{dev, *impl, {}, {}});
     cq->details.reserve(cq->scratch.size());
     *result = out<ufab_rdma_cq>(cq.release());
     return 0;
