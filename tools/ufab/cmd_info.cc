@@ -2,6 +2,7 @@
 // through VFIO (regions, IRQs, IOMMU, MAC) when the device is on vfio-pci.
 #include <cstdio>
 
+#include "api/providers.h"
 #include "base/hex.h"
 
 #include "core/mac_probe.h"
@@ -79,7 +80,14 @@ struct PluginView {
   ufab_dev_info info{};
   std::optional<ufab_link> link;
   std::optional<ufab_stats> stats;
+  std::string rdma_provider;  // which RDMA provider Device::open would use
 };
+
+// The provider the RDMA API picks for this device, or why none.
+std::string rdma_provider_for(const std::string& name) {
+  auto p = api::providers().for_device(name);
+  return p ? (*p)->name : "none (" + p.error().message() + ")";
+}
 
 Result<PluginView> inspect_through_plugin(const Options& opts, const pci::DeviceInfo& d) {
   core::PluginRegistry registry = core::default_registry(drivers::builtin_drivers());
@@ -91,7 +99,8 @@ Result<PluginView> inspect_through_plugin(const Options& opts, const pci::Device
   if (!plugin) return std::unexpected(plugin.error());
   auto nic = core::Nic::open_pci((*plugin)->ops, d.address, {}, env);
   if (!nic) return std::unexpected(nic.error());
-  PluginView v{(*plugin)->name, (*plugin)->origin, (*nic)->info(), std::nullopt, std::nullopt};
+  PluginView v{(*plugin)->name, (*plugin)->origin, (*nic)->info(), std::nullopt, std::nullopt,
+               rdma_provider_for(d.address.str())};
   if (auto l = (*nic)->link()) v.link = *l;
   if (auto st = (*nic)->stats()) v.stats = *st;
   return v;
@@ -119,6 +128,7 @@ void print_plugin(const std::optional<Result<PluginView>>& plugin) {
   const PluginView& p = **plugin;
   std::printf("  driver plugin %s (%s): %s\n", p.plugin.c_str(), p.origin.c_str(), p.info.model);
   std::printf("    mac         %s\n", mac_text(p.info.mac).c_str());
+  std::printf("    rdma        %s (over this plugin)\n", p.rdma_provider.c_str());
   if (p.link) {
     std::printf("    link        %s, %u Mb/s\n", p.link->up ? "up" : "down", p.link->speed_mbps);
   }
@@ -225,7 +235,7 @@ void write_plugin_json(JsonWriter& w, const std::optional<Result<PluginView>>& p
   }
   const PluginView& p = **plugin;
   w.begin_object().field("name", p.plugin).field("origin", p.origin).field("model", std::string(p.info.model));
-  w.field("mac", mac_text(p.info.mac)).field("max_rx_queues", p.info.max_rx_queues);
+  w.field("mac", mac_text(p.info.mac)).field("rdma_provider", p.rdma_provider).field("max_rx_queues", p.info.max_rx_queues);
   w.field("max_tx_queues", p.info.max_tx_queues).field("min_ring_size", p.info.min_ring_size);
   w.field("max_ring_size", p.info.max_ring_size).field("mtu", p.info.mtu).field("max_mtu", p.info.max_mtu);
   w.field("rx_irq", (p.info.caps & UFAB_DEV_CAP_RX_IRQ) != 0);

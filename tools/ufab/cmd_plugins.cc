@@ -1,11 +1,10 @@
-// ufab plugins: the driver plugins this ufab can use.
+// ufab plugins: the driver plugins and RDMA providers this ufab can use.
 #include <cstdio>
 
 #include "base/hex.h"
 
+#include "api/providers.h"
 #include "base/json.h"
-#include "core/nic_open.h"
-#include "drivers/builtin.h"
 #include "tools/ufab/cli.h"
 #include "tools/ufab/render.h"
 #include "tools/ufab/table.h"
@@ -25,10 +24,26 @@ std::string match_text(const ufab_pci_match& m) {
   return s;
 }
 
+// What a provider serves, in words.
+std::string serves(const provider::Provider& p) {
+  if (p.prefixes.empty()) return "PCI NICs and software NICs (RDMA over their raw-frame plugins)";
+  std::string s;
+  for (const auto& prefix : p.prefixes) s += (s.empty() ? "" : ", ") + prefix + ":<name>";
+  return s;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
 }  // namespace
 
 int cmd_plugins(const Options& opts) {
-  core::PluginRegistry registry = core::default_registry(drivers::builtin_drivers());
+  // The API's own registries: what Device::open would use.
+  const core::PluginRegistry& registry = api::raw_plugins();
+  const provider::ProviderRegistry& providers = api::providers();
   if (opts.json) {
     JsonWriter w;
     w.begin_object().field("ok", true).field("abi", std::to_string(UFAB_ABI_MAJOR) + "." + std::to_string(UFAB_ABI_MINOR));
@@ -48,8 +63,20 @@ int cmd_plugins(const Options& opts) {
       for (const auto& op : p->stubbed_ops) w.value(op);
       w.end_array().end_object();
     }
+    w.end_array().key("rdma_abi").value(std::to_string(UFAB_RDMA_ABI_MAJOR) + "." + std::to_string(UFAB_RDMA_ABI_MINOR));
+    w.key("providers").begin_array();
+    for (const auto& p : providers.providers()) {
+      w.begin_object().field("name", p->name).field("description", p->description).field("origin", p->origin);
+      w.field("abi", std::to_string(p->abi_major) + "." + std::to_string(p->abi_minor)).field("serves", serves(*p));
+      w.key("prefixes").begin_array();
+      for (const auto& prefix : p->prefixes) w.value(prefix);
+      w.end_array().key("unsupported_ops").begin_array();
+      for (const auto& op : p->stubbed_ops) w.value(op);
+      w.end_array().end_object();
+    }
     w.end_array().key("warnings").begin_array();
     for (const auto& warn : registry.warnings()) w.value(warn);
+    for (const auto& warn : api::provider_warnings()) w.value(warn);
     w.end_array().end_object();
     std::printf("%s\n", w.str().c_str());
     return kExitOk;
@@ -64,12 +91,19 @@ int cmd_plugins(const Options& opts) {
   }
   std::fputs(t.render().c_str(), stdout);
   for (const auto& p : registry.plugins()) {
-    if (p->stubbed_ops.empty()) continue;
-    std::string ops;
-    for (const auto& op : p->stubbed_ops) ops += (ops.empty() ? "" : ", ") + op;
-    std::printf("%s does not implement: %s\n", p->name.c_str(), ops.c_str());
+    if (!p->stubbed_ops.empty()) std::printf("%s does not implement: %s\n", p->name.c_str(), join(p->stubbed_ops).c_str());
+  }
+  std::printf("\nRDMA provider ABI %d.%d\n", UFAB_RDMA_ABI_MAJOR, UFAB_RDMA_ABI_MINOR);
+  Table pt({"PROVIDER", "ABI", "ORIGIN", "SERVES"});
+  for (const auto& p : providers.providers()) {
+    pt.add({p->name, std::to_string(p->abi_major) + "." + std::to_string(p->abi_minor), p->origin, serves(*p)});
+  }
+  std::fputs(pt.render().c_str(), stdout);
+  for (const auto& p : providers.providers()) {
+    if (!p->stubbed_ops.empty()) std::printf("%s does not implement: %s\n", p->name.c_str(), join(p->stubbed_ops).c_str());
   }
   for (const auto& warn : registry.warnings()) std::fprintf(stderr, "warning: %s\n", warn.c_str());
+  for (const auto& warn : api::provider_warnings()) std::fprintf(stderr, "warning: %s\n", warn.c_str());
   return kExitOk;
 }
 
