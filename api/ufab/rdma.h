@@ -301,15 +301,15 @@ struct ufab_device_attr {
 struct ufab_device_stats {
   uint64_t rx_frames, tx_frames;
   uint64_t rx_roce, rx_arp, rx_other;
-  uint64_t rx_parse_errors;
+  uint64_t rx_parse_errors; /* malformed RoCE frames (bad ICRC, truncated, ...) */
   uint64_t rx_unknown_qp;
-  uint64_t rx_dropped;
-  uint64_t retransmits;
+  uint64_t rx_dropped;      /* well-formed but not acceptable (wrong source, state, Q_Key, ...) */
+  uint64_t retransmits;     /* packets sent again */
   uint64_t timeouts;
   uint64_t naks_sent, naks_received;
   uint64_t rnr_naks_sent, rnr_naks_received;
-  uint64_t duplicates;
-  uint64_t tx_stalls;
+  uint64_t duplicates; /* requests seen again (re-ACKed or replayed) */
+  uint64_t tx_stalls;  /* sends put off because the NIC had no free buffer */
 };
 
 struct ufab_mr_attr {

@@ -239,10 +239,7 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
 int device_stats(ufab_rdma_dev* d, ufab_device_stats* out_stats) {
   Dev* dev = h(d);
   std::lock_guard lock(dev->ctx->mutex());
-  const verbs::DeviceStats& s = dev->ctx->stats();
-  *out_stats = ufab_device_stats{s.rx_frames, s.tx_frames, s.rx_roce, s.rx_arp, s.rx_other, s.rx_parse_errors,
-                                 s.rx_unknown_qp, s.rx_dropped, s.retransmits, s.timeouts, s.naks_sent,
-                                 s.naks_received, s.rnr_naks_sent, s.rnr_naks_received, s.duplicates, s.tx_stalls};
+  *out_stats = dev->ctx->stats();
   return 0;
 }
 

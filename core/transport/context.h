@@ -94,7 +94,7 @@ class Context {
   std::unique_ptr<verbs::MemoryRegionTable> memory_;
   std::optional<net::ArpResponder> arp_responder_;
   std::optional<net::ArpResolver> arp_resolver_;
-  verbs::DeviceStats stats_;
+  verbs::DeviceStats stats_{};
   roce::Packet packet_;  // reused by every receive
 
   std::vector<std::unique_ptr<CompletionQueueImpl>> cqs_;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/rdma/memory.h"
+#include "ufab/rdma.h"
 
 namespace ufab::verbs {
 
@@ -96,8 +97,6 @@ enum class WcStatus : uint8_t {
   kRnrRetryExcErr = 13, // rnr_retry RNR retries used up
   kGeneralErr = 21,
 };
-// "success", "local length error", ... (ibv_wc_status_str's words).
-const char* wc_status_name(WcStatus s);
 
 enum class WcOpcode : uint8_t {
   kSend = 0,
@@ -108,7 +107,6 @@ enum class WcOpcode : uint8_t {
   kRecv = 128,
   kRecvRdmaWithImm = 129,
 };
-const char* wc_opcode_name(WcOpcode op);
 
 // ibv_wc_flags.
 inline constexpr uint32_t kWcGrh = 1u << 0;      // UD receive: the first 40 bytes hold the GRH / IPv4 header
@@ -207,22 +205,8 @@ struct ConnectionData {
   uint32_t length = 0;
 };
 
-// Counters of the transport on one device (cold path: tools, tests).
-struct DeviceStats {
-  uint64_t rx_frames = 0, tx_frames = 0;
-  uint64_t rx_roce = 0, rx_arp = 0, rx_other = 0;
-  uint64_t rx_parse_errors = 0;  // malformed RoCE frames (bad ICRC, truncated, ...)
-  uint64_t rx_unknown_qp = 0;
-  uint64_t rx_dropped = 0;       // well-formed but not acceptable (wrong source, state, Q_Key, ...)
-  uint64_t retransmits = 0;      // packets sent again
-  uint64_t timeouts = 0;
-  uint64_t naks_sent = 0, naks_received = 0;
-  uint64_t rnr_naks_sent = 0, rnr_naks_received = 0;
-  uint64_t duplicates = 0;       // requests seen again (re-ACKed or replayed)
-  uint64_t tx_stalls = 0;        // sends put off because the NIC had no free buffer
-};
-// One line for logs and error messages: "tx 2002 rx 2002 frames (RoCE
-// 2000, ARP 2), parse errors 0, dropped 0, retransmits 0, ...".
-std::string to_string(const DeviceStats& stats);
+// Counters of the transport on one device: the C API's struct, so the
+// provider hands them out as they are (api/ufab/rdma.h says what each is).
+using DeviceStats = ::ufab_device_stats;
 
 }  // namespace ufab::verbs

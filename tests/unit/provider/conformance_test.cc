@@ -629,14 +629,16 @@ bool cq_wait(Side& s, Arena& arena, MemoryRegion& mr, Conn& c) {
     TCHECK_PATTERN(arena.p, 1000, 0xA1, 0);
     TREQUIRE(s.sync("received"));
 
-    // Nothing arrives: 0 after the timeout, not much earlier.
+    // Nothing arrives: 0 after the timeout, not earlier. The upper bound only
+    // catches a wait that ignores its timeout: on a loaded 2-core machine
+    // (busy-polling tests beside this one) a sleeper can be seconds late.
     for (int timeout : {200, 50}) {
       t0 = Clock::now();
       r = c.rcq->wait(out, milliseconds(timeout));
       ms = ms_since(t0);
       TREQUIRE_OK(r);
       TCHECK_EQ(*r, size_t{0});
-      TCHECK_MSG(ms >= timeout - 2 && ms < timeout + 500,
+      TCHECK_MSG(ms >= timeout - 2 && ms < timeout + 10000,
                  "wait(" + std::to_string(timeout) + " ms) with nothing coming returned after " + std::to_string(ms) + " ms");
     }
 
