@@ -4,8 +4,10 @@
 # 127.0.0.1 on a port the server picks with -p 0): all eight tests, -a,
 # several QPs, -D, loss, --json; then the errors: bad options, a client
 # without a server, mismatched tests on the two sides, and (with python3) a
-# peer that is not perftest. The rxe/perftest interop runs in the VM suite
-# rxe_interop (tests/vm/rxe_perftest_guest.sh).
+# peer that is not perftest; then over the shared-memory provider
+# (shm:pfPID..., no --ip): the tests, text output, errors. The
+# rxe/perftest interop runs in the VM suite rxe_interop
+# (tests/vm/rxe_perftest_guest.sh).
 #
 # `bazel test //tests/tools:perf_test`, or from the repository root after
 # `bazel build //tools/ufab`:
@@ -155,6 +157,93 @@ if [ "$client_rc" -eq 0 ] && grep -q '^                    RDMA_Read Latency Tes
   pass "text output in perftest's format"
 else fail "text output (client $client_rc)"; show client.out client.err server.out; fi
 
+# ------------------------------------------------ the shared-memory provider
+# shm:DOMAIN: no --ip; the GID carries the device's endpoint id. Both sides
+# are processes of this host, the exchange on loopback.
+run_shm() { # NAME "OPTS": like run, both sides with the same options
+  local name=$1 opts=$2
+  # shellcheck disable=SC2086
+  if ! start_server perf $opts "shm:$link$name" -p 0 --json --timeout 20; then
+    fail "shm $name: the server did not start listening"; show server.err; return 1
+  fi
+  # shellcheck disable=SC2086
+  timeout 120 "$bin" perf $opts "shm:$link$name" -p "$port" --json --timeout 20 127.0.0.1 \
+    >"$dir/client.out" 2>"$dir/client.err"
+  client_rc=$?
+  wait_server
+}
+# TEST|OPTS|EXPECTED_SIZE|EXPECTED_ITERS
+while IFS='|' read -r test opts size iters; do
+  name="shm $test $opts"
+  run_shm "${test//-/}" "$test $opts"
+  why=()
+  [ "$server_rc" -eq 0 ] || why+=("server exited $server_rc")
+  [ "$client_rc" -eq 0 ] || why+=("client exited $client_rc")
+  jq_ok ".ok == true and .test == \"$test\" and .role == \"client\" and (.device | startswith(\"shm:\"))" client.out ||
+    why+=("client JSON")
+  jq_ok ".ok == true and .role == \"server\"" server.out || why+=("server JSON")
+  jq_ok ".results[-1].size == $size and .results[-1].iters == $iters" client.out ||
+    why+=("client reports $(jq -c '[.results[-1].size, .results[-1].iters]' "$dir/client.out" 2>/dev/null), expected [$size,$iters]")
+  jq_ok ".transport.tx_frames > 0" client.out || why+=("the client's transport counted no messages")
+  # Sane: positive, ordered, and within what a loopback run can take (no
+  # speed is asserted).
+  case $test in
+    *-lat) jq_ok '.results[-1] | .t_typical_usec > 0 and .t_min_usec <= .t_typical_usec and
+                  .t_typical_usec <= .t_max_usec and .t_typical_usec < 1e6' client.out || why+=("latency figures") ;;
+    *-bw) jq_ok '.results[-1] | .bw_avg > 0 and .msg_rate_mpps > 0 and .bw_avg < 1e7' client.out ||
+      why+=("bandwidth figures")
+      case $test in send-bw) ;; *)
+        jq_ok ".results[-1].bw_avg == $(jq '.results[-1].bw_avg' "$dir/client.out" 2>/dev/null || echo -1)" server.out ||
+          why+=("the server's copy of the client's report differs") ;;
+      esac ;;
+  esac
+  if [ ${#why[@]} -eq 0 ]; then pass "$name: both sides OK"; else fail "$name: ${why[*]}"; show server.err client.err client.out; fi
+done <<'SHM'
+write-lat|-s 8 -n 500|8|500
+write-lat|-s 64K -n 50|65536|50
+write-bw|-s 64 -n 2000|64|2000
+write-bw|-s 1M -n 50|1048576|50
+write-bw|-q 2 -s 4096 -n 300|4096|600
+send-lat|-s 8 -n 500|8|500
+send-lat|-s 3000 -n 50|3000|50
+send-bw|-s 4096 -n 300|4096|300
+read-lat|-s 4096 -n 100|4096|100
+read-bw|-s 64K -n 200|65536|200
+atomic-lat|-n 300|8|300
+atomic-lat|-A CMP_AND_SWAP -n 100|8|100
+atomic-bw|-n 500|8|500
+SHM
+
+# The text output: each side's GID is ::ffff: and its endpoint id, not an
+# address given with --ip.
+start_server perf write-lat "shm:${link}shmtxt" -p 0 -n 100
+timeout 60 "$bin" perf write-lat "shm:${link}shmtxt" -p "$port" -n 100 127.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
+client_rc=$?
+wait_server
+if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && grep -q '^                    RDMA_Write Latency Test$' "$dir/client.out" &&
+  [ "$(grep -Ec '^ GID: 00:00:00:00:00:00:00:00:00:00:255:255(:[0-9]{2,3}){4}$' "$dir/client.out")" -eq 2 ] &&
+  [ "$(grep '^ GID: ' "$dir/client.out" | sort -u | wc -l)" -eq 2 ]; then
+  pass "shm: text output, two different ::ffff:<endpoint id> GIDs"
+else fail "shm text output (server $server_rc client $client_rc)"; show client.out client.err server.err; fi
+
+# A client with no server on shm: bounded, names what it tried.
+timeout 20 "$bin" perf write-lat "shm:${link}shmns" -p 1 --timeout 2 127.0.0.1 >"$dir/e.out" 2>"$dir/e.err"
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q '127.0.0.1:1' "$dir/e.err"; then pass "shm, no server: exit 1 naming 127.0.0.1:1"
+else fail "shm, no server (exit $rc)"; show e.err; fi
+
+# Mismatched tests over shm (write-lat against read-lat): a one-sided
+# request is refused by its initiator's check of the target QP's rights
+# (whichever side starts first); both sides fail, one says why, the other
+# that its peer went away.
+start_server perf write-lat "shm:${link}shmmm" -p 0 --timeout 3
+timeout 60 "$bin" perf read-lat "shm:${link}shmmm" -p "$port" --timeout 3 -n 20 127.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
+client_rc=$?
+wait_server
+if [ "$server_rc" -eq 1 ] && [ "$client_rc" -eq 1 ] && grep -q "does not allow REMOTE_\(READ\|WRITE\)" "$dir/server.err" "$dir/client.err"; then
+  pass "shm, mismatched tests: both sides fail and say why"
+else fail "shm, mismatched tests (server $server_rc client $client_rc)"; show server.err client.err; fi
+
 # ------------------------------------------------------------------ errors
 expect_usage() { # DESCRIPTION EXPECTED_TEXT ARGS...
   local what=$1 text=$2
@@ -166,6 +255,7 @@ expect_usage() { # DESCRIPTION EXPECTED_TEXT ARGS...
 }
 expect_usage "unknown test" "unknown test 'write-latency'" perf write-latency swnic:x:0 --ip 10.0.0.1
 expect_usage "missing --ip" "--ip A.B.C.D is required" perf write-lat swnic:x:0
+expect_usage "--ip on shm" "is a shared-memory device" perf write-lat shm:x --ip 10.0.0.1
 expect_usage "-x other than 0" "one GID, index 0" perf write-lat swnic:x:0 --ip 10.0.0.1 -x 3
 expect_usage "-q on a latency test" "multiple QPs only in the bandwidth tests" perf send-lat swnic:x:0 --ip 10.0.0.1 -q 2
 expect_usage "-s on an atomic test" "cannot be changed" perf atomic-bw swnic:x:0 --ip 10.0.0.1 -s 16

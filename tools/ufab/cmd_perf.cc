@@ -1,6 +1,7 @@
 // ufab perf TEST DEVICE --ip A.B.C.D [SERVER_HOST]: perftest's RC tests on
 // a ufab port (tools/ufab/perf/), against perftest's ib_* tools or another
-// ufab. Options are perftest's, with its defaults per test; the output is
+// ufab; `ufab perf TEST shm:DOMAIN [SERVER_HOST]` (no --ip) between two
+// processes of this host over the shared-memory provider. Options are perftest's, with its defaults per test; the output is
 // perftest's, or one JSON object with --json.
 #include <cmath>
 #include <cstdio>
@@ -60,6 +61,9 @@ Result<uint64_t> whole(const Options& opts, const std::string& name, uint64_t fa
   return uint64_t(*v);
 }
 
+// "shm:DOMAIN": the shared-memory provider (docs/drivers/shm.md).
+bool shared_memory(const std::string& device) { return device.rfind("shm:", 0) == 0; }
+
 // perftest's defaults and the rules that tie its options together
 // (perftest_parameters.c init_perftest_params and force_dependecies).
 Result<Config> configure(const Options& opts, const TestName& t) {
@@ -70,13 +74,23 @@ Result<Config> configure(const Options& opts, const TestName& t) {
   c.json = opts.json;
   c.device = opts.args[1];
   if (opts.args.size() > 2) c.server_host = opts.args[2];
+  // A port on a NIC (soft-RoCE) needs its IPv4 address; a shared-memory
+  // device has its own address (an endpoint id, ufab_device_attr.ip), which
+  // goes into the exchanged GID as an IPv4 address would.
   const std::string* ip = opts.value("ip");
-  if (!ip) {
-    return fail(EINVAL, "--ip A.B.C.D is required: this port's IPv4 address (its GID is ::ffff:A.B.C.D), in the "
-                        "same subnet as the peer's");
+  if (shared_memory(c.device)) {
+    if (ip) {
+      return fail(EINVAL, "--ip " + *ip + ": " + c.device + " is a shared-memory device; its address is its "
+                          "endpoint id, chosen when it opens: leave --ip out");
+    }
+  } else {
+    if (!ip) {
+      return fail(EINVAL, "--ip A.B.C.D is required: this port's IPv4 address (its GID is ::ffff:A.B.C.D), in the "
+                          "same subnet as the peer's (shm:DOMAIN devices take none)");
+    }
+    if (!roce::ipv4_from_string(*ip)) return fail(EINVAL, "--ip " + *ip + ": expected an IPv4 address, A.B.C.D");
+    c.ip = *ip;
   }
-  if (!roce::ipv4_from_string(*ip)) return fail(EINVAL, "--ip " + *ip + ": expected an IPv4 address, A.B.C.D");
-  c.ip = *ip;
   const bool lat = t.kind == Kind::kLatency;
   const bool atomic = t.verb == Verb::kAtomic;
   c.all_sizes = opts.flags.count("all");
@@ -108,7 +122,8 @@ Result<Config> configure(const Options& opts, const TestName& t) {
   }
   if (*gid != 0) {
     return fail(EINVAL, "-x " + std::to_string(*gid) +
-                            ": a ufab port has one GID, index 0 (::ffff:<--ip>); use -x 0 or leave it out");
+                            ": a ufab port has one GID, index 0 (::ffff:<--ip>, or ::ffff:<endpoint id> "
+                            "on shm); use -x 0 or leave it out");
   }
   if (opts.value("mtu") && (*mtu & (*mtu - 1)) != 0) {
     return fail(EINVAL, "-m " + std::to_string(*mtu) + ": expected 256, 512, 1024, 2048 or 4096");

@@ -50,9 +50,12 @@ commands:
       --param K=V      driver parameter (repeatable), e.g. stale=reset
 
   perf TEST DEVICE --ip A.B.C.D [SERVER_HOST]
+  perf TEST shm:DOMAIN [SERVER_HOST]
                        perftest's RC tests on port DEVICE, against perftest
                        (ib_write_bw, ib_read_lat, ...: rdma_rxe, any RoCE
                        NIC) or another ufab; server without SERVER_HOST.
+                       shm:DOMAIN (shared memory, two processes of this
+                       host) takes no --ip.
                        TEST: write-lat write-bw read-lat read-bw send-lat
                        send-bw atomic-lat atomic-bw. Options as perftest's,
                        with its defaults per test; give both sides the same:
