@@ -1,9 +1,9 @@
 // No plugin linked in: libufab.so loads them all from its plugin directory
 // (<libdir>/ufab-plugins, or UFAB_PLUGIN_PATH).
-#include "api/providers.h"
+#include "core/provider/registries.h"
 
-namespace ufab::api {
+namespace ufab::provider {
 
 Builtins builtins() { return {}; }
 
-}  // namespace ufab::api
+}  // namespace ufab::provider

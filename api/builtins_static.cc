@@ -1,9 +1,9 @@
 // Every plugin of drivers/ linked in (the in-tree library, tools, tests).
-#include "api/providers.h"
+#include "core/provider/registries.h"
 #include "drivers/builtin.h"
 #include "drivers/builtin_providers.h"
 
-namespace ufab::api {
+namespace ufab::provider {
 
 Builtins builtins() {
   size_t n = 0;
@@ -11,4 +11,4 @@ Builtins builtins() {
   return {drivers::builtin_drivers(), {list, n}};
 }
 
-}  // namespace ufab::api
+}  // namespace ufab::provider

@@ -2,7 +2,7 @@
 // through VFIO (regions, IRQs, IOMMU, MAC) when the device is on vfio-pci.
 #include <cstdio>
 
-#include "api/providers.h"
+#include "core/provider/registries.h"
 #include "base/hex.h"
 
 #include "core/mac_probe.h"
@@ -85,7 +85,7 @@ struct PluginView {
 
 // The provider the RDMA API picks for this device, or why none.
 std::string rdma_provider_for(const std::string& name) {
-  auto p = api::providers().for_device(name);
+  auto p = provider::providers().for_device(name);
   return p ? (*p)->name : "none (" + p.error().message() + ")";
 }
 

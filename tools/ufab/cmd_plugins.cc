@@ -3,7 +3,7 @@
 
 #include "base/hex.h"
 
-#include "api/providers.h"
+#include "core/provider/registries.h"
 #include "base/json.h"
 #include "tools/ufab/cli.h"
 #include "tools/ufab/render.h"
@@ -42,8 +42,8 @@ std::string join(const std::vector<std::string>& v) {
 
 int cmd_plugins(const Options& opts) {
   // The API's own registries: what Device::open would use.
-  const core::PluginRegistry& registry = api::raw_plugins();
-  const provider::ProviderRegistry& providers = api::providers();
+  const core::PluginRegistry& registry = provider::raw_plugins();
+  const provider::ProviderRegistry& providers = provider::providers();
   if (opts.json) {
     JsonWriter w;
     w.begin_object().field("ok", true).field("abi", std::to_string(UFAB_ABI_MAJOR) + "." + std::to_string(UFAB_ABI_MINOR));
@@ -76,7 +76,7 @@ int cmd_plugins(const Options& opts) {
     }
     w.end_array().key("warnings").begin_array();
     for (const auto& warn : registry.warnings()) w.value(warn);
-    for (const auto& warn : api::provider_warnings()) w.value(warn);
+    for (const auto& warn : provider::provider_warnings()) w.value(warn);
     w.end_array().end_object();
     std::printf("%s\n", w.str().c_str());
     return kExitOk;
@@ -103,7 +103,7 @@ int cmd_plugins(const Options& opts) {
     if (!p->stubbed_ops.empty()) std::printf("%s does not implement: %s\n", p->name.c_str(), join(p->stubbed_ops).c_str());
   }
   for (const auto& warn : registry.warnings()) std::fprintf(stderr, "warning: %s\n", warn.c_str());
-  for (const auto& warn : api::provider_warnings()) std::fprintf(stderr, "warning: %s\n", warn.c_str());
+  for (const auto& warn : provider::provider_warnings()) std::fprintf(stderr, "warning: %s\n", warn.c_str());
   return kExitOk;
 }
 

@@ -1,4 +1,4 @@
-// The C API's own behaviour (api/c_api.cc), over the shared-memory
+// The C API's own behaviour (core/provider/c_api.cc), over the shared-memory
 // provider: argument errors, ufab_last_error per thread, objects destroyed
 // in any order with the device closing only with its last object, post
 // lists naming the refused request.

@@ -1,14 +1,14 @@
-#include "api/providers.h"
+#include "core/provider/registries.h"
 
 #include "core/nic_open.h"
 #include "core/provider/softroce.h"
 
-namespace ufab::api {
+namespace ufab::provider {
 namespace {
 
 struct State {
   core::PluginRegistry raw;
-  provider::ProviderRegistry providers;
+  ProviderRegistry providers;
   std::vector<std::string> warnings;
 };
 
@@ -22,7 +22,7 @@ const State& state() {
     auto add = [&st](const ufab_rdma_provider* table, const std::string& origin) {
       if (auto added = st.providers.add(table, origin); !added) st.warnings.push_back(added.error().message());
     };
-    add(provider::softroce_provider(st.raw), "built-in");
+    add(softroce_provider(st.raw), "built-in");
     for (const ufab_rdma_provider* p : builtins().providers) add(p, "built-in");
     for (const auto& loaded : st.raw.rdma_providers()) add(loaded.table, loaded.origin);
     return made;
@@ -32,8 +32,8 @@ const State& state() {
 
 }  // namespace
 
-const provider::ProviderRegistry& providers() { return state().providers; }
+const ProviderRegistry& providers() { return state().providers; }
 const core::PluginRegistry& raw_plugins() { return state().raw; }
 const std::vector<std::string>& provider_warnings() { return state().warnings; }
 
-}  // namespace ufab::api
+}  // namespace ufab::provider

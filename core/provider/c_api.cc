@@ -14,8 +14,8 @@
 #include <mutex>
 #include <string>
 
-#include "api/ufab/rdma.h"
-#include "api/providers.h"
+#include "ufab/rdma.h"
+#include "core/provider/registries.h"
 #include "core/provider/providers.h"
 
 namespace {
@@ -140,7 +140,7 @@ int ufab_device_open(const char* name, const ufab_device_opts* opts, ufab_device
     std::memcpy(&o, opts, std::min<size_t>(opts->size, sizeof o));
   }
   try {
-    auto provider = ufab::api::providers().for_device(name);
+    auto provider = ufab::provider::providers().for_device(name);
     if (!provider) return error(provider.error().code(), provider.error().message());
     const ufab_rdma_provider* table = &(*provider)->ops;
     ufab_rdma_dev* p = nullptr;
