@@ -361,9 +361,12 @@ class Device {
   uint32_t ip() const { return attr_.ip; }  // host order
   // The path MTU QPs get (rxe's 1024 on a 1500-byte link).
   uint32_t active_mtu() const { return attr_.active_mtu; }
-  std::string name() const { return attr_.transport; }
+  // The name it was opened with ("0000:00:02.0", "swnic:lab:0", "shm:lab").
+  std::string name() const { return attr_.name; }
   // "soft-roce", "shm", ...
   std::string provider() const { return attr_.provider; }
+  // What carries it: "RoCEv2 over swnic:lab:0", "shared memory".
+  std::string transport() const { return attr_.transport; }
   const ufab_device_attr& attr() const { return attr_; }
   DeviceStats stats() const {
     DeviceStats s{};

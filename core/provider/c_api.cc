@@ -11,12 +11,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <string>
 
-#include "ufab/rdma.h"
-#include "core/provider/registries.h"
 #include "core/provider/providers.h"
+#include "core/provider/registries.h"
+#include "ufab/rdma.h"
 
 namespace {
 
@@ -65,12 +64,14 @@ struct ufab_mr {
 
 struct ufab_cq {
   Refs refs;
+  const ufab_rdma_provider* ops;  // the device's, kept here for the poll path
   ufab_device* dev;
   ufab_rdma_cq* p;
   uint32_t depth;
 };
 
 struct ufab_qp {
+  const ufab_rdma_provider* ops;  // the device's, kept here for the post path
   ufab_pd* pd;
   ufab_cq* send_cq;
   ufab_cq* recv_cq;
@@ -112,8 +113,8 @@ void release(ufab_cq* cq) {
 }
 
 const ufab_rdma_provider* ops(const ufab_pd* pd) { return pd->dev->ops; }
-const ufab_rdma_provider* ops(const ufab_qp* qp) { return qp->pd->dev->ops; }
-const ufab_rdma_provider* ops(const ufab_cq* cq) { return cq->dev->ops; }
+const ufab_rdma_provider* ops(const ufab_qp* qp) { return qp->ops; }
+const ufab_rdma_provider* ops(const ufab_cq* cq) { return cq->ops; }
 
 #define UFAB_REQUIRE(cond, what)                                          \
   do {                                                                    \
@@ -256,7 +257,7 @@ int ufab_cq_create(ufab_device* dev, uint32_t depth, ufab_cq** out) {
   ufab_rdma_cq* p = nullptr;
   if (int rc = dev->ops->create_cq(dev->p, depth, &p); rc < 0) return rc;
   dev->refs.hold();
-  *out = new ufab_cq{{}, dev, p, depth};
+  *out = new ufab_cq{{}, dev->ops, dev, p, depth};
   return 0;
 }
 
@@ -303,7 +304,7 @@ int ufab_qp_create(ufab_pd* pd, const ufab_qp_init_attr* init, ufab_qp** out) {
   pd->refs.hold();
   init->send_cq->refs.hold();
   init->recv_cq->refs.hold();
-  *out = new ufab_qp{pd, init->send_cq, init->recv_cq, p, qpn, init->qp_type};
+  *out = new ufab_qp{ops(pd), pd, init->send_cq, init->recv_cq, p, qpn, init->qp_type};
   return 0;
 }
 
