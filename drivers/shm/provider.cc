@@ -295,7 +295,12 @@ int destroy_cq(ufab_rdma_cq* cq) {
 int poll_cq(ufab_rdma_cq* cq, ufab_wc* wc, uint32_t n) {
   Cq& c = cq->c;
   return guard(c.dev, nullptr, [&]() -> int {
-    if (c.avail.load(std::memory_order_acquire) == 0) c.dev->progress();
+    if (c.avail.load(std::memory_order_acquire) == 0) {
+      c.dev->progress();
+      // Still empty: nothing to take and no overflow to report (an
+      // overflow leaves the CQ full until this poll reports it), so no lock.
+      if (c.avail.load(std::memory_order_acquire) == 0) return 0;
+    }
     std::lock_guard<std::mutex> g(c.mu);
     if (c.overflow) {
       c.overflow = false;

@@ -365,6 +365,8 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
     RingPair& rp = p->seg->rings[a.dest_qpn % kMaxQp];
     out_req = RingView{&pc->req, rp.req};
     out_resp = RingView{&pc->resp, rp.resp};
+    out_req_head = pc->req.head.load(std::memory_order_acquire);
+    out_resp_head = pc->resp.head.load(std::memory_order_acquire);
   }
 
   if (given & UFAB_QP_ACCESS_FLAGS) {
@@ -577,8 +579,9 @@ void Qp::notify_peer() {
 
 bool Qp::resp_space(uint32_t slots) const {
   uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
-  uint64_t head = out_resp.idx->head.load(std::memory_order_acquire);
-  return tail + slots - head <= kRingSlots;
+  if (tail + slots - out_resp_head <= kRingSlots) return true;
+  out_resp_head = out_resp.idx->head.load(std::memory_order_acquire);
+  return tail + slots - out_resp_head <= kRingSlots;
 }
 
 bool Qp::send_resp(uint8_t type, uint32_t seq, uint64_t value) {
@@ -631,8 +634,10 @@ bool Qp::send_message(SendWqe& w) {
   if (w.wr.send_flags & UFAB_SEND_SOLICITED) h.flags |= kFlagSolicited;
   h.nslots = static_cast<uint8_t>(msg_slots(body));
   uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
-  uint64_t head = out_req.idx->head.load(std::memory_order_acquire);
-  if (tail + h.nslots - head > kRingSlots) return false;
+  if (tail + h.nslots - out_req_head > kRingSlots) {
+    out_req_head = out_req.idx->head.load(std::memory_order_acquire);
+    if (tail + h.nslots - out_req_head > kRingSlots) return false;
+  }
   out_req.put(tail, 0, &h, sizeof h);
   if (h.type == kMsgSend) {
     uint32_t off = kHdrSize;

@@ -117,6 +117,10 @@ struct Qp {
   Peer* peer = nullptr;
   QpCtl* peer_ctl = nullptr;
   RingView out_req, out_resp;  // the peer QP's rings, in its segment
+  // The peer's consumer indices of out_req/out_resp as last read: the
+  // producer re-reads the shared `head` (a cache line the consumer writes)
+  // only when the ring looks full, not once per message.
+  mutable uint64_t out_req_head = 0, out_resp_head = 0;
 
   std::vector<SendWqe> sq;
   std::vector<unsigned char> inline_buf;
