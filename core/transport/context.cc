@@ -109,7 +109,7 @@ void Context::destroy_qp_locked(QueuePairImpl* qp) {
 }
 
 Result<std::optional<net::MacAddress>> Context::resolve_locked(net::Ipv4Address ip) {
-  auto r = arp_resolver_->resolve(ip, Clock::now());
+  auto r = arp_resolver_->resolve(ip, now());
   if (!r) return std::unexpected(r.error());
   if (r->request) send_arp_locked(*r->request);
   return r->mac;
@@ -154,7 +154,7 @@ void Context::on_frame_locked(std::span<const uint8_t> frame) {
   ++stats_.rx_frames;
   if (frame.size() >= 14 && frame[12] == 0x08 && frame[13] == 0x06) {
     ++stats_.rx_arp;
-    arp_resolver_->on_frame(frame, now_);
+    arp_resolver_->on_frame(frame, now());
     if (auto reply = arp_responder_->on_frame(frame)) send_arp_locked(*reply);
     return;
   }
@@ -195,16 +195,19 @@ void Context::on_frame_locked(std::span<const uint8_t> frame) {
 }
 
 void Context::transmit_locked(QueuePairImpl& qp) {
+  now_fresh_ = false;  // a new round: the first timer armed reads the clock
   qp.transmit();
   link_->tx_flush();
 }
 
 int Context::progress_locked() {
-  now_ = Clock::now();
+  // The clock is read lazily (now()): only when a frame arms a timer, a QP
+  // has a timer armed, or ARP needs the time. Its value is at most one
+  // receive burst old when a timer is checked.
+  now_fresh_ = false;
   int work = static_cast<int>(link_->receive(256, [this](std::span<const uint8_t> f) { on_frame_locked(f); }));
-  now_ = Clock::now();
   for (QueuePairImpl* qp : qp_list_) {
-    work += qp->on_timer(now_);
+    work += qp->on_timer();
     work += qp->transmit();
     if (qp->lost_completion() && qp->state() != verbs::QpState::kError) {
       qp->enter_error("its completion queue overflowed");

@@ -78,7 +78,17 @@ class Context {
   // Builds a frame into the next TX buffer and queues it; false (nothing
   // sent, tx_stalls counted) when the NIC has no free buffer.
   bool send_frame_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload);
-  Clock::time_point now() const { return Clock::now(); }
+  // The time, read at most once per round: the first call after a round
+  // starts (progress_locked, transmit_locked) reads the clock, later ones
+  // in the same round reuse it. A round that needs no time (nothing
+  // received, no timer armed, no ARP) never reads the clock.
+  Clock::time_point now() {
+    if (!now_fresh_) {
+      now_ = Clock::now();
+      now_fresh_ = true;
+    }
+    return now_;
+  }
 
  private:
   Context() = default;
@@ -101,7 +111,8 @@ class Context {
   std::unordered_map<uint32_t, std::unique_ptr<QueuePairImpl>> qps_;
   std::vector<QueuePairImpl*> qp_list_;  // iteration order for timers and transmit
   uint32_t next_qpn_ = 0;
-  Clock::time_point now_ = Clock::now();
+  Clock::time_point now_{};
+  bool now_fresh_ = false;  // now_ was read in the current round
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -49,8 +49,9 @@ class QueuePairImpl {
 
   // A parsed packet addressed to this QP.
   void on_packet(const roce::Packet& pkt);
-  // Retransmission and RNR timers; returns 1 when a timer fired.
-  int on_timer(Clock::time_point now);
+  // Retransmission and RNR timers; returns 1 when a timer fired. Reads
+  // the context's clock only when a timer is armed.
+  int on_timer();
   // Sends what is queued (responses first, then requests) while the NIC
   // has buffers; returns packets sent.
   int transmit();

@@ -271,9 +271,10 @@ bool QueuePairImpl::retry_exhausted(bool rnr) {
   return false;
 }
 
-int QueuePairImpl::on_timer(Clock::time_point now) {
-  if (!timer_ || now < *timer_ || attr_.state != QpState::kRts) return 0;
+int QueuePairImpl::on_timer() {
+  if (!timer_ || attr_.state != QpState::kRts) return 0;
   if (rnr_until_) return 0;  // waiting out an RNR NAK is not a missing ACK
+  if (ctx_.now() < *timer_) return 0;
   // Acknowledged beyond the cursor (answers to packets sent before a
   // rewind): skip what the peer already has.
   if (psn_diff(una_psn_, cursor_psn_) > 0) rewind(una_psn_);
