@@ -24,8 +24,9 @@
  * CQs and PD they use, everything before close_device).
  *
  * Threads: the framework may call any operation from any thread, so a
- * provider locks what it shares. It locks per queue, never per device, on
- * the post and poll paths.
+ * provider locks what it shares; on the post and poll paths it should lock
+ * per queue, not per device (soft-RoCE still takes one device lock: issue
+ * 11's work).
  */
 #ifndef UFAB_ABI_RDMA_PROVIDER_H
 #define UFAB_ABI_RDMA_PROVIDER_H
@@ -107,7 +108,8 @@ struct ufab_rdma_provider {
   int (*destroy_cq)(struct ufab_rdma_cq* cq);
   /* Up to n completions; wc[i].detail is 0 or a handle for wc_detail. */
   int (*poll_cq)(struct ufab_rdma_cq* cq, struct ufab_wc* wc, uint32_t n);
-  /* Blocks until the CQ has a completion or timeout_ms passes (no poll). */
+  /* Blocks until the CQ has a completion (returns 1) or timeout_ms passes
+   * (returns 0); a negative timeout waits without limit. It does not poll. */
   int (*wait_cq)(struct ufab_rdma_cq* cq, int timeout_ms);
   /* The words behind wc->detail, valid until the next poll_cq; NULL when
    * the provider has none. */

@@ -190,6 +190,7 @@ PluginRegistry& PluginRegistry::operator=(PluginRegistry&& other) noexcept {
     plugins_ = std::move(other.plugins_);
     libraries_ = std::move(other.libraries_);
     warnings_ = std::move(other.warnings_);
+    rdma_providers_ = std::move(other.rdma_providers_);
     force_secure_ = other.force_secure_;
   }
   return *this;
@@ -309,13 +310,14 @@ Status PluginRegistry::load_file(const std::string& so_path) {
     // A plugin that implements queue pairs itself exports the RDMA provider
     // entry instead (or as well): kept for the provider layer, which checks
     // its table (core/provider/providers.h).
+    const ufab_rdma_provider* provider = nullptr;
     if (void* rdma_entry = dlsym(handle, UFAB_RDMA_PROVIDER_ENTRY_SYMBOL); rdma_entry != nullptr) {
-      const ufab_rdma_provider* table = reinterpret_cast<ufab_rdma_provider_entry_fn>(rdma_entry)();
-      if (table == nullptr) {
+      provider = reinterpret_cast<ufab_rdma_provider_entry_fn>(rdma_entry)();
+      if (provider == nullptr) {
         return fail(ENOEXEC, UFAB_RDMA_PROVIDER_ENTRY_SYMBOL "() returned NULL: the plugin gave no provider table");
       }
-      rdma_providers_.push_back({table, so_path});
       if (entry == nullptr) {
+        rdma_providers_.push_back({provider, so_path});
         libraries_.push_back(std::move(library));
         return {};
       }
@@ -339,6 +341,8 @@ Status PluginRegistry::load_file(const std::string& so_path) {
       return fail(ENOEXEC, UFAB_DRIVER_ENTRY_SYMBOL "() returned NULL: the plugin gave no driver table");
     }
     if (auto st = register_driver(driver, so_path); !st) return st;
+    // Kept only with its library: a refused driver table closes it.
+    if (provider != nullptr) rdma_providers_.push_back({provider, so_path});
     libraries_.push_back(std::move(library));
     return {};
   };

@@ -1,10 +1,12 @@
-// rdma_example: a complete program over ufab's RDMA API (api/rdma.h). Two
-// processes, each on its own NIC port, connect one RC queue pair; the client
+// rdma_example: a complete program over ufab's RDMA API (<ufab/rdma.hpp>).
+// Two processes, each on its own device, connect one RC queue pair; the client
 // then runs SEND, RDMA WRITE, RDMA READ, RDMA WRITE_WITH_IMM, FETCH_AND_ADD
 // and CMP_AND_SWP against the server's memory and checks every result.
 //
 //   rdma_example --device swnic:demo:0 --ip 10.0.0.1 --listen 18515
 //   rdma_example --device swnic:demo:1 --ip 10.0.0.2 --connect 127.0.0.1:18515
+//   rdma_example --device shm:demo --listen 18516          (shared memory, no --ip)
+//   rdma_example --device shm:demo --connect 127.0.0.1:18516
 //
 // docs/rdma-api.md walks through this file.
 #include <cstddef>
@@ -32,17 +34,19 @@ using ufab::hex;
 using ufab::Result;
 using ufab::Status;
 
-constexpr const char* kUsage = R"(usage: rdma_example --device SPEC --ip A.B.C.D --listen PORT   (server)
-       rdma_example --device SPEC --ip A.B.C.D --connect HOST:PORT   (client)
+constexpr const char* kUsage = R"(usage: rdma_example --device SPEC [--ip A.B.C.D] --listen PORT   (server)
+       rdma_example --device SPEC [--ip A.B.C.D] --connect HOST:PORT   (client)
 
 Connects one RC queue pair between two ufab ports and runs SEND/RECV,
 RDMA_WRITE, RDMA_READ, RDMA_WRITE_WITH_IMM, FETCH_AND_ADD and CMP_AND_SWP,
 checking each. The queue-pair data is exchanged over TCP.
 
 options:
-  --device SPEC      the port: a PCI address bound to vfio-pci (0000:01:00.0)
-                     or a software NIC (swnic:NAME:0, swnic:NAME:1)
-  --ip A.B.C.D       this port's IPv4 address (GID ::ffff:A.B.C.D)
+  --device SPEC      the port: a PCI address bound to vfio-pci (0000:01:00.0),
+                     a software NIC (swnic:NAME:0, swnic:NAME:1), or a
+                     shared-memory domain (shm:NAME)
+  --ip A.B.C.D       this port's IPv4 address (GID ::ffff:A.B.C.D); required
+                     on a NIC, unused on shm
   --listen PORT      be the server; TCP port for the exchange (0: any free
                      port, printed)
   --connect H:P      be the client; the server's TCP address
@@ -351,7 +355,7 @@ Status run(const Options& opt) {
   if (opt.server) {
     auto listener = exchange::TcpChannel::listen(opt.port);
     if (!listener) return failed("listening on TCP port " + std::to_string(opt.port), listener.error());
-    std::printf("rdma_example: server %s at %s, QP %s, listening on TCP port %u\n", dev.name().c_str(), opt.ip.c_str(),
+    std::printf("rdma_example: server %s at %s, QP %s, listening on TCP port %u\n", dev.name().c_str(), opt.ip.empty() ? dev.provider().c_str() : opt.ip.c_str(),
                 hex((*qp)->qp_num()).c_str(), listener->port());
     channel = listener->accept(opt.timeout);
     if (!channel) return failed("waiting for the client", channel.error());
@@ -470,7 +474,7 @@ int main(int argc, char** argv) {
       return usage_error("unknown option " + arg);
     }
   }
-  if (opt.device.empty() || opt.ip.empty()) return usage_error("--device and --ip are required");
+  if (opt.device.empty()) return usage_error("--device is required");
   if (listen == connect) {
     return usage_error("give exactly one of --listen PORT (server) and --connect HOST:PORT (client)");
   }

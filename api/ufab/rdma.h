@@ -357,7 +357,8 @@ uint32_t ufab_cq_depth(const struct ufab_cq* cq);
 /* Up to n completions, oldest first; 0 when none; -EOVERFLOW once after
  * completions were lost to a full CQ (their QPs went to ERROR). */
 int ufab_cq_poll(struct ufab_cq* cq, struct ufab_wc* wc, uint32_t n);
-/* Blocks until a completion is there or timeout_ms passes, then polls. */
+/* Blocks until a completion is there or timeout_ms passes (a negative
+ * timeout waits without limit), then polls. */
 int ufab_cq_wait(struct ufab_cq* cq, struct ufab_wc* wc, uint32_t n, int timeout_ms);
 /* Why an error completion failed, in words; valid until the next poll of
  * this CQ. */

@@ -19,9 +19,9 @@
 
 namespace {
 
-thread_local std::string t_error;
+using ufab::provider::last_error;
 
-void set_error(const char* message) { t_error = message != nullptr ? message : ""; }
+void set_error(const char* message) { last_error() = message != nullptr ? message : ""; }
 void log_message(int level, const char* message) {
   static const char* const kLevels[] = {"error", "warning", "info", "debug"};
   if (level <= 1) std::fprintf(stderr, "ufab %s: %s\n", kLevels[level < 0 ? 0 : level], message);
@@ -30,7 +30,7 @@ void log_message(int level, const char* message) {
 const ufab_rdma_host kHost = {.size = sizeof(ufab_rdma_host), .reserved = 0, .set_error = set_error, .log = log_message};
 
 int error(int err, const std::string& message) {
-  t_error = message;
+  last_error() = message;
   return -err;
 }
 
@@ -116,6 +116,21 @@ const ufab_rdma_provider* ops(const ufab_pd* pd) { return pd->dev->ops; }
 const ufab_rdma_provider* ops(const ufab_qp* qp) { return qp->ops; }
 const ufab_rdma_provider* ops(const ufab_cq* cq) { return cq->ops; }
 
+// For a name the fallback provider could not open: when it looks like
+// "PREFIX:..." and no provider serves PREFIX, say so and name those there
+// are (a plugin missing from the plugin directory shows up here).
+std::string unserved_prefix_hint(const std::string& name) {
+  auto colon = name.find(':');
+  if (colon == std::string::npos || colon == 0) return "";
+  std::string prefix = name.substr(0, colon);
+  bool pci_domain = prefix.size() == 4 && prefix.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
+  if (pci_domain) return "";
+  std::string known;
+  for (const auto& p : ufab::provider::providers().providers()) known += (known.empty() ? "" : ", ") + p->name;
+  return "; nor does any RDMA provider serve \"" + prefix + ":\" (providers: " + known +
+         "; `ufab plugins` lists them, and UFAB_PLUGIN_PATH says where plugins are looked for)";
+}
+
 #define UFAB_REQUIRE(cond, what)                                          \
   do {                                                                    \
     if (!(cond)) return error(EINVAL, std::string(__func__) + ": " what); \
@@ -125,7 +140,7 @@ const ufab_rdma_provider* ops(const ufab_cq* cq) { return cq->ops; }
 
 extern "C" {
 
-const char* ufab_last_error(void) { return t_error.c_str(); }
+const char* ufab_last_error(void) { return last_error().c_str(); }
 
 // ------------------------------------------------------------------- device
 
@@ -145,9 +160,10 @@ int ufab_device_open(const char* name, const ufab_device_opts* opts, ufab_device
     if (!provider) return error(provider.error().code(), provider.error().message());
     const ufab_rdma_provider* table = &(*provider)->ops;
     ufab_rdma_dev* p = nullptr;
-    t_error.clear();
+    last_error().clear();
     if (int rc = table->open_device(&kHost, name, &o, &p); rc < 0) {
-      if (t_error.empty()) t_error = std::string("opening ") + name + ": " + std::strerror(-rc);
+      if (last_error().empty()) last_error() = std::string("opening ") + name + ": " + std::strerror(-rc);
+      if (rc == -EINVAL && (*provider)->prefixes.empty()) last_error() += unserved_prefix_hint(name);
       return rc;
     }
     auto* dev = new ufab_device{{}, table, p, {}};
@@ -405,8 +421,8 @@ int ufab_post_send(ufab_qp* qp, const ufab_send_wr* wrs, uint32_t n, uint32_t* b
   if (rc < 0) {
     if (bad != nullptr) *bad = at;
     if (n > 1) {
-      t_error = "work request " + std::to_string(at) + " of " + std::to_string(n) + " (the ones before it are posted): " +
-                t_error;
+      last_error() = "work request " + std::to_string(at) + " of " + std::to_string(n) + " (the ones before it are posted): " +
+                last_error();
     }
   }
   return rc;
@@ -418,8 +434,8 @@ int ufab_post_recv(ufab_qp* qp, const ufab_recv_wr* wrs, uint32_t n, uint32_t* b
   if (rc < 0) {
     if (bad != nullptr) *bad = at;
     if (n > 1) {
-      t_error = "receive request " + std::to_string(at) + " of " + std::to_string(n) +
-                " (the ones before it are posted): " + t_error;
+      last_error() = "receive request " + std::to_string(at) + " of " + std::to_string(n) +
+                " (the ones before it are posted): " + last_error();
     }
   }
   return rc;

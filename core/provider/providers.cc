@@ -12,37 +12,53 @@ namespace {
 constexpr size_t kHeaderSize = offsetof(ufab_rdma_provider, open_device);
 constexpr size_t kMaxPrefixes = 64;
 
-// One stub per signature: each returns -EOPNOTSUPP (void ones do nothing).
-template <typename R, typename... Args>
+// One stub per operation: -EOPNOTSUPP with a sentence naming it (void ones
+// do nothing, wc_detail has no text).
+template <typename Name, typename R, typename... Args>
 struct Stub;
-template <typename... Args>
-struct Stub<int, Args...> {
-  static int fn(Args...) { return -EOPNOTSUPP; }
+template <typename Name, typename... Args>
+struct Stub<Name, int, Args...> {
+  static int fn(Args...) {
+    last_error() = std::string("this device's RDMA provider does not implement ") + Name::name() +
+                   " (`ufab plugins` lists what each provider lacks)";
+    return -EOPNOTSUPP;
+  }
 };
-template <typename... Args>
-struct Stub<void, Args...> {
+template <typename Name, typename... Args>
+struct Stub<Name, void, Args...> {
   static void fn(Args...) {}
 };
-template <typename... Args>
-struct Stub<const char*, Args...> {
+template <typename Name, typename... Args>
+struct Stub<Name, const char*, Args...> {
   static const char* fn(Args...) { return nullptr; }
 };
 
-template <typename R, typename... Args>
-void fill(R (*&op)(Args...), size_t offset, size_t size, const char* name, std::vector<std::string>* stubbed) {
+template <typename Name, typename R, typename... Args>
+void fill(R (*&op)(Args...), size_t offset, size_t size, std::vector<std::string>* stubbed) {
   if (offset + sizeof op <= size && op != nullptr) return;
-  op = &Stub<R, Args...>::fn;
-  if (stubbed != nullptr) stubbed->push_back(name);
+  op = &Stub<Name, R, Args...>::fn;
+  if (stubbed != nullptr) stubbed->push_back(Name::name());
 }
 
 }  // namespace
+
+std::string& last_error() {
+  thread_local std::string text;
+  return text;
+}
 
 ufab_rdma_provider complete_provider_ops(const ufab_rdma_provider& table, std::vector<std::string>* stubbed) {
   ufab_rdma_provider out{};
   size_t size = std::min<size_t>(table.size, sizeof out);
   std::memcpy(&out, &table, size);
   out.size = sizeof out;
-#define UFAB_FILL(op) fill(out.op, offsetof(ufab_rdma_provider, op), size, #op, stubbed)
+#define UFAB_FILL(op)                                                  \
+  do {                                                                 \
+    struct Name {                                                      \
+      static const char* name() { return #op; }                        \
+    };                                                                 \
+    fill<Name>(out.op, offsetof(ufab_rdma_provider, op), size, stubbed); \
+  } while (0)
   UFAB_FILL(open_device);
   UFAB_FILL(close_device);
   UFAB_FILL(query_device);

@@ -27,6 +27,10 @@ struct Provider {
   ufab_rdma_provider ops{};              // complete table
 };
 
+// The calling thread's last error, in words: what ufab_last_error() returns
+// and what providers' set_error() writes.
+std::string& last_error();
+
 // `table` with every operation present; `stubbed` gets the names filled in.
 ufab_rdma_provider complete_provider_ops(const ufab_rdma_provider& table, std::vector<std::string>* stubbed);
 

@@ -226,11 +226,11 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
   a->active_mtu = dev->ctx->active_mtu();
   a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2;
   a->mem_types = 1u << UFAB_MEM_HOST;
-  a->max_qp = 1u << 16;
+  a->max_qp = 1u << 20;  // Context::create_qp_locked's limit
   a->max_qp_wr = 1u << 16;
   a->max_sge = verbs::kMaxSge;
   a->max_inline_data = 1024;
-  a->max_cqe = 1u << 20;
+  a->max_cqe = 1u << 22;  // CompletionQueueImpl::create's limit
   a->max_qp_rd_atom = 16;
   a->max_mr_size = 1ull << 40;
   return 0;
@@ -404,8 +404,19 @@ int poll_cq(ufab_rdma_cq* c, ufab_wc* wc, uint32_t n) {
 
 int wait_cq(ufab_rdma_cq* c, int timeout_ms) {
   Cq* cq = h(c);
-  cq->dev->ctx->wait_for_completion(*cq->impl, Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0)));
-  return 0;
+  Context& ctx = *cq->dev->ctx;
+  if (timeout_ms >= 0) {
+    ctx.wait_for_completion(*cq->impl, Clock::now() + std::chrono::milliseconds(timeout_ms));
+  } else {
+    // No limit: hour-long waits until something is there.
+    for (;;) {
+      ctx.wait_for_completion(*cq->impl, Clock::now() + std::chrono::hours(1));
+      std::lock_guard lock(ctx.mutex());
+      if (!cq->impl->empty()) break;
+    }
+  }
+  std::lock_guard lock(ctx.mutex());
+  return cq->impl->empty() ? 0 : 1;
 }
 
 const char* wc_detail(ufab_rdma_cq* c, uint32_t detail) {

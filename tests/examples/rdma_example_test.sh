@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs examples/rdma_example as server and client over a software NIC link
-# (swnic:exPID:0 and :1, addresses 10.0.0.1 and 10.0.0.2, TCP exchange on
-# 127.0.0.1 on a port the server picks) and checks that both end with
-# "rdma_example: all N steps OK"; also --help and a usage error.
+# (swnic:exPID:0 and :1, addresses 10.0.0.1 and 10.0.0.2) and over the
+# shared-memory provider (shm:exPID), TCP exchange on 127.0.0.1 on a port the
+# server picks, and checks that both end with "rdma_example: all N steps
+# OK"; also --help and a usage error.
 #
 # `bazel test //tests/examples:rdma_example_test`, or from the repository
 # root after `bazel build //examples:rdma_example`:
@@ -41,37 +42,48 @@ rc=$?
 [ "$rc" -eq 2 ] || fail "no --listen/--connect: status $rc, expected 2"
 grep -q 'exactly one of --listen' "$dir/usage" || fail "no --listen/--connect: unexpected message: $(cat "$dir/usage")"
 
-# The server first (stale=reset clears a segment a killed run may have
-# left); it prints its port once it listens.
-timeout 30 "$bin" --device "swnic:$link:0" --ip 10.0.0.1 --listen 0 --param stale=reset --timeout 20 \
-  >"$dir/server" 2>&1 &
-server_pid=$!
-port=
-for _ in $(seq 200); do
-  port=$(sed -n 's/.*listening on TCP port \([0-9][0-9]*\).*/\1/p' "$dir/server")
-  if [ -n "$port" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
-  sleep 0.05
-done
-if [ -z "$port" ]; then
-  fail "the server did not start listening"
-else
-  timeout 30 "$bin" --device "swnic:$link:1" --ip 10.0.0.2 --connect "127.0.0.1:$port" --timeout 20 \
-    >"$dir/client" 2>&1
-  client_rc=$?
-  [ "$client_rc" -eq 0 ] || fail "the client exited with status $client_rc"
-fi
-wait "$server_pid"
-server_rc=$?
-server_pid=
-[ "$server_rc" -eq 0 ] || fail "the server exited with status $server_rc"
+# One pair: the server first (it prints its port once it listens), then the
+# client; both must end with their "all N steps OK" line.
+run_pair() {  # tag, server device args..., --, client device args...
+  local tag=$1
+  shift
+  local server_args=() client_args=()
+  while [ "$1" != "--" ]; do server_args+=("$1"); shift; done
+  shift
+  client_args=("$@")
+  timeout 30 "$bin" "${server_args[@]}" --listen 0 --timeout 20 >"$dir/server-$tag" 2>&1 &
+  server_pid=$!
+  local port=
+  for _ in $(seq 200); do
+    port=$(sed -n 's/.*listening on TCP port \([0-9][0-9]*\).*/\1/p' "$dir/server-$tag")
+    if [ -n "$port" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
+    sleep 0.05
+  done
+  if [ -z "$port" ]; then
+    fail "$tag: the server did not start listening"
+  else
+    timeout 30 "$bin" "${client_args[@]}" --connect "127.0.0.1:$port" --timeout 20 >"$dir/client-$tag" 2>&1
+    local client_rc=$?
+    [ "$client_rc" -eq 0 ] || fail "$tag: the client exited with status $client_rc"
+  fi
+  wait "$server_pid"
+  local server_rc=$?
+  server_pid=
+  [ "$server_rc" -eq 0 ] || fail "$tag: the server exited with status $server_rc"
+  for side in server client; do
+    echo "--- $tag $side"
+    cat "$dir/$side-$tag" 2>/dev/null
+  done
+  [ "$(tail -n1 "$dir/server-$tag")" = "rdma_example: all 5 steps OK" ] ||
+    fail "$tag: the server's last line is not 'all 5 steps OK'"
+  [ -f "$dir/client-$tag" ] && [ "$(tail -n1 "$dir/client-$tag")" = "rdma_example: all 7 steps OK" ] ||
+    fail "$tag: the client's last line is not 'all 7 steps OK'"
+}
 
-for side in server client; do
-  echo "--- $side"
-  cat "$dir/$side" 2>/dev/null
-done
-[ "$(tail -n1 "$dir/server")" = "rdma_example: all 5 steps OK" ] || fail "the server's last line is not 'all 5 steps OK'"
-[ -f "$dir/client" ] && [ "$(tail -n1 "$dir/client")" = "rdma_example: all 7 steps OK" ] ||
-  fail "the client's last line is not 'all 7 steps OK'"
+# Soft-RoCE over a swnic link (stale=reset clears a segment a killed run
+# may have left), then the shared-memory provider.
+run_pair swnic --device "swnic:$link:0" --ip 10.0.0.1 --param stale=reset -- --device "swnic:$link:1" --ip 10.0.0.2
+run_pair shm --device "shm:$link" -- --device "shm:$link"
 
 if [ "$failures" -ne 0 ]; then
   echo "rdma_example_test: $failures failed"
