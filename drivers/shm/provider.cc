@@ -1,11 +1,16 @@
 // The shm provider's operations table: the ABI boundary. Every operation
 // catches what its body throws and returns a negative errno after
 // host->set_error.
+#include <dirent.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 
 #include "drivers/shm/shm.h"
@@ -189,6 +194,56 @@ int dealloc_pd(ufab_rdma_pd* pd) {
   return 0;
 }
 
+// The file behind [a, a + len) when the range lies in one MAP_SHARED
+// mapping of a file and this process holds a descriptor of it (a memfd an
+// application mapped and kept): peers then map the region themselves
+// (KeyEntry). fd -1: none; peers copy with CMA.
+struct SharedFile {
+  int fd = -1;
+  uint64_t off = 0, dev = 0, ino = 0;
+};
+
+SharedFile find_shared_file(uint64_t a, uint64_t len) {
+  SharedFile out;
+  if (len == 0) return out;
+  FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (!maps) return out;
+  char line[8192];
+  bool found = false;
+  while (std::fgets(line, sizeof line, maps)) {
+    unsigned long long start = 0, end = 0, off = 0, ino = 0;
+    unsigned maj = 0, min = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &off, &maj, &min, &ino) != 7) continue;
+    if (a < start || a >= end) continue;
+    if (a + len <= end && perms[3] == 's' && ino != 0) {
+      out.off = off + (a - start);
+      out.dev = makedev(maj, min);
+      out.ino = ino;
+      found = true;
+    }
+    break;
+  }
+  std::fclose(maps);
+  if (!found) return out;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return out;
+  const int skip = ::dirfd(d);
+  while (struct dirent* ent = ::readdir(d)) {
+    char* end = nullptr;
+    long fd = std::strtol(ent->d_name, &end, 10);
+    if (end == ent->d_name || *end != '\0' || fd == skip) continue;
+    struct stat st;
+    if (::fstat(static_cast<int>(fd), &st) == 0 && static_cast<uint64_t>(st.st_dev) == out.dev &&
+        static_cast<uint64_t>(st.st_ino) == out.ino) {
+      out.fd = static_cast<int>(fd);
+      break;
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
 int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint32_t* lkey, uint32_t* rkey) {
   Device& d = *pd->p.dev;
   return guard(&d, nullptr, [&]() -> int {
@@ -213,6 +268,7 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
     if (attr->length > kMaxMrSize || a + attr->length < a) {
       throw Error(EINVAL, "registering memory: " + std::to_string(attr->length) + " bytes exceed max_mr_size");
     }
+    const SharedFile file = find_shared_file(a, attr->length);
     auto* m = new ufab_rdma_mr;
     std::lock_guard<std::mutex> g(d.objects_mu);
     uint32_t idx = kMaxMr;
@@ -235,6 +291,10 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
     e.pd.store(pd->p.id, std::memory_order_relaxed);
     e.addr.store(a, std::memory_order_relaxed);
     e.length.store(attr->length, std::memory_order_relaxed);
+    e.fd1.store(static_cast<uint32_t>(file.fd + 1), std::memory_order_relaxed);
+    e.file_off.store(file.off, std::memory_order_relaxed);
+    e.file_dev.store(file.dev, std::memory_order_relaxed);
+    e.file_ino.store(file.ino, std::memory_order_relaxed);
     e.key.store(key, std::memory_order_release);
     d.key_used[idx] = true;
     m->m = Mr{&pd->p, idx, key};

@@ -1,8 +1,13 @@
 // An shm RC queue pair: state machine, posting, the requester and the
 // responder. Everything here runs under the QP's mutex.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "drivers/shm/shm_impl.h"
@@ -232,7 +237,67 @@ void Qp::fail_head(uint32_t status, const std::string& detail) {
 
 // ------------------------------------------------------------ state machine
 
+Qp::~Qp() { drop_direct(); }
+
+void Qp::drop_direct() {
+  for (auto& m : direct_) {
+    if (m.map) ::munmap(m.map, m.map_len);
+  }
+  direct_.clear();
+}
+
+// At most this many of a peer's regions are mapped per QP; more go by CMA.
+constexpr size_t kMaxDirect = 16;
+
+const DirectMap* Qp::direct(uint32_t rkey, const KeyEntry& e) {
+  const uint64_t addr = e.addr.load(std::memory_order_relaxed), len = e.length.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < direct_.size(); ++i) {
+    DirectMap& m = direct_[i];
+    if (((m.key ^ rkey) & (kMaxMr - 1)) != 0) continue;
+    if (m.key == rkey && m.addr == addr && m.len == len) return &m;
+    // The key was registered again: the old mapping goes.
+    if (m.map) ::munmap(m.map, m.map_len);
+    direct_.erase(direct_.begin() + static_cast<ptrdiff_t>(i));
+    break;
+  }
+  if (direct_.size() >= kMaxDirect) return nullptr;
+  DirectMap m;
+  m.key = rkey;
+  m.addr = addr;
+  m.len = len;
+  const uint32_t fd1 = e.fd1.load(std::memory_order_relaxed);
+  const uint64_t off = e.file_off.load(std::memory_order_relaxed);
+  if (fd1 != 0 && peer) {
+    // The owner's descriptor, opened anew: ptrace access to the owner is
+    // needed, as for CMA. Then the file must be the one registered, and
+    // long enough (a mapping past its end would fault).
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/fd/%u", static_cast<int>(peer->pid), fd1 - 1);
+    int fd = ::open(path, O_RDWR | O_CLOEXEC);
+    m.writable = fd >= 0;
+    if (fd < 0) fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_dev) == e.file_dev.load() &&
+        static_cast<uint64_t>(st.st_ino) == e.file_ino.load() && st.st_size >= 0 &&
+        off + len <= static_cast<uint64_t>(st.st_size)) {
+      const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      const uint64_t start = off & ~(page - 1);
+      m.map_len = static_cast<size_t>(off + len - start);
+      void* p = ::mmap(nullptr, m.map_len, PROT_READ | (m.writable ? PROT_WRITE : 0), MAP_SHARED, fd,
+                       static_cast<off_t>(start));
+      if (p != MAP_FAILED) {
+        m.map = p;
+        m.base = static_cast<unsigned char*>(p) + (off - start);
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  direct_.push_back(m);
+  return &direct_.back();
+}
+
 void Qp::release_peer() {
+  drop_direct();
   if (!peer) return;
   if (peer_ctl) {
     uint64_t me = (static_cast<uint64_t>(dev->addr) << 32) | qpn;
@@ -709,8 +774,23 @@ uint32_t Qp::one_sided(SendWqe& w, std::string* why) {
     local[0].iov_base = inline_buf.data() + (sq_next % sq.size()) * cap.max_inline_data;
     local[0].iov_len = w.length;
   }
-  struct iovec remote = {reinterpret_cast<void*>(w.wr.remote_addr), w.length};
-  int e = cma(peer->pid, !read, local, nl, &remote, 1);
+  int e = 0;
+  const DirectMap* dm = direct(w.wr.rkey, *pin);
+  if (dm && dm->base && (read || dm->writable)) {
+    // The region is mapped here: copy, no system call.
+    unsigned char* r = dm->base + (w.wr.remote_addr - dm->addr);
+    for (unsigned long k = 0; k < nl; ++k) {
+      if (read) {
+        std::memcpy(local[k].iov_base, r, local[k].iov_len);
+      } else {
+        std::memcpy(r, local[k].iov_base, local[k].iov_len);
+      }
+      r += local[k].iov_len;
+    }
+  } else {
+    struct iovec remote = {reinterpret_cast<void*>(w.wr.remote_addr), w.length};
+    e = cma(peer->pid, !read, local, nl, &remote, 1);
+  }
   pin->pins.fetch_sub(1, std::memory_order_release);
   ++stats.tx;
   if (e == 0) return 0;

@@ -26,7 +26,7 @@
 namespace ufab::shm {
 
 constexpr uint32_t kSegMagic = 0x7566736d;  // "ufsm"
-constexpr uint32_t kSegVersion = 1;
+constexpr uint32_t kSegVersion = 2;  // 2: KeyEntry names the file behind a MAP_SHARED region
 
 constexpr uint32_t kMaxQp = 256;      // QP index: the low 8 bits of the QPN
 constexpr uint32_t kMaxMr = 4096;     // key index: the low 12 bits of a key
@@ -93,6 +93,13 @@ struct AtomicBody {
 // registration (release) and cleared first on deregistration; a peer pins
 // before it reads the key and unpins after its copy, so deregistration
 // waits for copies in flight (bounded).
+//
+// When the region lies in one MAP_SHARED mapping of a file (a memfd, a
+// file in /dev/shm) and the owner holds a descriptor of that file, `fd1` is
+// that descriptor + 1 and file_off, file_dev, file_ino say where and which
+// file: a peer opens /proc/<owner pid>/fd/<fd1 - 1>, checks the file is
+// that one, maps the region's pages and copies with memcpy instead of CMA.
+// fd1 0: no such file; peers use CMA.
 struct alignas(64) KeyEntry {
   std::atomic<uint32_t> key;  // 0: free
   std::atomic<uint32_t> pins;
@@ -100,6 +107,11 @@ struct alignas(64) KeyEntry {
   std::atomic<uint32_t> pd;
   std::atomic<uint64_t> addr;
   std::atomic<uint64_t> length;
+  std::atomic<uint32_t> fd1;
+  uint32_t reserved;
+  std::atomic<uint64_t> file_off;
+  std::atomic<uint64_t> file_dev;
+  std::atomic<uint64_t> file_ino;
 };
 static_assert(sizeof(KeyEntry) == 64);
 

@@ -90,12 +90,24 @@ struct RecvWqe {
   ufab_sge sge[UFAB_MAX_SGE];
 };
 
+// A peer's registered region mapped into this process (KeyEntry's file):
+// one-sided operations on it are a memcpy. Cached per QP by key.
+struct DirectMap {
+  uint32_t key = 0;
+  uint64_t addr = 0, len = 0;  // the region, as the peer registered it
+  unsigned char* base = nullptr;  // where `addr` is here; nullptr: use CMA
+  void* map = nullptr;
+  size_t map_len = 0;
+  bool writable = false;
+};
+
 struct QpStats {
   uint64_t tx = 0, rx = 0, naks_sent = 0, naks_received = 0, rnr_sent = 0, rnr_received = 0, dropped = 0,
            retransmits = 0, stalls = 0;
 };
 
 struct Qp {
+  ~Qp();
   Device* dev = nullptr;
   uint32_t index = 0;
   std::mutex mu;
@@ -170,6 +182,12 @@ struct Qp {
   uint32_t check_remote_key(uint32_t rkey, uint64_t addr, uint64_t len, uint32_t right, Segment* seg,
                             uint32_t target_pd, KeyEntry** pinned, std::string* why) const;
   bool send_message(SendWqe& w);
+  // The peer's region of `rkey` (its entry pinned and checked) mapped here,
+  // or nullptr; mapped on first use, unmapped when the key changes or the
+  // peer goes.
+  const DirectMap* direct(uint32_t rkey, const KeyEntry& e);
+  void drop_direct();
+  std::vector<DirectMap> direct_;
   void release_peer();
   void notify_peer();
   void fail_head(uint32_t status, const std::string& detail);

@@ -1,5 +1,8 @@
 #include "tools/ufab/perf/session.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,11 +72,28 @@ Status Session::open_device() {
 
   area_ = round_up(std::max<uint64_t>(cfg_.size, kCycleBuffer), kCacheLine);
   const uint64_t total = 2 * uint64_t(cfg_.qps) * area_;
-  void* mem = nullptr;
-  if (int rc = posix_memalign(&mem, kCycleBuffer, total); rc != 0) {
-    return fail(rc, "allocating the " + std::to_string(total) + "-byte buffer");
+  // A memfd mapped MAP_SHARED and kept open: a provider that maps its
+  // peers' shared regions (shm) then copies straight into this buffer
+  // instead of through the kernel. Heap memory where there is no memfd.
+  if (int fd = memfd_create("ufab-perf", MFD_CLOEXEC); fd >= 0) {
+    void* p = MAP_FAILED;
+    if (ftruncate(fd, off_t(total)) == 0) p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      memory_ = {static_cast<uint8_t*>(p), [fd, total](uint8_t* q) {
+                   munmap(q, total);
+                   ::close(fd);
+                 }};
+    } else {
+      ::close(fd);
+    }
   }
-  memory_ = {static_cast<uint8_t*>(mem), &std::free};
+  if (!memory_) {
+    void* mem = nullptr;
+    if (int rc = posix_memalign(&mem, kCycleBuffer, total); rc != 0) {
+      return fail(rc, "allocating the " + std::to_string(total) + "-byte buffer");
+    }
+    memory_ = {static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); }};
+  }
   buffer_ = memory_.get();
   // write-lat polls the last byte of what arrives, so its buffer starts
   // zeroed; the other tests send perftest's random bytes.

@@ -145,7 +145,7 @@ class Session {
   const Config& cfg_;
   std::unique_ptr<rdma::Device> dev_;
   std::optional<rdma::ProtectionDomain> pd_;
-  std::unique_ptr<uint8_t, void (*)(void*)> memory_{nullptr, nullptr};
+  std::unique_ptr<uint8_t, std::function<void(uint8_t*)>> memory_;
   uint8_t* buffer_ = nullptr;
   uint64_t area_ = 0;
   std::optional<rdma::MemoryRegion> mr_;

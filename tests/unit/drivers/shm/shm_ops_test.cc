@@ -1,7 +1,14 @@
 // The shm provider between two processes: every operation both ways with
 // its data checked (0 B to 1 MiB), post lists with gather/scatter, inline
-// and unsignaled sends, and loopback within one device.
+// and unsignaled sends, loopback within one device, and WRITE/READ on
+// regions of MAP_SHARED memfds, which the peer maps and copies without CMA.
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include <array>
 #include <cstdlib>
@@ -23,6 +30,26 @@ struct Arena {
   uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
 };
 
+// The same, in a memfd mapped MAP_SHARED (its descriptor kept open): a
+// peer maps such a region and copies with memcpy.
+struct SharedArena {
+  size_t size;
+  int fd = -1;
+  uint8_t* p = nullptr;
+  explicit SharedArena(size_t n) : size(n) {
+    fd = memfd_create("shm-ops-test", MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(n)) == 0) {
+      void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) p = static_cast<uint8_t*>(m);
+    }
+  }
+  ~SharedArena() {
+    if (p) munmap(p, size);
+    if (fd >= 0) close(fd);
+  }
+  uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
+};
+
 struct Reg {
   ufab_rdma_mr* mr = nullptr;
   uint32_t lkey = 0, rkey = 0;
@@ -41,7 +68,8 @@ constexpr uint64_t kWord = 4u << 20;  // atomics target
 constexpr size_t kArena = (4u << 20) + 4096;
 
 // One direction: `req` is the requester.
-bool one_direction(Side& s, Arena& a, const Reg& r, Conn& c, bool req, uint32_t round) {
+template <class A>  // Arena or SharedArena
+bool one_direction(Side& s, A& a, const Reg& r, Conn& c, bool req, uint32_t round) {
   for (uint32_t size : kSizes) {
     uint32_t seed = size * 7 + round;
     ufab_sge src = {a.addr(kSrc), size, r.lkey};
@@ -159,6 +187,111 @@ TEST(ShmOps, EveryOperationBothDirections) {
     TREQUIRE(s.ch.sync("end"));
     TCHECK_EQ(qp_state(c.qp), static_cast<uint32_t>(UFAB_QPS_RTS));
     drop_conn(c);
+    TREQUIRE_OK(P()->dereg_mr(r.mr));
+    return true;
+  }));
+}
+
+// From here on this process cannot use process_vm_readv/writev (EPERM).
+bool forbid_cma() {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+  };
+  struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// Regions in MAP_SHARED memfds: every operation and size both ways (the
+// WRITEs and READs by memcpy through the peer's mapping); then the child,
+// with CMA forbidden by seccomp, still WRITEs and READs the parent's shared
+// regions, including one registered after the first use and one registered
+// again under a new key at the same index, while a WRITE to a private
+// region fails for want of CMA (so the others did not use it).
+TEST(ShmOps, SharedRegionsAreMappedNotCopiedByCma) {
+  EXPECT_TRUE(run_pair("direct", [](Side& s) {
+    SharedArena a(kArena);
+    TREQUIRE(a.p != nullptr);
+    Reg r;
+    TREQUIRE(reg(s, a.p, a.size, kAll, &r));
+    Conn c;
+    ConnOptions o;
+    o.advertise = {0, 0, 0, r.rkey, a.addr(), a.size};
+    TREQUIRE(make_conn(s, c, o));
+    TREQUIRE(one_direction(s, a, r, c, s.parent(), 0));
+    TREQUIRE(s.ch.sync("turn"));
+    TREQUIRE(one_direction(s, a, r, c, !s.parent(), 1));
+    TREQUIRE(s.ch.sync("no cma"));
+
+    constexpr uint32_t kLen = 4096;
+    Info none, theirs;
+    if (s.parent()) {
+      // The target: a region B in a second memfd, then B again under a new
+      // key, then a private region; the child's writes are checked here.
+      SharedArena b(1u << 20);
+      TREQUIRE(b.p != nullptr);
+      Reg rb;
+      TREQUIRE(reg(s, b.p, b.size, kAll, &rb));
+      Info mine = {0, 0, 0, rb.rkey, b.addr(), b.size};
+      TREQUIRE(s.ch.exchange(mine, &theirs));
+      TREQUIRE(s.ch.sync("b written"));
+      TCHECK(check_pattern(b.p + 8192, kLen, 51));
+      TREQUIRE_OK(P()->dereg_mr(rb.mr));
+      Reg rb2;
+      TREQUIRE(reg(s, b.p, b.size, kAll, &rb2));
+      TCHECK((rb2.rkey & 0xfff) == (rb.rkey & 0xfff) && rb2.rkey != rb.rkey);
+      mine.rkey = rb2.rkey;
+      TREQUIRE(s.ch.exchange(mine, &theirs));
+      TREQUIRE(s.ch.sync("b written again"));
+      TCHECK(check_pattern(b.p + 12288, kLen, 52));
+      Arena priv(1u << 16);
+      Reg rp;
+      TREQUIRE(reg(s, priv.p, priv.size, kAll, &rp));
+      mine = {0, 0, 0, rp.rkey, priv.addr(), priv.size};
+      TREQUIRE(s.ch.exchange(mine, &theirs));
+      TREQUIRE(s.ch.sync("private tried"));
+      TCHECK_EQ(priv.p[0], 0);
+      TREQUIRE(s.ch.sync("done"));
+      drop_conn(c);
+      TREQUIRE_OK(P()->dereg_mr(rp.mr));
+      TREQUIRE_OK(P()->dereg_mr(rb2.mr));
+    } else {
+      TREQUIRE(forbid_cma());
+      ufab_sge src = {a.addr(kSrc), kLen, r.lkey};
+      // A: WRITE and READ back.
+      fill_pattern(a.p + kSrc, kLen, 50);
+      TREQUIRE_OK(post1(c.qp, 1, UFAB_WR_RDMA_WRITE, &src, 1, UFAB_SEND_SIGNALED, c.peer.vaddr + kDst, c.peer.rkey));
+      TREQUIRE(expect_wc(c.scq, 1, UFAB_WC_SUCCESS, UFAB_WC_RDMA_WRITE));
+      std::memset(a.p + kSrc, 0, kLen);
+      TREQUIRE_OK(post1(c.qp, 2, UFAB_WR_RDMA_READ, &src, 1, UFAB_SEND_SIGNALED, c.peer.vaddr + kDst, c.peer.rkey));
+      TREQUIRE(expect_wc(c.scq, 2, UFAB_WC_SUCCESS, UFAB_WC_RDMA_READ));
+      TCHECK(check_pattern(a.p + kSrc, kLen, 50));
+      // B, registered after A was mapped.
+      TREQUIRE(s.ch.exchange(none, &theirs));
+      fill_pattern(a.p + kSrc, kLen, 51);
+      TREQUIRE_OK(post1(c.qp, 3, UFAB_WR_RDMA_WRITE, &src, 1, UFAB_SEND_SIGNALED, theirs.vaddr + 8192, theirs.rkey));
+      TREQUIRE(expect_wc(c.scq, 3, UFAB_WC_SUCCESS, UFAB_WC_RDMA_WRITE));
+      TREQUIRE(s.ch.sync("b written"));
+      // B under its new key: the old mapping goes, the new one serves.
+      TREQUIRE(s.ch.exchange(none, &theirs));
+      fill_pattern(a.p + kSrc, kLen, 52);
+      TREQUIRE_OK(post1(c.qp, 4, UFAB_WR_RDMA_WRITE, &src, 1, UFAB_SEND_SIGNALED, theirs.vaddr + 12288, theirs.rkey));
+      TREQUIRE(expect_wc(c.scq, 4, UFAB_WC_SUCCESS, UFAB_WC_RDMA_WRITE));
+      TREQUIRE(s.ch.sync("b written again"));
+      // A private region: CMA only, and CMA is forbidden here.
+      TREQUIRE(s.ch.exchange(none, &theirs));
+      TREQUIRE_OK(post1(c.qp, 5, UFAB_WR_RDMA_WRITE, &src, 1, UFAB_SEND_SIGNALED, theirs.vaddr, theirs.rkey));
+      ufab_wc wc;
+      TREQUIRE(expect_wc(c.scq, 5, UFAB_WC_REM_OP_ERR, UFAB_WC_RDMA_WRITE, 10s, &wc));
+      const char* d = P()->wc_detail(c.scq, wc.detail);
+      TCHECK_MSG(d && std::strstr(d, "process_vm_writev"), d ? d : "(no detail)");
+      TREQUIRE(s.ch.sync("private tried"));
+      TREQUIRE(s.ch.sync("done"));
+      drop_conn(c);
+    }
     TREQUIRE_OK(P()->dereg_mr(r.mr));
     return true;
   }));
