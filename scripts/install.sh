@@ -26,7 +26,7 @@ plugins=(//drivers/e1000e:libufab_e1000e.so //drivers/virtio_net:libufab_virtio_
          //drivers/swnic:libufab_swnic.so //drivers/shm:libufab_shm.so)
 echo "install: building libufab.so, the plugins and the CLI" >&2
 log=$(mktemp)
-if ! bazel build //api:libufab.so //tools/ufab "${plugins[@]}" >"$log" 2>&1; then
+if ! bazel build //lib:libufab.so //tools/ufab "${plugins[@]}" >"$log" 2>&1; then
   grep -E 'ERROR|error:' "$log" | head -20 >&2
   rm -f "$log"
   die "bazel build failed (above)"
@@ -36,7 +36,7 @@ bin=$(bazel info bazel-bin 2>/dev/null)
 
 install -d -m 755 "$prefix/bin" "$prefix/lib" "$prefix/lib/ufab-plugins" "$prefix/lib/pkgconfig" \
   "$prefix/include/ufab/base"
-install -m 755 "$bin/api/libufab.so" "$prefix/lib/libufab.so.$version"
+install -m 755 "$bin/lib/libufab.so" "$prefix/lib/libufab.so.$version"
 ln -sfn "libufab.so.$version" "$prefix/lib/libufab.so.$major"
 ln -sfn "libufab.so.$major" "$prefix/lib/libufab.so"
 for p in "${plugins[@]}"; do
@@ -46,6 +46,6 @@ done
 install -m 644 api/ufab/rdma.h api/ufab/rdma.hpp "$prefix/include/ufab/"
 install -m 644 base/error.h "$prefix/include/ufab/base/"
 install -m 755 "$bin/tools/ufab/ufab" "$prefix/bin/ufab"
-sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" api/ufab.pc.in >"$prefix/lib/pkgconfig/ufab.pc"
+sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" lib/ufab.pc.in >"$prefix/lib/pkgconfig/ufab.pc"
 chmod 644 "$prefix/lib/pkgconfig/ufab.pc"
 echo "install: ufab $version in $prefix (pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig)" >&2

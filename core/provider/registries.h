@@ -17,8 +17,8 @@
 namespace ufab::provider {
 
 // The plugins linked into the program, a choice the program makes at link
-// time: the in-tree library (//api:rdma) links api/builtins_static.cc
-// (every plugin of drivers/), libufab.so links api/builtins_none.cc and
+// time: the in-tree library (//api:rdma) links lib/builtins_static.cc
+// (every plugin of drivers/), libufab.so links lib/builtins_none.cc and
 // finds them all in its plugin directory at run time.
 struct Builtins {
   std::span<const ufab_driver* const> drivers;

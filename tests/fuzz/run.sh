@@ -120,7 +120,7 @@ for t in "${targets[@]}"; do
     rdma_receive)
       extra_headers="$root/abi/*.h $root/api/*.h $root/api/ufab/* $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
       extra_libs="-lrt -ldl -lpthread" \
-      fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root"/api/builtins_static.cc \
+      fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root"/lib/builtins_static.cc \
         "$root"/core/provider/{c_api,providers,registries,softroce}.cc "$root"/drivers/builtin_providers.cc \
         "$root"/drivers/shm/{device,provider,qp}.cc \
         "$root"/core/transport/{completion_queue,context,link,qp_transition,queue_pair,requester,responder,verbs}.cc \
