@@ -405,9 +405,22 @@ int Device::progress() {
   uint32_t gen = dead_gen.load(std::memory_order_acquire);
   int work = 0;
   uint32_t n = qp_high.load(std::memory_order_acquire);
+  // An idle QP is skipped without its lock unless its rings have input or
+  // its fatal word is set. Every 64th round (per thread), and after a peer
+  // died, every QP is visited (a destroyed peer QP is noticed there).
+  static thread_local uint32_t rounds = 0;
+  const bool full = (++rounds & 63) == 0 || gen != dead_handled.load(std::memory_order_relaxed);
   for (uint32_t i = 0; i < n; ++i) {
     Qp* q = qps[i].get();
     if (!q || !q->active.load(std::memory_order_relaxed)) continue;
+    if (!full && q->idle.load(std::memory_order_relaxed)) {
+      const QpCtl& c = seg->ctl[i];
+      if (c.req.tail.load(std::memory_order_relaxed) == c.req.head.load(std::memory_order_relaxed) &&
+          c.resp.tail.load(std::memory_order_relaxed) == c.resp.head.load(std::memory_order_relaxed) &&
+          !c.fatal.load(std::memory_order_relaxed)) {
+        continue;
+      }
+    }
     if (!q->mu.try_lock()) continue;  // another thread is driving it
     if (q->active.load(std::memory_order_relaxed)) work += q->progress_locked();
     q->mu.unlock();

@@ -481,6 +481,7 @@ int create_qp(ufab_rdma_pd* pd, const ufab_rdma_qp_init* init, ufab_rdma_qp** ou
       q->reset_locked();
       q->ctl->pd.store(pd->p.id);
       q->ctl->qpn.store(q->qpn, std::memory_order_release);
+      q->idle.store(false);
       q->active.store(true);
     }
     if (idx == n) d.qp_high.store(n + 1, std::memory_order_release);
@@ -517,6 +518,7 @@ int modify_qp(ufab_rdma_qp* qp, const ufab_qp_attr* attr, uint32_t mask) {
   Qp* q = qp->q;
   return guard(q->dev, nullptr, [&] {
     std::lock_guard<std::mutex> g(q->mu);
+    q->idle.store(false, std::memory_order_relaxed);
     return q->modify(*attr, mask);
   });
 }
@@ -540,6 +542,7 @@ int post_send(ufab_rdma_qp* qp, const ufab_send_wr* wrs, uint32_t n, uint32_t* b
   Qp* q = qp->q;
   return guard(q->dev, nullptr, [&] {
     std::lock_guard<std::mutex> g(q->mu);
+    q->idle.store(false, std::memory_order_relaxed);
     return q->post_send(wrs, n, bad);
   });
 }
@@ -548,6 +551,7 @@ int post_recv(ufab_rdma_qp* qp, const ufab_recv_wr* wrs, uint32_t n, uint32_t* b
   Qp* q = qp->q;
   return guard(q->dev, nullptr, [&] {
     std::lock_guard<std::mutex> g(q->mu);
+    q->idle.store(false, std::memory_order_relaxed);
     return q->post_recv(wrs, n, bad);
   });
 }

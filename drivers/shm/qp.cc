@@ -1170,6 +1170,7 @@ int Qp::progress_locked() {
   }
   notify_peer();
   timer.store(rnr_wait || stalled_, std::memory_order_relaxed);
+  idle.store(!(ack_owed || sq_next < sq_tail || notify_ || rnr_wait || stalled_), std::memory_order_relaxed);
   return work;
 }
 

@@ -113,6 +113,10 @@ struct Qp {
   std::mutex mu;
   std::atomic<bool> active{false};  // created and not destroyed (slot reuse)
   std::atomic<bool> timer{false};   // waits for an RNR timer or room in the peer's ring
+  // Set by progress_locked when nothing is left for it but new input in
+  // the QP's rings, a fatal word or a dead peer, which Device::progress
+  // checks without the lock; cleared by every other call that locks it.
+  std::atomic<bool> idle{false};
 
   // Everything below is guarded by mu.
   Pd* pd = nullptr;
