@@ -222,30 +222,6 @@ Error KeyCheckError::to_error() const {
   return Error(code, message());
 }
 
-Access& Access::operator=(Access&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = other.data_;
-    length_ = other.length_;
-    key_ = other.key_;
-    pin_ = other.pin_;
-    other.data_ = nullptr;
-    other.length_ = 0;
-    other.key_ = 0;
-    other.pin_ = nullptr;
-  }
-  return *this;
-}
-
-void Access::release() {
-  // Release order: the caller's copies into or out of the region happen
-  // before deregister_mr (which loads pins) lets the memory go.
-  if (pin_) pin_->fetch_sub(1, std::memory_order_release);
-  pin_ = nullptr;
-  data_ = nullptr;
-  length_ = 0;
-}
-
 MemoryRegionTable::MemoryRegionTable(MemoryTableOptions options) : options_(std::move(options)) {}
 
 MemoryRegionTable::~MemoryRegionTable() {
@@ -560,14 +536,22 @@ bool MemoryRegionTable::read_snapshot(const Slot& s, Snapshot* out) const {
 
 CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd, uint64_t va, uint64_t length,
                                              AccessFlags needed) const {
-  KeyCheckError err;
-  err.path = path;
-  err.key = key;
-  err.va = va;
-  err.length = length;
-  err.needed_access = needed;
-  auto failure = [&err](KeyError kind) {
+  // The error is built only on failure: a successful check (every packet)
+  // fills no error record.
+  const Snapshot* seen = nullptr;  // the region's fields, once the key matched
+  auto failure = [&](KeyError kind) {
+    KeyCheckError err;
     err.kind = kind;
+    err.path = path;
+    err.key = key;
+    err.va = va;
+    err.length = length;
+    err.needed_access = needed;
+    if (seen != nullptr) {
+      err.region_start = seen->iova;
+      err.region_length = seen->length;
+      err.region_access = seen->access;
+    }
     return std::unexpected(err);
   };
 
@@ -579,8 +563,9 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
   Slot* s = slot_at(slot_no);
   if (!s) return failure(KeyError::kUnknownKey);
 
+  Snapshot snap;
   for (uint32_t spins = 0;; ++spins) {
-    Snapshot snap;
+    seen = nullptr;
     if (!read_snapshot(*s, &snap)) {
       // A writer is mid-update (a few stores); wait it out.
       if (spins < 64) {
@@ -592,9 +577,7 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
     }
     if (snap.key == 0) return failure(KeyError::kUnknownKey);
     if (snap.key != key) return failure(KeyError::kStaleKey);
-    err.region_start = snap.iova;
-    err.region_length = snap.length;
-    err.region_access = snap.access;
+    seen = &snap;
 
     // 2. Protection domain.
     if (snap.pd != pd.value) return failure(KeyError::kPdMismatch);

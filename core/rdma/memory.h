@@ -129,8 +129,27 @@ using CheckResult = std::expected<T, KeyCheckError>;
 class Access {
  public:
   Access() = default;
-  Access(Access&& other) noexcept { *this = std::move(other); }
-  Access& operator=(Access&& other) noexcept;
+  Access(Access&& other) noexcept
+      : data_(other.data_), length_(other.length_), key_(other.key_), pin_(other.pin_) {
+    other.data_ = nullptr;
+    other.length_ = 0;
+    other.key_ = 0;
+    other.pin_ = nullptr;
+  }
+  Access& operator=(Access&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = other.data_;
+      length_ = other.length_;
+      key_ = other.key_;
+      pin_ = other.pin_;
+      other.data_ = nullptr;
+      other.length_ = 0;
+      other.key_ = 0;
+      other.pin_ = nullptr;
+    }
+    return *this;
+  }
   Access(const Access&) = delete;
   Access& operator=(const Access&) = delete;
   ~Access() { release(); }
@@ -138,8 +157,16 @@ class Access {
   uint8_t* data() const { return data_; }
   uint64_t length() const { return length_; }
   uint32_t key() const { return key_; }
-  // Gives the pin back early; data() must not be used afterwards.
-  void release();
+  // Gives the pin back early; data() must not be used afterwards. Inline:
+  // it runs once per packet on the data path.
+  void release() {
+    // Release order: the caller's copies into or out of the region happen
+    // before deregister_mr (which loads pins) lets the memory go.
+    if (pin_) pin_->fetch_sub(1, std::memory_order_release);
+    pin_ = nullptr;
+    data_ = nullptr;
+    length_ = 0;
+  }
 
  private:
   friend class MemoryRegionTable;

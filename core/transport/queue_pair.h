@@ -141,7 +141,7 @@ class QueuePairImpl {
   void apply(const verbs::QpAttr& a, verbs::QpAttrMask given);
 
   // Requester.
-  bool start_wqe(SendWqe& w);
+  bool start_wqe(SendWqe& w, bool sending_now);
   int send_request_packet(SendWqe& w);  // 1 sent, 0 no buffer/MAC yet, 2 WQE failed (completed), -1 QP left RTS
   // One request packet as built, before its payload is gathered.
   struct RequestPacket {
@@ -186,7 +186,7 @@ class QueuePairImpl {
   // Request handlers (OpcodeHandling::execute).
   void execute_send(const roce::Packet& pkt);
   void execute_write(const roce::Packet& pkt);
-  bool start_write(const roce::Packet& pkt);
+  bool start_write(const roce::Packet& pkt, verbs::Access& whole);
   void execute_read(const roce::Packet& pkt);
   void execute_atomic(const roce::Packet& pkt);
   void refuse_request(const roce::Packet& pkt);

@@ -52,10 +52,17 @@ WcStatus status_for_nak(uint8_t code) {
 
 // Checks a WQE's local keys and gives it its PSNs. False when it cannot
 // start yet (limits) or failed (completed with an error, QP in ERROR).
-bool QueuePairImpl::start_wqe(SendWqe& w) {
+//
+// `sending_now`: the caller sends the WQE's first packet right after (the
+// window is open). A one-packet SEND or WRITE to a resolved peer then
+// skips the check here: gather_request checks (and pins) the same SGEs,
+// whole, in the same call, and fails the WQE the same way, so each SGE is
+// looked up once.
+bool QueuePairImpl::start_wqe(SendWqe& w, bool sending_now) {
   if (is_read_or_atomic(w) && rd_atomic_outstanding_ >= attr_.max_rd_atomic) return false;
   if ((w.wr.flags & kSendFence) && rd_atomic_outstanding_ > 0) return false;
-  if (!w.is_inline && is_rc()) {
+  const bool checked_by_gather = sending_now && mac_.has_value() && !is_read_or_atomic(w) && w.length <= mtu_;
+  if (!w.is_inline && is_rc() && !checked_by_gather) {
     bool writes = is_read_or_atomic(w);
     for (uint32_t i = 0; i < w.num_sge; ++i) {
       const Sge& s = w.sge[i];
@@ -236,8 +243,9 @@ int QueuePairImpl::transmit() {
   }
   while (sq_next_ < sq_tail_ && attr_.state == QpState::kRts) {
     SendWqe& w = sq_at(sq_next_);
-    if (!w.started && !start_wqe(w)) break;
-    if (is_rc() && psn_diff(cursor_psn_, una_psn_) >= static_cast<int32_t>(kMaxInflightPackets)) break;
+    const bool window_open = !is_rc() || psn_diff(cursor_psn_, una_psn_) < static_cast<int32_t>(kMaxInflightPackets);
+    if (!w.started && !start_wqe(w, window_open)) break;
+    if (!window_open) break;
     int r = send_request_packet(w);
     if (r < 0) break;    // the QP left RTS
     if (r == 0) break;   // no buffer or MAC yet: the next progress retries

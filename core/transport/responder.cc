@@ -263,8 +263,10 @@ void QueuePairImpl::execute_send(const roce::Packet& pkt) {
 }
 
 // The RETH of a WRITE's first packet: the whole range is checked before
-// any byte lands (zero-length WRITEs are not, IBA C9-88).
-bool QueuePairImpl::start_write(const roce::Packet& pkt) {
+// any byte lands (zero-length WRITEs are not, IBA C9-88). `whole` keeps
+// the range pinned, so the first packet's bytes land through it without a
+// second lookup.
+bool QueuePairImpl::start_write(const roce::Packet& pkt, Access& whole) {
   const roce::Reth& reth = pkt.ext.reth;
   if (reth.dma_length > 0) {
     auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite);
@@ -272,6 +274,7 @@ bool QueuePairImpl::start_write(const roce::Packet& pkt) {
       send_nak(a.error().nak_syndrome(), pkt.bth.psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
       return false;
     }
+    whole = std::move(*a);
   }
   write_va_ = reth.va;
   write_rkey_ = reth.rkey;
@@ -286,7 +289,8 @@ void QueuePairImpl::execute_write(const roce::Packet& pkt) {
   const roce::OpcodeInfo& op = *pkt.op;
   const uint32_t psn = pkt.bth.psn;
   const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
-  if (op.first() && !start_write(pkt)) return;
+  Access whole;  // the first packet's: the RETH's whole range, pinned
+  if (op.first() && !start_write(pkt, whole)) return;
   if (msg_offset_ + len > write_length_ || (op.last() && msg_offset_ + len != write_length_)) {
     send_nak(kNakInvalid, psn,
              "RDMA WRITE payload (" + std::to_string(msg_offset_ + len) + " bytes so far) disagrees with "
@@ -294,7 +298,11 @@ void QueuePairImpl::execute_write(const roce::Packet& pkt) {
              WcStatus::kSuccess);
     return;
   }
-  if (len > 0) {
+  if (len > 0 && whole.data() != nullptr) {
+    // The first packet: inside the range just checked (offset 0, len at
+    // most the RETH length, checked above).
+    std::memcpy(whole.data(), pkt.payload.data(), len);
+  } else if (len > 0) {
     auto a = ctx_.memory().check_remote(write_rkey_, pd_, write_va_ + msg_offset_, len, kRemoteWrite);
     if (!a) {
       send_nak(a.error().nak_syndrome(), psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
