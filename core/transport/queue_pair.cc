@@ -233,7 +233,12 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   }
 
   SendWqe& w = sq_at(sq_tail_);
+  // The slot's inline buffer survives the reset: once a slot has held
+  // inline data of some size, posting that much again allocates nothing.
+  std::vector<uint8_t> inline_storage = std::move(w.inline_data);
   w = SendWqe{};
+  inline_storage.clear();
+  w.inline_data = std::move(inline_storage);
   w.wr = wr;
   w.wr.sgl = {};
   w.num_sge = static_cast<uint32_t>(wr.sgl.size());
@@ -244,11 +249,10 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
     // Inline data is read now, through plain pointers as verbs does (the
     // lkey is not consulted), so the caller may reuse the buffer at once.
     w.is_inline = true;
-    w.inline_data.resize(length);
-    uint64_t off = 0;
     for (const Sge& s : wr.sgl) {
-      if (s.length) std::memcpy(w.inline_data.data() + off, reinterpret_cast<const void*>(s.addr), s.length);
-      off += s.length;
+      if (s.length == 0) continue;
+      const auto* src = reinterpret_cast<const uint8_t*>(s.addr);
+      w.inline_data.insert(w.inline_data.end(), src, src + s.length);
     }
   }
   ++sq_tail_;

@@ -65,7 +65,7 @@ class QueuePairImpl {
     verbs::SendWr wr;  // wr.sgl is unused: the SGEs are copied into sge
     std::array<verbs::Sge, verbs::kMaxSge> sge{};
     uint32_t num_sge = 0;
-    std::vector<uint8_t> inline_data;
+    std::vector<uint8_t> inline_data;  // cleared, not freed, between uses of the slot
     bool is_inline = false;
     bool signaled = false;
     uint64_t length = 0;
