@@ -16,7 +16,8 @@
 // Three implementations compute the same function: bytewise (one table
 // lookup per byte; the reference for tests), slice-by-8 (eight tables, eight
 // bytes per step) and PCLMULQDQ folding (x86-64 with the carry-less multiply
-// instruction, checked at run time).
+// instruction, checked at run time; any length >= 16, tail and final
+// reduction without tables).
 #pragma once
 
 #include <cstddef>
@@ -28,7 +29,8 @@ namespace ufab::roce {
 enum class CrcImpl : uint8_t { kBytewise, kSlice8, kPclmul, kAuto };
 
 const char* crc_impl_name(CrcImpl impl);
-// kPclmul needs x86-64 and a CPU with PCLMULQDQ; the others always work.
+// kPclmul needs x86-64 and a CPU with PCLMULQDQ and SSE4.1; the others
+// always work.
 bool crc_impl_available(CrcImpl impl);
 // What kAuto resolves to on this machine.
 CrcImpl best_crc_impl();

@@ -60,6 +60,55 @@ TEST(Crc32, ImplementationsAgreeOnRandomInputs) {
   }
 }
 
+// Bit at a time, sharing nothing with icrc.cc (no tables, no folding).
+uint32_t crc_bit_at_a_time(uint32_t c, std::span<const uint8_t> data) {
+  for (uint8_t b : data) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1) ? 0xEDB88320u : 0);
+  }
+  return c;
+}
+
+// Every length 0..300 at every start offset 0..15 from several random
+// registers: the PCLMUL path (folds, the overlapping tail of 1..15 bytes,
+// the Barrett reduction) and kAuto give what a bit-at-a-time CRC and
+// slice-by-8 give.
+TEST(Crc32, FastPathMatchesBitAtATimeForEveryShortLength) {
+  std::mt19937_64 rng(3);
+  std::vector<uint8_t> buf(300 + 16);
+  for (size_t n = 0; n <= 300; ++n) {
+    for (size_t off = 0; off < 16; ++off) {
+      for (int rep = 0; rep < 3; ++rep) {
+        for (auto& b : buf) b = static_cast<uint8_t>(rng());
+        auto data = std::span<const uint8_t>(buf.data() + off, n);
+        uint32_t state = rep == 0 ? 0u : rep == 1 ? 0xFFFFFFFFu : static_cast<uint32_t>(rng());
+        uint32_t want = crc_bit_at_a_time(state, data);
+        ASSERT_EQ(crc32_update(state, data, CrcImpl::kSlice8), want) << "n=" << n << " off=" << off;
+        ASSERT_EQ(crc32_update(state, data, CrcImpl::kPclmul), want) << "n=" << n << " off=" << off;
+        ASSERT_EQ(crc32_update(state, data, CrcImpl::kAuto), want) << "n=" << n << " off=" << off;
+      }
+    }
+  }
+}
+
+// icrc_begin's one-step PCLMUL form (masks applied in registers) against
+// the masked bytes walked bit at a time, on random headers at every offset.
+TEST(Icrc, HeaderFastPathMatchesBitAtATime) {
+  std::mt19937_64 rng(4);
+  std::vector<uint8_t> buf(kIcrcHeaderBytes + 16);
+  for (int i = 0; i < 2000; ++i) {
+    for (auto& b : buf) b = static_cast<uint8_t>(rng());
+    if (i % 3 == 0) std::fill(buf.begin(), buf.end(), static_cast<uint8_t>(i % 2 ? 0xFF : 0x00));
+    const uint8_t* h = buf.data() + i % 16;
+    uint8_t m[kIcrcHeaderBytes];
+    std::memcpy(m, h, sizeof m);
+    for (size_t at : {1u, 8u, 10u, 11u, 26u, 27u, 32u}) m[at] = 0xFF;
+    uint32_t want = crc_bit_at_a_time(kIcrcSeed, m);
+    auto hs = std::span<const uint8_t, kIcrcHeaderBytes>(h, kIcrcHeaderBytes);
+    for (CrcImpl impl : kImpls) ASSERT_EQ(icrc_begin(hs, impl), want) << crc_impl_name(impl) << " i=" << i;
+  }
+}
+
 TEST(Crc32, SplittingTheInputChangesNothing) {
   std::mt19937_64 rng(2);
   std::vector<uint8_t> buf(5000);
