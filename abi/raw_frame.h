@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define UFAB_ABI_MAJOR 1
-#define UFAB_ABI_MINOR 0
+#define UFAB_ABI_MINOR 1
 #define UFAB_DRIVER_ENTRY_SYMBOL "ufab_driver_entry_v1"
 
 /* ---------------------------------------------------------------- matching */
@@ -188,9 +188,21 @@ struct ufab_driver {
   int (*tx_burst)(struct ufab_dev* dev, uint16_t queue, struct ufab_buf** bufs, uint16_t n);
   int (*stats)(struct ufab_dev* dev, struct ufab_stats* out);
   /* enable=1: arm the queue's interrupt and return the eventfd that becomes
-   * readable when frames arrive; enable=0: back to polling. */
+   * readable when frames arrive; enable=0: back to polling. Until the caller
+   * uses rx_irq_arm, the driver re-arms by itself whenever rx_burst finds
+   * the queue empty (the caller may be about to sleep). */
   int (*rx_irq)(struct ufab_dev* dev, uint16_t queue, int enable, int* eventfd);
   int (*set_promiscuous)(struct ufab_dev* dev, int enable);
+
+  /* ABI 1.1. Arms the queue's interrupt right before the caller sleeps on
+   * its eventfd (rx_irq enable=1 in effect): the eventfd becomes readable
+   * when frames arrive from now on, at once if some already wait. After the
+   * first call the driver stops re-arming on an empty rx_burst, so a caller
+   * that busy-polls costs neither itself nor its peer a wake-up per frame
+   * (a register access per empty poll on a NIC, a futex wake per frame on
+   * swnic). Missing (the loader's -EOPNOTSUPP stub): the driver re-arms by
+   * itself, as before. */
+  int (*rx_irq_arm)(struct ufab_dev* dev, uint16_t queue);
 };
 
 #define UFAB_DRIVER_F_SOFTWARE (1u << 0) /* no PCI device, no VFIO */

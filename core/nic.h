@@ -70,6 +70,10 @@ class Nic {
   // queue; read it (8 bytes) and rx_burst until empty before sleeping again.
   Result<int> enable_rx_irq(uint16_t queue);
   Status disable_rx_irq(uint16_t queue);
+  // Right before sleeping on the interrupt's eventfd (abi/raw_frame.h
+  // rx_irq_arm). 0, or -EOPNOTSUPP when the driver re-arms by itself; no
+  // error text is formatted (it runs on every sleep).
+  int arm_rx_irq(uint16_t queue) { return driver_.rx_irq_arm(dev_, queue); }
 
   // What the plugin said about the last operation that failed on this
   // thread (rx_burst and tx_burst included).

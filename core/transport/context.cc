@@ -232,6 +232,7 @@ void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point dea
       fd = cq.event_fd();
     } else {
       fd = link_->rx_event_fd();
+      link_->arm_rx_irq();
     }
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
     auto nap = std::min(left, thread_.joinable() ? std::chrono::microseconds(left) : kMaxSleep);
@@ -271,6 +272,7 @@ void Context::progress_thread_main() {
     {
       std::lock_guard lock(mu_);
       work = progress_locked();
+      if (work == 0) link_->arm_rx_irq();  // about to sleep on the NIC
     }
     if (work > 0) continue;
     if (fd >= 0) {

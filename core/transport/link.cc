@@ -24,7 +24,12 @@ Result<std::unique_ptr<NicLink>> NicLink::create(std::unique_ptr<core::Nic> nic,
   if (info.caps & UFAB_DEV_CAP_RX_IRQ) {
     // Without an interrupt the transport polls; a NIC that offers one but
     // fails to arm it is still usable that way.
-    if (auto fd = n.enable_rx_irq(0)) link->rx_fd_ = *fd;
+    if (auto fd = n.enable_rx_irq(0)) {
+      link->rx_fd_ = *fd;
+      // The transport arms before each sleep (Link::arm_rx_irq), so the
+      // driver need not on every empty poll: one arm now switches it over.
+      (void)n.arm_rx_irq(0);
+    }
   }
   link->pending_.reserve(ring);
   return link;

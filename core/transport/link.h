@@ -46,6 +46,10 @@ class Link {
   // interrupt), or -1 when the NIC cannot interrupt. After it fires, read 8
   // bytes from it and receive until empty.
   virtual int rx_event_fd() = 0;
+  // Right before sleeping on rx_event_fd(): arms the interrupt, so that
+  // while the caller busy-polls the NIC need not (abi/raw_frame.h
+  // rx_irq_arm). Under the caller's lock, like receive().
+  virtual void arm_rx_irq() {}
 };
 
 struct NicLinkOptions {
@@ -69,6 +73,9 @@ class NicLink : public Link {
   void tx_commit(size_t length) override;
   void tx_flush() override;
   int rx_event_fd() override { return rx_fd_; }
+  void arm_rx_irq() override {
+    if (rx_fd_ >= 0) (void)nic_->arm_rx_irq(0);  // -EOPNOTSUPP: the driver re-arms by itself
+  }
 
   core::Nic& nic() { return *nic_; }
 

@@ -85,6 +85,7 @@ class E1000e {
   int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
   int stats(ufab_stats* out);
   int rx_irq(uint16_t queue, int enable, int* eventfd);
+  int rx_irq_arm(uint16_t queue);
   int set_promiscuous(int enable);
 
  private:
@@ -128,6 +129,7 @@ class E1000e {
   void program_rx();
   void program_tx();
   void arm_rx_irq_registers();
+  bool rearm_if_fired();
   int alloc_queue_memory(QueueMemory& block, uint32_t size, const char* what);
   void free_queue_memory(QueueMemory& block);
   void release_rx();
@@ -150,6 +152,7 @@ class E1000e {
   bool promiscuous_ = false;
   bool irq_vectors_ = false;  // MSI-X enabled through the host
   bool irq_mode_ = false;     // rx_irq(enable=1) in effect
+  bool arm_on_request_ = false;  // the caller arms before sleeping (rx_irq_arm)
   int irq_fd_ = -1;
 
   RxQueue rx_;
@@ -636,22 +639,36 @@ int E1000e::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
   }
   uint32_t got = harvest(bufs, n);
   refill();
-  if (got == 0 && n > 0 && irq_mode_ && started_) {
-    // Interrupt mode and nothing to do: the caller is about to sleep. If
-    // the vector fired since it was armed (EIAC auto-masked RXQ0 in IMS),
-    // re-arm: drop the stale cause, unmask, and look once more for a frame
-    // that landed before the unmask (it raised no interrupt).
-    if (!(ims_.read() & kIntRxq0)) {
-      ++totals_.irqs;
-      icr_.write(kIntRxq0);
-      ims_.write(kIntRxq0);
-      if (rx_pending()) {
-        got = harvest(bufs, n);
-        refill();
-      }
+  if (got == 0 && n > 0 && irq_mode_ && started_ && !arm_on_request_) {
+    // Interrupt mode and nothing to do: the caller may be about to sleep.
+    if (rearm_if_fired()) {
+      got = harvest(bufs, n);
+      refill();
     }
   }
   return static_cast<int>(got);
+}
+
+// If the vector fired since it was armed (EIAC auto-masked RXQ0 in IMS),
+// re-arms: drops the stale cause and unmasks. True when a frame landed
+// before the unmask (it raised no interrupt) and waits in the ring.
+bool E1000e::rearm_if_fired() {
+  if (ims_.read() & kIntRxq0) return false;  // still armed
+  ++totals_.irqs;
+  icr_.write(kIntRxq0);
+  ims_.write(kIntRxq0);
+  return rx_pending();
+}
+
+// The caller is about to sleep: from now on only here, not on every empty
+// rx_burst (an IMS read each, an exit to the hypervisor under emulation).
+int E1000e::rx_irq_arm(uint16_t queue) {
+  if (queue != 0) return fail(EINVAL, "rx_irq_arm on queue " + std::to_string(queue) + "; the 82574L has only queue 0");
+  if (!irq_mode_ || !started_) return fail(EINVAL, "rx_irq_arm without the interrupt enabled on a started device");
+  arm_on_request_ = true;
+  // A frame that landed before the unmask raised nothing: raise it now.
+  if (rearm_if_fired()) ics_.write(kIntRxq0);
+  return 0;
 }
 
 // -------------------------------------------------------------- transmit
@@ -761,6 +778,7 @@ int E1000e::rx_irq(uint16_t queue, int enable, int* eventfd) {
   if (!enable) {
     imc_.write(kIntRxq0);
     irq_mode_ = false;
+    arm_on_request_ = false;
     if (eventfd) *eventfd = -1;
     return 0;
   }

@@ -116,6 +116,9 @@ constexpr ufab_driver make_driver(const char* name, const char* description, con
       return guarded([&] { return self<Dev>(dev)->set_promiscuous(enable); });
     };
   }
+  if constexpr (requires(Dev& x) { x.rx_irq_arm(uint16_t{}); }) {
+    d.rx_irq_arm = [](ufab_dev* dev, uint16_t q) { return guarded([&] { return self<Dev>(dev)->rx_irq_arm(q); }); };
+  }
   return d;
 }
 

@@ -138,6 +138,7 @@ class SwNic {
   int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
   int stats(ufab_stats* out);
   int rx_irq(uint16_t queue, int enable, int* eventfd);
+  int rx_irq_arm(uint16_t queue);
   int set_promiscuous(int enable);
 
  private:
@@ -236,6 +237,10 @@ class SwNic {
 
   // Interrupt mode.
   std::atomic<bool> irq_on_{false};
+  // The caller arms before it sleeps (rx_irq_arm), so an empty rx_burst no
+  // longer does: a busy-polling receiver then costs its peer no futex wake
+  // per frame.
+  std::atomic<bool> arm_on_request_{false};
   std::atomic<bool> irq_stop_{false};
   std::atomic<uint64_t> irqs_{0};
   int irq_fd_ = -1;
@@ -938,7 +943,7 @@ int SwNic::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
   if (avail == 0) {
     rx_.head_cache = rx_ctl_->head.load(std::memory_order_acquire);
     avail = rx_.head_cache - rx_.tail;
-    if (avail == 0 && irq_on_.load(std::memory_order_relaxed)) {
+    if (avail == 0 && irq_on_.load(std::memory_order_relaxed) && !arm_on_request_.load(std::memory_order_relaxed)) {
       // Empty: arm before the caller sleeps, then look once more (the
       // producer may have published between the two loads).
       rx_ctl_->waiting.store(1, std::memory_order_seq_cst);
@@ -1052,9 +1057,21 @@ int SwNic::rx_irq(uint16_t queue, int enable, int* eventfd) {
   return 0;
 }
 
+int SwNic::rx_irq_arm(uint16_t queue) {
+  if (queue != 0) return fail(EINVAL, "RX queue " + std::to_string(queue) + " does not exist");
+  if (!irq_on_.load()) return fail(EINVAL, "rx_irq_arm without the interrupt enabled: call rx_irq(queue, 1) first");
+  arm_on_request_.store(true, std::memory_order_relaxed);
+  // As an empty rx_burst arms: the flag first, then one more look, since
+  // the producer may have published between the caller's last poll and now.
+  rx_ctl_->waiting.store(1, std::memory_order_seq_cst);
+  if (rx_ctl_->head.load(std::memory_order_seq_cst) != rx_.tail) signal_irq();
+  return 0;
+}
+
 void SwNic::stop_irq() {
   if (!irq_thread_.joinable()) return;
   irq_on_.store(false);
+  arm_on_request_.store(false, std::memory_order_relaxed);
   if (rx_ctl_) rx_ctl_->waiting.store(0, std::memory_order_seq_cst);
   irq_stop_.store(true, std::memory_order_release);
   futex(&rx_ctl_->wake_seq, FUTEX_WAKE, INT32_MAX, nullptr);

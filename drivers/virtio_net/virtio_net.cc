@@ -93,6 +93,7 @@ class VirtioNet {
   int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
   int stats(ufab_stats* out);
   int rx_irq(uint16_t queue, int enable, int* eventfd);
+  int rx_irq_arm(uint16_t queue);
   int set_promiscuous(int enable);
 
  private:
@@ -644,6 +645,16 @@ int VirtioNet::set_rx_vector(uint16_t vector) {
   if (back != vector)
     return error(EIO, "the device refused MSI-X vector " + std::to_string(vector) + " for the RX virtqueue (read back " +
                           hex(back) + "); check that the device has MSI-X vectors");
+  return 0;
+}
+
+// Interrupts stay enabled in interrupt mode (no per-poll toggling), so
+// there is nothing to arm: only frames still in the ring, which announced
+// themselves already, wake the caller at once.
+int VirtioNet::rx_irq_arm(uint16_t queue) {
+  if (queue != 0) return error(EINVAL, "RX queue " + std::to_string(queue) + " does not exist; use queue 0");
+  if (!irq_mode_) return error(EINVAL, "rx_irq_arm without the interrupt enabled: call rx_irq(queue, 1) first");
+  if (started_ && rx_.ring.arm_interrupts()) eventfd_write(irq_fd_, 1);
   return 0;
 }
 

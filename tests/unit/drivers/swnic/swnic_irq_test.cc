@@ -174,5 +174,48 @@ TEST(SwnicIrq, CloseWithInterruptsEnabledStopsTheHelper) {
   EXPECT_FALSE(segment_exists(link));
 }
 
+// rx_irq_arm (ABI 1.1): once the receiver arms before it sleeps, an empty
+// rx_burst no longer arms, so frames sent while it busy-polls wake nobody
+// (no futex wake, no eventfd write); arming again announces what waits.
+TEST(SwnicIrq, ArmOnRequestStopsArmingOnEmptyPolls) {
+  std::string link = unique_link("arm");
+  auto a = Port::open(link + ":0");
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->drv()->rx_irq_arm(b->dev(), 0), -EINVAL);  // not enabled yet
+  int efd = -1;
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &efd), 0);
+  ASSERT_EQ(b->drv()->rx_irq_arm(b->dev(), 0), 0);
+  EXPECT_EQ(poll_fd(efd, 0), 0);  // nothing waits
+
+  // Armed: a frame wakes the sleeper.
+  ASSERT_EQ(send_burst(*a, 1, 1, len64), 1);
+  ASSERT_EQ(poll_fd(efd, 5000), 1);
+  ASSERT_TRUE(read_event(efd));
+  std::vector<Received> got;
+  ASSERT_EQ(recv_burst(*b, &got, 32), 1);
+  uint64_t irqs = b->stats().irqs;
+
+  // Busy-polling: empty polls, then frames, and no wake-up for them.
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(recv_burst(*b, &got, 32), 0);
+  ASSERT_EQ(send_burst(*a, 2, 3, len64), 3);
+  EXPECT_EQ(poll_fd(efd, 100), 0);
+  EXPECT_EQ(b->stats().irqs, irqs);
+
+  // Arming with frames waiting makes the fd readable at once.
+  ASSERT_EQ(b->drv()->rx_irq_arm(b->dev(), 0), 0);
+  EXPECT_EQ(poll_fd(efd, 0), 1);
+  EXPECT_TRUE(read_event(efd));
+  EXPECT_EQ(recv_burst(*b, &got, 32), 3);
+
+  // Disabling ends arm-on-request: enabled again, empty polls arm as before.
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 0, nullptr), 0);
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 0, 1, &efd), 0);
+  EXPECT_EQ(recv_burst(*b, &got, 32), 0);  // arms
+  ASSERT_EQ(send_burst(*a, 5, 1, len64), 1);
+  EXPECT_EQ(poll_fd(efd, 5000), 1);
+  EXPECT_EQ(b->drv()->rx_irq(b->dev(), 0, 0, nullptr), 0);
+}
+
 }  // namespace
 }  // namespace ufab::swnic_test
