@@ -15,6 +15,7 @@
 
 #include "core/provider/providers.h"
 #include "core/provider/registries.h"
+#include "core/transport/verbs.h"
 #include "ufab/rdma.h"
 
 namespace {
@@ -475,28 +476,14 @@ const char* ufab_wc_opcode_str(uint32_t opcode) {
   }
 }
 
+// The transport's words for these two, so each name is written once. Its
+// enums are 8 bits wide: a larger value is unknown, not truncated.
 const char* ufab_wr_opcode_str(uint32_t opcode) {
-  switch (opcode) {
-    case UFAB_WR_RDMA_WRITE: return "RDMA_WRITE";
-    case UFAB_WR_RDMA_WRITE_WITH_IMM: return "RDMA_WRITE_WITH_IMM";
-    case UFAB_WR_SEND: return "SEND";
-    case UFAB_WR_SEND_WITH_IMM: return "SEND_WITH_IMM";
-    case UFAB_WR_RDMA_READ: return "RDMA_READ";
-    case UFAB_WR_ATOMIC_CMP_AND_SWP: return "ATOMIC_CMP_AND_SWP";
-    case UFAB_WR_ATOMIC_FETCH_AND_ADD: return "ATOMIC_FETCH_AND_ADD";
-    default: return "unknown opcode";
-  }
+  return opcode > 0xff ? "unknown opcode" : ufab::verbs::wr_opcode_name(static_cast<ufab::verbs::WrOpcode>(opcode));
 }
 
 const char* ufab_qp_state_str(uint32_t state) {
-  switch (state) {
-    case UFAB_QPS_RESET: return "RESET";
-    case UFAB_QPS_INIT: return "INIT";
-    case UFAB_QPS_RTR: return "RTR";
-    case UFAB_QPS_RTS: return "RTS";
-    case UFAB_QPS_ERR: return "ERROR";
-    default: return "unknown state";
-  }
+  return state > 0xff ? "unknown state" : ufab::verbs::qp_state_name(static_cast<ufab::verbs::QpState>(state));
 }
 
 }  // extern "C"

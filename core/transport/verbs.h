@@ -205,6 +205,15 @@ struct ConnectionData {
   uint32_t length = 0;
 };
 
+// The values are the C API's, which the provider layer passes through by
+// casting (core/provider/softroce.cc, c_api.cc).
+static_assert(static_cast<uint32_t>(WrOpcode::kAtomicFetchAndAdd) == UFAB_WR_ATOMIC_FETCH_AND_ADD &&
+              static_cast<uint32_t>(WrOpcode::kRdmaRead) == UFAB_WR_RDMA_READ);
+static_assert(static_cast<uint32_t>(QpState::kError) == UFAB_QPS_ERR && static_cast<uint32_t>(QpState::kRts) == UFAB_QPS_RTS);
+static_assert(static_cast<uint32_t>(WcStatus::kRnrRetryExcErr) == UFAB_WC_RNR_RETRY_EXC_ERR &&
+              static_cast<uint32_t>(WcStatus::kGeneralErr) == UFAB_WC_GENERAL_ERR);
+static_assert(static_cast<uint32_t>(WcOpcode::kRecvRdmaWithImm) == UFAB_WC_RECV_RDMA_WITH_IMM);
+
 // Counters of the transport on one device: the C API's struct, so the
 // provider hands them out as they are (api/ufab/rdma.h says what each is).
 using DeviceStats = ::ufab_device_stats;

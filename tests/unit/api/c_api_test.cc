@@ -111,6 +111,7 @@ TEST(CApi, ValuesHaveVerbsWords) {
   EXPECT_STREQ(ufab_wc_status_str(200), "unknown status");
   EXPECT_STREQ(ufab_qp_state_str(UFAB_QPS_ERR), "ERROR");
   EXPECT_STREQ(ufab_wr_opcode_str(UFAB_WR_RDMA_READ), "RDMA_READ");
+  EXPECT_STREQ(ufab_wr_opcode_str(256 + UFAB_WR_SEND), "unknown opcode");  // not truncated to SEND
   EXPECT_STREQ(ufab_wc_opcode_str(UFAB_WC_RECV_RDMA_WITH_IMM), "RECV_RDMA_WITH_IMM");
 }
 
