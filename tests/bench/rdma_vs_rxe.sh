@@ -43,6 +43,7 @@
 #   BENCH_NO_BUILD=1 use bazel-bin/tools/ufab/ufab as it is
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/bench/ucx_pair.sh
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   : "${BENCH_LAT_SIZES:=8 4096}" "${BENCH_BW_SIZES:=64 65536}"
   : "${BENCH_LAT_ITERS:=300}" "${BENCH_BW_ITERS:=5000}" "${BENCH_BW_BYTES:=8388608}"
@@ -143,30 +144,14 @@ swnic_run() {
   fi
 }
 
-# ucx_run TEST SIZE N: ucx_perftest (UCT, posix shared memory, short puts)
-# put_lat or put_bw; server first, client once it listens.
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# ucx_run TEST SIZE N: ucx_perftest (UCT, posix shared memory, short puts;
+# ucx_pair.sh) for ufab perf's TEST.
 ucx_run() {
-  local test=$1 size=$2 n=$3 port spid rc=0 line r
+  local test=$1 size=$2 n=$3 rc=0 r
   local t=put_lat
   [ "$test" = write-bw ] && t=put_bw
-  port=$(free_port)
-  timeout -k 5 120 taskset -c $cpu_a ucx_perftest -x posix -d memory -p "$port" >"$w/s.out" 2>&1 &
-  spid=$!
-  for _ in $(seq 300); do
-    [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ] && break
-    kill -0 "$spid" 2>/dev/null || break
-    sleep 0.1
-  done
-  timeout -k 5 120 taskset -c $cpu_b ucx_perftest 127.0.0.1 -p "$port" -x posix -d memory -t "$t" -s "$size" -n "$n" -f -v \
-    >"$w/c.out" 2>&1 || rc=$?
-  wait "$spid" || true
-  # -f -v: a CSV header, then iterations,50.0_percentile_lat,avg_lat,
-  # overall_lat,avg_bw,overall_bw,avg_mr,overall_mr (us, MB/s of 2^20
-  # bytes, messages/s)
-  line=$(grep -E '^[0-9]+,' "$w/c.out" | tail -n 1)
-  if [ "$rc" = 0 ] && [ -n "$line" ]; then
-    IFS=, read -r -a f <<<"$line"
+  if ucx_pair "$t" "$size" "$n" 120; then
+    local f=("${ucx_fields[@]}")
     if [ "$test" = write-lat ]; then
       r=$(jq -nc --argjson s "$size" --argjson n "$n" --argjson typ "${f[1]}" --argjson avg "${f[3]}" \
         '{setup: "host", stack: "ucx", test: "write-lat", size: $s, iters: $n, t_typical_usec: $typ, t_avg_usec: $avg}')
@@ -179,6 +164,7 @@ ucx_run() {
     echo "$r" >>"$results"
     say "ucx $t $size B x $n: $(jq -r 'if .t_typical_usec then "median \(.t_typical_usec) us" else "\(.bw_avg_mib) MiB/s, \(.msg_rate_mpps * 1e6 | floor) msg/s" end' <<<"$r")"
   else
+    rc=$?
     say "ucx $t $size B: failed ($rc)"; sed 's/^/  | /' "$w/c.out" | tail -n 5
   fi
 }

@@ -29,6 +29,7 @@
 #   BENCH_NO_BUILD=1 use bazel-bin/tools/ufab/ufab as it is
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/bench/ucx_pair.sh
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   : "${BENCH_REPEAT:=1}" "${BENCH_LAT_ITERS:=20000}" "${BENCH_MR_ITERS:=300000}" "${BENCH_BW_BYTES:=1073741824}"
 fi
@@ -98,27 +99,11 @@ ufab_run() {
   fi
 }
 
-# ucx_run ROW TEST SIZE N: ucx_perftest over UCT's posix transport, server
-# first, the client once the server listens.
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# ucx_run ROW TEST SIZE N: one ucx_perftest measurement (ucx_pair.sh).
 ucx_run() {
-  local row=$1 t=$2 size=$3 n=$4 port spid rc=0 line r
-  port=$(free_port)
-  timeout -k 5 300 taskset -c $cpu_a ucx_perftest -x posix -d memory -p "$port" >"$w/s.out" 2>&1 &
-  spid=$!
-  for _ in $(seq 300); do
-    [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ] && break
-    kill -0 "$spid" 2>/dev/null || break
-    sleep 0.1
-  done
-  timeout -k 5 300 taskset -c $cpu_b ucx_perftest 127.0.0.1 -p "$port" -x posix -d memory -t "$t" -s "$size" -n "$n" -f -v \
-    >"$w/c.out" 2>&1 || rc=$?
-  wait "$spid" || true
-  # -f -v: a CSV line iterations,50.0_percentile_lat,avg_lat,overall_lat,
-  # avg_bw,overall_bw,avg_mr,overall_mr (us, MiB/s, messages/s)
-  line=$(grep -E '^[0-9]+,' "$w/c.out" | tail -n 1)
-  if [ "$rc" = 0 ] && [ -n "$line" ]; then
-    IFS=, read -r -a f <<<"$line"
+  local row=$1 t=$2 size=$3 n=$4 rc=0 r
+  if ucx_pair "$t" "$size" "$n" 300; then
+    local f=("${ucx_fields[@]}")
     r=$(jq -nc --arg row "$row" --arg t "$t" --argjson s "$size" --argjson n "$n" --argjson rep "$rep" \
       --argjson typ "${f[1]}" --argjson avg "${f[3]}" --argjson bw "${f[5]}" --argjson mr "${f[7]}" \
       '{row: $row, stack: "ucx", test: $t, size: $s, iters: $n, rep: $rep}
@@ -126,6 +111,7 @@ ucx_run() {
     echo "$r" >>"$results"
     say "ucx $t $size B x $n: $(jq -r 'if .lat_usec then "median \(.lat_usec) us" else "\(.bw_mib) MiB/s, \(.msg_rate | floor) msg/s" end' <<<"$r")"
   else
+    rc=$?
     say "ucx $t $size B: failed ($rc)"; sed 's/^/  | /' "$w/c.out" | tail -n 5
   fi
 }
