@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define UFAB_ABI_MAJOR 1
-#define UFAB_ABI_MINOR 1
+#define UFAB_ABI_MINOR 2
 #define UFAB_DRIVER_ENTRY_SYMBOL "ufab_driver_entry_v1"
 
 /* ---------------------------------------------------------------- matching */
@@ -203,7 +203,22 @@ struct ufab_driver {
    * swnic). Missing (the loader's -EOPNOTSUPP stub): the driver re-arms by
    * itself, as before. */
   int (*rx_irq_arm)(struct ufab_dev* dev, uint16_t queue);
+
+  /* ABI 1.2. Receive steering: which RX queue a received frame lands in.
+   * `mode` is a UFAB_STEER_* value, `nqueues` the RX queues it spreads over
+   * (1..max_rx_queues, each set up before start()). Called before start()
+   * or after stop(). Without it (or with UFAB_STEER_NONE) every frame lands
+   * in queue 0. A device that cannot steer by the rule returns -EOPNOTSUPP
+   * and says why through set_error; the caller then steers in software. */
+  int (*rx_steer)(struct ufab_dev* dev, uint32_t mode, uint16_t nqueues);
 };
+
+/* Steering rules for rx_steer. */
+#define UFAB_STEER_NONE 0u
+/* RoCEv2 (IPv4, UDP destination port 4791): queue = BTH destination QP
+ * (24 bits at UDP payload offset 5) modulo nqueues; every other frame, and
+ * one too short to hold a BTH, lands in queue 0. */
+#define UFAB_STEER_ROCE_QPN 1u
 
 #define UFAB_DRIVER_F_SOFTWARE (1u << 0) /* no PCI device, no VFIO */
 

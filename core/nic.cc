@@ -267,6 +267,10 @@ Status Nic::set_promiscuous(bool enable) {
   return call("setting promiscuous mode on", [&] { return driver_.set_promiscuous(dev_, enable ? 1 : 0); });
 }
 
+Status Nic::set_rx_steering(uint32_t mode, uint16_t nqueues) {
+  return call("setting receive steering on", [&] { return driver_.rx_steer(dev_, mode, nqueues); });
+}
+
 Result<int> Nic::enable_rx_irq(uint16_t queue) {
   int fd = -1;
   if (auto s = call("arming the RX interrupt of", [&] { return driver_.rx_irq(dev_, queue, 1, &fd); }); !s) {

@@ -74,6 +74,9 @@ class Nic {
   // rx_irq_arm). 0, or -EOPNOTSUPP when the driver re-arms by itself; no
   // error text is formatted (it runs on every sleep).
   int arm_rx_irq(uint16_t queue) { return driver_.rx_irq_arm(dev_, queue); }
+  // Receive steering (abi/raw_frame.h rx_steer): before start(). An
+  // error says why the device cannot (EOPNOTSUPP: steer in software).
+  Status set_rx_steering(uint32_t mode, uint16_t nqueues);
 
   // What the plugin said about the last operation that failed on this
   // thread (rx_burst and tx_burst included).

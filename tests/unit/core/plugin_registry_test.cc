@@ -115,7 +115,7 @@ TEST(PluginLoad, GoodPluginLoadsWithItsTableAndStubs) {
   EXPECT_STREQ(p.matches[0].model, "82574L");
   EXPECT_STREQ(p.matches[1].model, "Intel Ethernet");
   EXPECT_EQ(p.stubbed_ops, (std::vector<std::string>{"link", "rx_queue_setup", "tx_queue_setup", "tx_burst", "rx_irq",
-                                                     "set_promiscuous", "rx_irq_arm"}));
+                                                     "set_promiscuous", "rx_irq_arm", "rx_steer"}));
   EXPECT_TRUE(reg.warnings().empty());
 
   // The table points into the loaded library and works.
