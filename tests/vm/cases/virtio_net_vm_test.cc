@@ -8,8 +8,11 @@
 //      bazel-bin/tests/vm/cases/virtio_net_vm_test'
 //
 // Environment: UFAB_VIRTIO "BDF,BDF" (default 0000:00:02.0,0000:00:03.0),
-// UFAB_VIRTIO_FRAMES (default 10000), UFAB_VIRTIO_PLUGIN (path of
-// libufab_virtio_net.so; default bazel-bin/drivers/virtio_net/...).
+// UFAB_VIRTIO_FRAMES (default 10000; 2000 per stream in the multiqueue
+// test), UFAB_VIRTIO_PLUGIN (path of libufab_virtio_net.so; default
+// bazel-bin/drivers/virtio_net/...), UFAB_VIRTIO_MQ "BDF,BDF": two virtio-net
+// NICs with two queue pairs (mq=on on a 2-queue tap; tests/vm/suites/drivers.sh
+// sets them up), else the multiqueue test skips.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <poll.h>
