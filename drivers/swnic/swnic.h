@@ -5,11 +5,17 @@
 // Open parameters (host->param):
 //   ring       slots per direction, power of two in [2, 32768]; default 1024
 //   slot_size  largest frame in bytes, [1518, 65536]; default 2048
+//   queues     RX and TX queues per port, [1, 16]; default 1 (both ports of a
+//              link have the same; the first to open sets it)
 //   loss, dup, reorder, corrupt   fault probabilities in [0, 1] (TX side)
 //   seed       u64 seed of the fault injection; default 0
 //   stale      "auto" (default): reclaim ports held by dead processes;
 //              "off": never (peers in different PID namespaces);
 //              "reset": remove any existing segment of this name first
+//
+// Receive steering (rx_steer, raw ABI 1.2): UFAB_STEER_NONE and
+// UFAB_STEER_ROCE_QPN. Threading: one thread per queue at a time; different
+// queues from different threads at once, with no lock.
 //
 // See docs/drivers/swnic.md.
 #pragma once
