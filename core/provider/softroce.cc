@@ -181,6 +181,29 @@ Result<core::NicParams> parse_params(const char* const* params) {
   return out;
 }
 
+// Takes the soft-RoCE parameters out of `params`: "lanes=N" (use at most N
+// of the NIC's queue pairs, 1..64) and "steering=nic|software" (software:
+// do not ask the NIC to steer; frames reach their lane through lane 0).
+Status take_link_params(core::NicParams& params, transport::NicLinkOptions& options) {
+  if (auto it = params.find("lanes"); it != params.end()) {
+    char* end = nullptr;
+    unsigned long n = std::strtoul(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || n < 1 || n > 64) {
+      return fail(EINVAL, "parameter lanes=" + it->second + ": give the number of NIC queue pairs to use, 1..64");
+    }
+    options.max_queues = static_cast<uint16_t>(n);
+    params.erase(it);
+  }
+  if (auto it = params.find("steering"); it != params.end()) {
+    if (it->second != "nic" && it->second != "software") {
+      return fail(EINVAL, "parameter steering=" + it->second + ": use steering=nic (the default) or steering=software");
+    }
+    options.nic_steering = it->second == "nic";
+    params.erase(it);
+  }
+  return {};
+}
+
 // ------------------------------------------------------------------- device
 
 int open_device(const ufab_rdma_host* host, const char* name, const ufab_device_opts* opts, ufab_rdma_dev** result) {
@@ -197,12 +220,15 @@ int open_device(const ufab_rdma_host* host, const char* name, const ufab_device_
     if (!ip) return report(host, ip.error().context("opening " + spec));
     auto params = parse_params(opts->params);
     if (!params) return report(host, params.error().context("opening " + spec));
+    // The transport's own parameters; the rest are the NIC plugin's.
+    transport::NicLinkOptions link_options;
+    link_options.ring_size = opts->ring_size != 0 ? opts->ring_size : 512;
+    if (auto s = take_link_params(*params, link_options); !s) return report(host, s.error().context("opening " + spec));
     core::OpenOptions open_options;
     open_options.params = std::move(*params);
     auto nic = core::open_nic(*g_raw_plugins, spec, open_options);
     if (!nic) return report(host, nic.error());
-    uint32_t ring = opts->ring_size != 0 ? opts->ring_size : 512;
-    auto links = transport::open_nic_links(std::move(*nic), {.ring_size = ring});
+    auto links = transport::open_nic_links(std::move(*nic), link_options);
     if (!links) return report(host, links.error().context("opening " + spec));
     auto ctx = Context::create(std::move(links->links), *ip, links->steered);
     if (!ctx) return report(host, ctx.error().context("opening " + spec));

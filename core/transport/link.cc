@@ -34,7 +34,7 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
   }
   // A NIC that cannot steer by QP leaves every frame in queue 0; the
   // transport then hands frames to their lanes in software.
-  out.steered = queues > 1 && nic->set_rx_steering(UFAB_STEER_ROCE_QPN, queues).has_value();
+  out.steered = queues > 1 && options.nic_steering && nic->set_rx_steering(UFAB_STEER_ROCE_QPN, queues).has_value();
   if (auto s = nic->start(); !s) return std::unexpected(s.error());
   if (info.caps & UFAB_DEV_CAP_RX_IRQ) {
     for (uint16_t q = 0; q < queues; ++q) {
