@@ -1,7 +1,10 @@
 // ufab driver plugin for the Intel 82574L (PCI 8086:10D3), written against
-// QEMU's e1000e model. One RX and one TX queue with legacy descriptors,
-// polling or MSI-X interrupt mode. docs/drivers/e1000e.md explains the
-// choices; drivers/e1000e/regs.h has the register map.
+// QEMU's e1000e model. Two RX and two TX queues with legacy descriptors,
+// polling or MSI-X interrupt mode (one vector per RX queue). Each queue's
+// state is its own, so one thread per queue needs no lock between them.
+// RX queue 1 receives only what the device's RSS sends it, and this driver
+// has no steering mode the 82574L can do (rx_steer). docs/drivers/e1000e.md
+// explains the choices; drivers/e1000e/regs.h has the register map.
 #include "drivers/e1000e/e1000e.h"
 
 #include <time.h>
@@ -46,8 +49,19 @@ struct QueueMemory {
   bool allocated = false;
 };
 
+// Counters one queue's hot path updates; summed by stats(). Per queue so
+// that threads polling different queues never write the same memory.
+struct QueueCounters {
+  uint64_t packets = 0, bytes = 0;
+  uint64_t no_buffer = 0;  // RX: receive slots left empty, the pool ran dry
+  uint64_t errors = 0;     // RX: descriptors with frame errors, dropped
+  uint64_t rejected = 0;   // TX: frames refused (bad length)
+  uint64_t irqs = 0;       // RX: interrupts taken
+};
+
 struct RxQueue {
   bool configured = false;
+  uint16_t index = 0;
   Ring ring;
   QueueMemory block;
   volatile RxDesc* desc = nullptr;
@@ -58,16 +72,24 @@ struct RxQueue {
   uint32_t tail = 0;        // first slot not handed to the device (RDT)
   uint32_t unfilled = 0;    // empty slots after the last refill
   bool discarding = false;  // inside a multi-descriptor frame being dropped
+  Reg32 rdt;                // this queue's doorbell (RDT0 or RDT1)
+  uint32_t cause = 0;       // its interrupt cause bit (RXQ0 or RXQ1)
+  bool irq_mode = false;    // rx_irq(enable=1) in effect
+  bool arm_on_request = false;  // the caller arms before sleeping (rx_irq_arm)
+  QueueCounters count;
 };
 
 struct TxQueue {
   bool configured = false;
+  uint16_t index = 0;
   Ring ring;
   QueueMemory block;
   volatile TxDesc* desc = nullptr;
   ufab_buf** slots = nullptr;
   uint32_t clean = 0;  // oldest slot not yet reclaimed
   uint32_t tail = 0;   // next slot to fill (TDT)
+  Reg32 tdt;           // this queue's doorbell (TDT0 or TDT1)
+  QueueCounters count;
 };
 
 class E1000e {
@@ -87,6 +109,7 @@ class E1000e {
   int rx_irq(uint16_t queue, int enable, int* eventfd);
   int rx_irq_arm(uint16_t queue);
   int set_promiscuous(int enable);
+  int rx_steer(uint32_t mode, uint16_t nqueues);
 
  private:
   E1000e(const ufab_host_ops* ops, ufab_host* host) : ops_(ops), host_(host) {}
@@ -126,38 +149,48 @@ class E1000e {
     if (promiscuous_) v |= kRctlUpe | kRctlMpe;
     return v;
   }
-  void program_rx();
-  void program_tx();
-  void arm_rx_irq_registers();
-  bool rearm_if_fired();
+  // The named queue, or nullptr after set_error (what: "rx_burst" ...).
+  RxQueue* rx_queue(uint16_t queue, const char* what);
+  TxQueue* tx_queue(uint16_t queue, const char* what);
+  bool any_rx_configured() const { return rx_[0].configured || rx_[1].configured; }
+  bool any_tx_configured() const { return tx_[0].configured || tx_[1].configured; }
+  bool any_irq_mode() const { return rx_[0].irq_mode || rx_[1].irq_mode; }
+
+  void program_rx(RxQueue& q);
+  void program_tx(TxQueue& q);
+  void program_irq_routing();
+  void arm_rx_irq_registers(RxQueue& q);
+  bool rearm_if_fired(RxQueue& q);
   int alloc_queue_memory(QueueMemory& block, uint32_t size, const char* what);
   void free_queue_memory(QueueMemory& block);
-  void release_rx();
-  void release_tx();
+  void release_rx(RxQueue& q);
+  void release_tx(TxQueue& q);
   void free_slots(ufab_buf** slots, const Ring& ring, uint32_t from, uint32_t count);
-  uint32_t harvest(ufab_buf** bufs, uint32_t n);
-  void refill();
-  void reclaim_tx();
-  bool rx_pending() const { return rx_.next != rx_.tail && (rx_status(&rx_.desc[rx_.next]) & kRxStaDd); }
+  uint32_t harvest(RxQueue& q, ufab_buf** bufs, uint32_t n);
+  void refill(RxQueue& q);
+  void reclaim_tx(TxQueue& q);
+  static bool rx_pending(const RxQueue& q) {
+    return q.configured && q.next != q.tail && (rx_status(&q.desc[q.next]) & kRxStaDd);
+  }
 
   const ufab_host_ops* ops_;
   ufab_host* host_;
   Mmio bar_;
-  // Hot-path registers, validated once in open().
-  Reg32 rdt_, tdt_, ims_, imc_, icr_, ics_;
+  // Hot-path registers shared by the queues, validated once in open(). Each
+  // queue touches only its own bit in them (IMS write-1-to-set, ICR
+  // write-1-to-clear, ICS write-1-to-set), so queues need no common lock.
+  Reg32 ims_, imc_, icr_, ics_;
 
   uint8_t mac_[6] = {};
   std::string mac_source_;
   bool started_ = false;
   bool promiscuous_ = false;
-  bool irq_vectors_ = false;  // MSI-X enabled through the host
-  bool irq_mode_ = false;     // rx_irq(enable=1) in effect
-  bool arm_on_request_ = false;  // the caller arms before sleeping (rx_irq_arm)
-  int irq_fd_ = -1;
+  bool irq_vectors_ = false;  // MSI-X vectors 0 and 1 enabled through the host
+  int irq_fd_[kQueueCount] = {-1, -1};  // vector q serves RX queue q
 
-  RxQueue rx_;
-  TxQueue tx_;
-  StatsTotals totals_;
+  RxQueue rx_[kQueueCount];
+  TxQueue tx_[kQueueCount];
+  StatsTotals totals_;  // device counters (stats() only)
 };
 
 // ------------------------------------------------------------------ open
@@ -186,8 +219,10 @@ int E1000e::open(const ufab_host_ops* ops, ufab_host* host, E1000e** out) {
   // Every register in regs.h lies below 128 KiB: checking the last dword
   // checks them all (bounds and 4-byte alignment of the mapping).
   if (auto ok = dev->bar_.check(kBar0MinSize - 4, 4); !ok) return dev->fail(ok.error().code(), ok.error().message());
-  dev->rdt_ = dev->reg(kRdt0);
-  dev->tdt_ = dev->reg(kTdt);
+  for (uint16_t q = 0; q < kQueueCount; ++q) {
+    dev->rx_[q].index = q;
+    dev->tx_[q].index = q;
+  }
   dev->ims_ = dev->reg(kIms);
   dev->imc_ = dev->reg(kImc);
   dev->icr_ = dev->reg(kIcr);
@@ -244,7 +279,11 @@ int E1000e::bring_up() {
 // Everything this driver relies on, set to a known value: QEMU 7.2's
 // CTRL.RST keeps rings, RCTL, TCTL, IMS and the filters of the previous user.
 void E1000e::zero_registers() {
-  for (uint32_t r : {kRdbal0, kRdbah0, kRdlen0, kRdh0, kRdt0, kTdbal, kTdbah, kTdlen, kTdh, kTdt}) wr(r, 0);
+  for (uint16_t q = 0; q < kQueueCount; ++q) {
+    for (uint32_t r : {kRdbal0, kRdbah0, kRdlen0, kRdh0, kRdt0, kTdbal, kTdbah, kTdlen, kTdh, kTdt})
+      wr(queue_reg(r, q), 0);
+  }
+  wr(kMrqc, 0);  // no RSS: every received frame lands in queue 0
   // No receive/transmit interrupt delays (legacy/MSI modes; MSI-X ignores them).
   for (uint32_t r : {kRdtr, kRadv, kTidv, kTadv}) wr(r, 0);
   wr(kRfctl, 0);   // EXTEN clear: legacy receive descriptors
@@ -346,19 +385,22 @@ E1000e::~E1000e() {
     wr(kCtrl, rd(kCtrl) | kCtrlGioMasterDisable);
     for (int i = 0; i < 100 && (rd(kStatus) & (1u << 19)); ++i) sleep_us(100);
   }
-  reclaim_tx();
-  release_rx();
-  release_tx();
-  if (irq_vectors_) ops_->irq_disable(host_);
-  if (totals_.sw_tx_packets || totals_.sw_rx_packets) {
-    char m[200];
-    std::snprintf(m, sizeof m, "closed: sent %llu frames, received %llu, rx no-buffer %llu, rx errors %llu, irqs %llu",
-                  static_cast<unsigned long long>(totals_.sw_tx_packets),
-                  static_cast<unsigned long long>(totals_.sw_rx_packets),
-                  static_cast<unsigned long long>(totals_.sw_rx_no_buffer),
-                  static_cast<unsigned long long>(totals_.sw_rx_errors), static_cast<unsigned long long>(totals_.irqs));
-    log(UFAB_LOG_DEBUG, m);
+  for (uint16_t q = 0; q < kQueueCount; ++q) {
+    reclaim_tx(tx_[q]);
+    const QueueCounters &r = rx_[q].count, &t = tx_[q].count;
+    if (r.packets || t.packets) {
+      char m[200];
+      std::snprintf(m, sizeof m,
+                    "closed queue %u: sent %llu frames, received %llu, rx no-buffer %llu, rx errors %llu, irqs %llu",
+                    q, static_cast<unsigned long long>(t.packets), static_cast<unsigned long long>(r.packets),
+                    static_cast<unsigned long long>(r.no_buffer), static_cast<unsigned long long>(r.errors),
+                    static_cast<unsigned long long>(r.irqs));
+      log(UFAB_LOG_DEBUG, m);
+    }
+    release_rx(rx_[q]);
+    release_tx(tx_[q]);
   }
+  if (irq_vectors_) ops_->irq_disable(host_);
 }
 
 // ------------------------------------------------------------- info, link
@@ -366,8 +408,8 @@ E1000e::~E1000e() {
 int E1000e::info(ufab_dev_info* out) {
   *out = ufab_dev_info{};
   std::memcpy(out->mac, mac_, 6);
-  out->max_rx_queues = 1;
-  out->max_tx_queues = 1;
+  out->max_rx_queues = kQueueCount;  // queue 1 receives nothing without RSS (rx_steer)
+  out->max_tx_queues = kQueueCount;
   out->min_ring_size = kMinRing;
   out->max_ring_size = kMaxRing;
   out->mtu = 1500;
@@ -413,35 +455,56 @@ void E1000e::free_slots(ufab_buf** slots, const Ring& ring, uint32_t from, uint3
   if (count > first) ops_->buf_free(host_, slots, count - first);
 }
 
-void E1000e::release_rx() {
-  if (!rx_.configured) return;
+// Gives back a queue's buffers and ring memory; keeps what is not about the
+// ring (index, doorbell, interrupt mode, counters).
+void E1000e::release_rx(RxQueue& q) {
+  if (!q.configured) return;
   // Slots in [next, tail) hold the posted buffers.
-  uint32_t posted = rx_.ring.distance(rx_.next, rx_.tail);
-  if (posted) free_slots(rx_.slots, rx_.ring, rx_.next, posted);
-  free_queue_memory(rx_.block);
-  rx_ = RxQueue{};
+  uint32_t posted = q.ring.distance(q.next, q.tail);
+  if (posted) free_slots(q.slots, q.ring, q.next, posted);
+  free_queue_memory(q.block);
+  q.configured = false;
+  q.desc = nullptr;
+  q.slots = q.scratch = nullptr;
+  q.next = q.tail = q.unfilled = 0;
 }
 
-void E1000e::release_tx() {
-  if (!tx_.configured) return;
-  uint32_t in_flight = tx_.ring.distance(tx_.clean, tx_.tail);
-  if (in_flight) free_slots(tx_.slots, tx_.ring, tx_.clean, in_flight);
-  free_queue_memory(tx_.block);
-  tx_ = TxQueue{};
+void E1000e::release_tx(TxQueue& q) {
+  if (!q.configured) return;
+  uint32_t in_flight = q.ring.distance(q.clean, q.tail);
+  if (in_flight) free_slots(q.slots, q.ring, q.clean, in_flight);
+  free_queue_memory(q.block);
+  q.configured = false;
+  q.desc = nullptr;
+  q.slots = nullptr;
+  q.clean = q.tail = 0;
+}
+
+RxQueue* E1000e::rx_queue(uint16_t queue, const char* what) {
+  if (queue < kQueueCount) return &rx_[queue];
+  fail(EINVAL, std::string(what) + ": RX queue " + std::to_string(queue) +
+                   " does not exist; the 82574L has RX queues 0 and 1");
+  return nullptr;
+}
+
+TxQueue* E1000e::tx_queue(uint16_t queue, const char* what) {
+  if (queue < kQueueCount) return &tx_[queue];
+  fail(EINVAL, std::string(what) + ": TX queue " + std::to_string(queue) +
+                   " does not exist; the 82574L has TX queues 0 and 1");
+  return nullptr;
 }
 
 int E1000e::rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
-  if (queue != 0)
-    return fail(EINVAL,
-                "RX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one RX queue (0)");
+  RxQueue* rq = rx_queue(queue, "rx_queue_setup");
+  if (!rq) return -EINVAL;
   if (started_) return fail(EBUSY, "RX queue setup while the device is started; call stop() first");
   if (!conf || !conf->pool) return fail(EINVAL, "RX queue setup needs a buffer pool (ufab_queue_conf.pool)");
   if (!valid_ring_size(conf->size)) {
     return fail(EINVAL, "RX ring size " + std::to_string(conf->size) + " is not supported; use a power of two from " +
                             std::to_string(kMinRing) + " to " + std::to_string(kMaxRing));
   }
-  release_rx();
-  RxQueue q;
+  release_rx(*rq);
+  RxQueue& q = *rq;
   q.ring.size = conf->size;
   if (int rc = alloc_queue_memory(q.block, conf->size, "RX"); rc < 0) return rc;
   q.desc = static_cast<volatile RxDesc*>(q.block.mem.va);
@@ -476,73 +539,85 @@ int E1000e::rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
     log(UFAB_LOG_WARN, "RX ring of " + std::to_string(conf->size) + " filled with only " + std::to_string(got) +
                            " buffers: the pool is short; the rest are posted as buffers come back");
   }
+  q.rdt = reg(queue_reg(kRdt0, queue));
+  q.cause = kIntRxq0 << queue;
   q.configured = true;
-  rx_ = q;
   return 0;
 }
 
 int E1000e::tx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
-  if (queue != 0)
-    return fail(EINVAL,
-                "TX queue " + std::to_string(queue) + " does not exist: the 82574L driver has one TX queue (0)");
+  TxQueue* tq = tx_queue(queue, "tx_queue_setup");
+  if (!tq) return -EINVAL;
   if (started_) return fail(EBUSY, "TX queue setup while the device is started; call stop() first");
   if (!conf) return fail(EINVAL, "TX queue setup without a configuration");
   if (!valid_ring_size(conf->size)) {
     return fail(EINVAL, "TX ring size " + std::to_string(conf->size) + " is not supported; use a power of two from " +
                             std::to_string(kMinRing) + " to " + std::to_string(kMaxRing));
   }
-  release_tx();
-  TxQueue q;
+  release_tx(*tq);
+  TxQueue& q = *tq;
   q.ring.size = conf->size;
   if (int rc = alloc_queue_memory(q.block, conf->size, "TX"); rc < 0) return rc;
   q.desc = static_cast<volatile TxDesc*>(q.block.mem.va);
   q.slots = reinterpret_cast<ufab_buf**>(static_cast<uint8_t*>(q.block.mem.va) + size_t{conf->size} * kDescBytes);
+  q.tdt = reg(queue_reg(kTdt, queue));
   q.configured = true;
-  tx_ = q;
   return 0;
 }
 
 // ------------------------------------------------------------ start/stop
 
-void E1000e::program_rx() {
+void E1000e::program_rx(RxQueue& q) {
   // Posted slots get a fresh descriptor: frames left unharvested by a
   // previous run are dropped rather than read back as new.
-  for (uint32_t i = rx_.next; i != rx_.tail; i = rx_.ring.next(i)) {
-    rx_post(&rx_.desc[i], rx_.slots[i]->base_iova + rx_.slots[i]->offset);
+  for (uint32_t i = q.next; i != q.tail; i = q.ring.next(i)) {
+    rx_post(&q.desc[i], q.slots[i]->base_iova + q.slots[i]->offset);
   }
-  rx_.discarding = false;
-  uint64_t iova = rx_.block.mem.iova;
-  wr(kRdbal0, static_cast<uint32_t>(iova));
-  wr(kRdbah0, static_cast<uint32_t>(iova >> 32));
-  wr(kRdlen0, rx_.ring.size * kDescBytes);
-  wr(kRfctl, rd(kRfctl) & ~kRfctlExten);
+  q.discarding = false;
+  uint64_t iova = q.block.mem.iova;
+  wr(queue_reg(kRdbal0, q.index), static_cast<uint32_t>(iova));
+  wr(queue_reg(kRdbah0, q.index), static_cast<uint32_t>(iova >> 32));
+  wr(queue_reg(kRdlen0, q.index), q.ring.size * kDescBytes);
   barrier::descriptors_before_doorbell();
-  wr(kRdh0, rx_.next);
-  wr(kRdt0, rx_.tail);
-  wr(kRctl, rctl_value());
+  wr(queue_reg(kRdh0, q.index), q.next);
+  wr(queue_reg(kRdt0, q.index), q.tail);
 }
 
-void E1000e::program_tx() {
-  uint64_t iova = tx_.block.mem.iova;
-  wr(kTdbal, static_cast<uint32_t>(iova));
-  wr(kTdbah, static_cast<uint32_t>(iova >> 32));
-  wr(kTdlen, tx_.ring.size * kDescBytes);
-  wr(kTdh, tx_.tail);
-  wr(kTdt, tx_.tail);
-  wr(kTipg, kTipgDefault);
-  wr(kTarc0, rd(kTarc0) | kTarcEnable);  // QEMU transmits only with bit 10 set
-  wr(kTctl, kTctlEn | kTctlPsp | kTctlCt | kTctlCold | kTctlRtlc);
+void E1000e::program_tx(TxQueue& q) {
+  uint64_t iova = q.block.mem.iova;
+  wr(queue_reg(kTdbal, q.index), static_cast<uint32_t>(iova));
+  wr(queue_reg(kTdbah, q.index), static_cast<uint32_t>(iova >> 32));
+  wr(queue_reg(kTdlen, q.index), q.ring.size * kDescBytes);
+  wr(queue_reg(kTdh, q.index), q.tail);
+  wr(queue_reg(kTdt, q.index), q.tail);
+  // TARCn bit 10 enables the queue; QEMU transmits only with it set.
+  uint32_t tarc = queue_reg(kTarc0, q.index);
+  wr(tarc, rd(tarc) | kTarcEnable);
 }
 
 int E1000e::start() {
   if (started_) return 0;
-  if (!rx_.configured && !tx_.configured) {
+  if (!any_rx_configured() && !any_tx_configured()) {
     return fail(EINVAL, "start() with no queue set up; call rx_queue_setup and/or tx_queue_setup first");
   }
-  if (tx_.configured) program_tx();
-  if (rx_.configured) program_rx();
+  if (any_tx_configured()) {
+    wr(kTipg, kTipgDefault);
+    for (auto& q : tx_)
+      if (q.configured) program_tx(q);
+    wr(kTctl, kTctlEn | kTctlPsp | kTctlCt | kTctlCold | kTctlRtlc);
+  }
+  if (any_rx_configured()) {
+    wr(kRfctl, rd(kRfctl) & ~kRfctlExten);  // legacy descriptors on both rings
+    for (auto& q : rx_)
+      if (q.configured) program_rx(q);
+    wr(kRctl, rctl_value());
+  }
   started_ = true;
-  if (irq_mode_) arm_rx_irq_registers();
+  if (any_irq_mode()) {
+    program_irq_routing();
+    for (auto& q : rx_)
+      if (q.irq_mode) arm_rx_irq_registers(q);
+  }
   if (!(rd(kStatus) & kStatusLu)) log(UFAB_LOG_WARN, "started with the link down (STATUS.LU clear)");
   return 0;
 }
@@ -554,44 +629,73 @@ int E1000e::stop() {
   wr(kTctl, rd(kTctl) & ~kTctlEn);
   started_ = false;
   // Frames still queued for transmit are abandoned; return their buffers.
-  reclaim_tx();
-  if (tx_.configured) {
-    uint32_t left = tx_.ring.distance(tx_.clean, tx_.tail);
-    if (left) free_slots(tx_.slots, tx_.ring, tx_.clean, left);
-    tx_.clean = tx_.tail;
+  for (auto& q : tx_) {
+    if (!q.configured) continue;
+    reclaim_tx(q);
+    uint32_t left = q.ring.distance(q.clean, q.tail);
+    if (left) free_slots(q.slots, q.ring, q.clean, left);
+    q.clean = q.tail;
   }
   return 0;
 }
 
 int E1000e::set_promiscuous(int enable) {
   promiscuous_ = enable != 0;
-  if (started_ && rx_.configured) wr(kRctl, rctl_value());
+  if (started_ && any_rx_configured()) wr(kRctl, rctl_value());
   return 0;
+}
+
+// Receive steering (ABI 1.2). The 82574L's only way to put a frame in RX
+// queue 1 is RSS (datasheet 7.1.2 "Receive Queues", MRQC in regs.h): a
+// Toeplitz hash over the IPv4/IPv6 addresses, plus the TCP ports for TCP;
+// UDP has no hash field. RoCEv2 is UDP, so every packet between two hosts
+// hashes alike whatever its destination QP: the device cannot steer by QP.
+// UFAB_STEER_NONE (all frames to queue 0) is what it does without RSS.
+int E1000e::rx_steer(uint32_t mode, uint16_t nqueues) {
+  if (started_) return fail(EBUSY, "rx_steer while the device is started; call stop() first");
+  if (nqueues < 1 || nqueues > kQueueCount) {
+    return fail(EINVAL, "rx_steer over " + std::to_string(nqueues) + " RX queues; the 82574L has 1 to " +
+                            std::to_string(kQueueCount));
+  }
+  switch (mode) {
+    case UFAB_STEER_NONE:
+      wr(kMrqc, 0);
+      return 0;
+    case UFAB_STEER_ROCE_QPN:
+      return fail(EOPNOTSUPP,
+                  "the 82574L cannot steer RoCEv2 frames by destination QP: its only receive steering is RSS "
+                  "(MRQC), which hashes IPv4/IPv6 addresses and TCP ports, never UDP ports or the BTH, so all "
+                  "RoCEv2 traffic between two hosts lands in one queue; every frame stays in RX queue 0, steer "
+                  "in software");
+    default:
+      return fail(EOPNOTSUPP, "steering mode " + std::to_string(mode) +
+                                  " is unknown to this e1000e plugin; every frame stays in RX queue 0");
+  }
 }
 
 // --------------------------------------------------------------- receive
 
 // Takes up to n completed frames from the ring. Errored descriptors are
 // dropped (their buffers go back to the pool).
-uint32_t E1000e::harvest(ufab_buf** bufs, uint32_t n) {
+uint32_t E1000e::harvest(RxQueue& q, ufab_buf** bufs, uint32_t n) {
   uint32_t got = 0;
   uint64_t bytes = 0;
-  uint32_t i = rx_.next;
-  while (got < n && i != rx_.tail) {
-    volatile RxDesc* d = &rx_.desc[i];
+  uint32_t i = q.next;
+  while (got < n && i != q.tail) {
+    volatile RxDesc* d = &q.desc[i];
     uint8_t status = rx_status(d);
     if (!(status & kRxStaDd)) break;
     barrier::device_status_before_descriptor_reads();
-    ufab_buf* b = rx_.slots[i];
-    rx_.slots[i] = nullptr;
+    ufab_buf* b = q.slots[i];
+    q.slots[i] = nullptr;
     uint8_t errors = rx_errors(d);
     uint32_t len = rx_length(d);
     bool eop = status & kRxStaEop;
-    bool bad = rx_.discarding || !eop || (errors & kRxErrFrame) || len == 0 || len > b->capacity - b->offset;
-    rx_.discarding = !eop;  // drop the rest of a frame that spans descriptors
-    i = rx_.ring.next(i);
+    bool bad = q.discarding || !eop || (errors & kRxErrFrame) || len == 0 || len > b->capacity - b->offset;
+    q.discarding = !eop;  // drop the rest of a frame that spans descriptors
+    i = q.ring.next(i);
     if (bad) {
-      ++totals_.sw_rx_errors;
+      ++q.count.errors;
       ops_->buf_free(host_, &b, 1);
       continue;
     }
@@ -600,125 +704,128 @@ uint32_t E1000e::harvest(ufab_buf** bufs, uint32_t n) {
     bufs[got++] = b;
     bytes += len;
   }
-  rx_.next = i;
-  totals_.sw_rx_packets += got;
-  totals_.sw_rx_bytes += bytes;
+  q.next = i;
+  q.count.packets += got;
+  q.count.bytes += bytes;
   return got;
 }
 
 // Gives empty slots fresh buffers from the pool in one allocation and
 // moves RDT once. QEMU delivers frames it queued while the ring was full
 // inside that RDT write.
-void E1000e::refill() {
-  uint32_t posted = rx_.ring.distance(rx_.next, rx_.tail);
-  uint32_t empty = rx_.ring.capacity() - posted;
+void E1000e::refill(RxQueue& q) {
+  uint32_t posted = q.ring.distance(q.next, q.tail);
+  uint32_t empty = q.ring.capacity() - posted;
   if (empty == 0) return;
-  int got = ops_->buf_alloc(host_, rx_.pool, rx_.scratch, empty);
+  int got = ops_->buf_alloc(host_, q.pool, q.scratch, empty);
   uint32_t filled = got > 0 ? static_cast<uint32_t>(got) : 0;
-  uint32_t at = rx_.tail;
+  uint32_t at = q.tail;
   for (uint32_t k = 0; k < filled; ++k) {
-    ufab_buf* b = rx_.scratch[k];
-    rx_.slots[at] = b;
-    rx_post(&rx_.desc[at], b->base_iova + b->offset);
-    at = rx_.ring.next(at);
+    ufab_buf* b = q.scratch[k];
+    q.slots[at] = b;
+    rx_post(&q.desc[at], b->base_iova + b->offset);
+    at = q.ring.next(at);
   }
   uint32_t unfilled = empty - filled;
-  if (unfilled > rx_.unfilled) totals_.sw_rx_no_buffer += unfilled - rx_.unfilled;
-  rx_.unfilled = unfilled;
+  if (unfilled > q.unfilled) q.count.no_buffer += unfilled - q.unfilled;
+  q.unfilled = unfilled;
   if (filled) {
-    rx_.tail = at;
+    q.tail = at;
     barrier::descriptors_before_doorbell();
-    rdt_.write(rx_.tail);
+    q.rdt.write(q.tail);
   }
 }
 
 int E1000e::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
-  if (queue != 0 || !rx_.configured) {
-    return fail(EINVAL, queue != 0 ? "rx_burst on queue " + std::to_string(queue) + "; the 82574L has only queue 0"
-                                   : std::string("rx_burst before rx_queue_setup"));
-  }
-  uint32_t got = harvest(bufs, n);
-  refill();
-  if (got == 0 && n > 0 && irq_mode_ && started_ && !arm_on_request_) {
+  RxQueue* qp = rx_queue(queue, "rx_burst");
+  if (!qp) return -EINVAL;
+  RxQueue& q = *qp;
+  if (!q.configured) return fail(EINVAL, "rx_burst on RX queue " + std::to_string(queue) + " before rx_queue_setup");
+  uint32_t got = harvest(q, bufs, n);
+  refill(q);
+  if (got == 0 && n > 0 && q.irq_mode && started_ && !q.arm_on_request) {
     // Interrupt mode and nothing to do: the caller may be about to sleep.
-    if (rearm_if_fired()) {
-      got = harvest(bufs, n);
-      refill();
+    if (rearm_if_fired(q)) {
+      got = harvest(q, bufs, n);
+      refill(q);
     }
   }
   return static_cast<int>(got);
 }
 
-// If the vector fired since it was armed (EIAC auto-masked RXQ0 in IMS),
-// re-arms: drops the stale cause and unmasks. True when a frame landed
-// before the unmask (it raised no interrupt) and waits in the ring.
-bool E1000e::rearm_if_fired() {
-  if (ims_.read() & kIntRxq0) return false;  // still armed
-  ++totals_.irqs;
-  icr_.write(kIntRxq0);
-  ims_.write(kIntRxq0);
-  return rx_pending();
+// If the queue's vector fired since it was armed (EIAC auto-masked its
+// cause in IMS), re-arms: drops the stale cause and unmasks. True when a
+// frame landed before the unmask (it raised no interrupt) and waits in the
+// ring.
+bool E1000e::rearm_if_fired(RxQueue& q) {
+  if (ims_.read() & q.cause) return false;  // still armed
+  ++q.count.irqs;
+  icr_.write(q.cause);
+  ims_.write(q.cause);
+  return rx_pending(q);
 }
 
 // The caller is about to sleep: from now on only here, not on every empty
 // rx_burst (an IMS read each, an exit to the hypervisor under emulation).
 int E1000e::rx_irq_arm(uint16_t queue) {
-  if (queue != 0) return fail(EINVAL, "rx_irq_arm on queue " + std::to_string(queue) + "; the 82574L has only queue 0");
-  if (!irq_mode_ || !started_) return fail(EINVAL, "rx_irq_arm without the interrupt enabled on a started device");
-  arm_on_request_ = true;
+  RxQueue* qp = rx_queue(queue, "rx_irq_arm");
+  if (!qp) return -EINVAL;
+  if (!qp->irq_mode || !started_)
+    return fail(EINVAL, "rx_irq_arm without the interrupt enabled on a started device");
+  qp->arm_on_request = true;
   // A frame that landed before the unmask raised nothing: raise it now.
-  if (rearm_if_fired()) ics_.write(kIntRxq0);
+  if (rearm_if_fired(*qp)) ics_.write(qp->cause);
   return 0;
 }
 
 // -------------------------------------------------------------- transmit
 
 // Returns the buffers of descriptors the device has written back (DD).
-void E1000e::reclaim_tx() {
-  if (!tx_.configured) return;
-  uint32_t c = tx_.clean;
-  while (c != tx_.tail && tx_done(&tx_.desc[c])) c = tx_.ring.next(c);
-  if (c == tx_.clean) return;
+void E1000e::reclaim_tx(TxQueue& q) {
+  if (!q.configured) return;
+  uint32_t c = q.clean;
+  while (c != q.tail && tx_done(&q.desc[c])) c = q.ring.next(c);
+  if (c == q.clean) return;
   barrier::device_status_before_descriptor_reads();
-  free_slots(tx_.slots, tx_.ring, tx_.clean, tx_.ring.distance(tx_.clean, c));
-  tx_.clean = c;
+  free_slots(q.slots, q.ring, q.clean, q.ring.distance(q.clean, c));
+  q.clean = c;
 }
 
 int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
-  if (queue != 0 || !tx_.configured || !started_) {
-    if (queue != 0) return fail(EINVAL, "tx_burst on queue " + std::to_string(queue) + "; the 82574L has only queue 0");
-    if (!tx_.configured) return fail(EINVAL, "tx_burst before tx_queue_setup");
-    return fail(ENETDOWN, "tx_burst while the device is stopped; call start() first");
-  }
-  reclaim_tx();
-  uint32_t room = tx_.ring.free_after(tx_.ring.distance(tx_.clean, tx_.tail));
+  TxQueue* qp = tx_queue(queue, "tx_burst");
+  if (!qp) return -EINVAL;
+  TxQueue& q = *qp;
+  if (!q.configured) return fail(EINVAL, "tx_burst on TX queue " + std::to_string(queue) + " before tx_queue_setup");
+  if (!started_) return fail(ENETDOWN, "tx_burst while the device is stopped; call start() first");
+  reclaim_tx(q);
+  uint32_t room = q.ring.free_after(q.ring.distance(q.clean, q.tail));
   uint32_t k = n < room ? n : room;
-  uint32_t t = tx_.tail;
+  uint32_t t = q.tail;
   uint64_t bytes = 0;
   uint32_t i = 0;
   for (; i < k; ++i) {
     ufab_buf* b = bufs[i];
     if (b->len < kMinTxFrame || b->len > kMaxTxFrame || b->offset > b->capacity || b->len > b->capacity - b->offset)
       break;
-    tx_fill(&tx_.desc[t], b->base_iova + b->offset, b->len);
-    tx_.slots[t] = b;
-    t = tx_.ring.next(t);
+    tx_fill(&q.desc[t], b->base_iova + b->offset, b->len);
+    q.slots[t] = b;
+    t = q.ring.next(t);
     bytes += b->len;
   }
   if (i == 0) {
     if (k == 0) return 0;  // ring full
-    ++totals_.sw_tx_rejected;
+    ++q.count.rejected;
     ufab_buf* b = bufs[0];
     return fail(EINVAL, "tx_burst: frame of " + std::to_string(b->len) + " bytes at offset " +
                             std::to_string(b->offset) + " in a " + std::to_string(b->capacity) +
                             "-byte buffer; the 82574L sends one-buffer frames of " + std::to_string(kMinTxFrame) +
                             ".." + std::to_string(kMaxTxFrame) + " bytes (no jumbo frames)");
   }
-  tx_.tail = t;
+  q.tail = t;
   barrier::descriptors_before_doorbell();
-  tdt_.write(t);  // QEMU transmits the whole burst inside this write
-  totals_.sw_tx_packets += i;
-  totals_.sw_tx_bytes += bytes;
+  q.tdt.write(t);  // QEMU transmits the whole burst inside this write
+  q.count.packets += i;
+  q.count.bytes += bytes;
   return static_cast<int>(i);
 }
 
@@ -726,72 +833,97 @@ int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
 
 int E1000e::stats(ufab_stats* out) {
   totals_.add(read_counters());
+  // What the queues counted themselves. Read while other threads may be
+  // polling: each sum is a snapshot of counters that only grow.
+  QueueCounters rx, tx;
+  for (uint16_t q = 0; q < kQueueCount; ++q) {
+    rx.packets += rx_[q].count.packets;
+    rx.bytes += rx_[q].count.bytes;
+    rx.no_buffer += rx_[q].count.no_buffer;
+    rx.errors += rx_[q].count.errors;
+    rx.irqs += rx_[q].count.irqs;
+    tx.packets += tx_[q].count.packets;
+    tx.bytes += tx_[q].count.bytes;
+  }
   *out = ufab_stats{};
   out->rx_packets = totals_.rx_good;
   out->rx_bytes = totals_.rx_bytes();
   out->tx_packets = totals_.tx_good;
   out->tx_bytes = totals_.tx_bytes();
-  out->rx_dropped = totals_.dropped();
-  out->rx_errors = totals_.errors_rx();
+  out->rx_dropped = totals_.rx_missed + rx.no_buffer;
+  out->rx_errors = totals_.rx_crc_errors + totals_.rx_errors + rx.errors;
   out->tx_errors = totals_.tx_collisions;
-  out->irqs = totals_.irqs;
+  out->irqs = rx.irqs;
   char m[240];
-  std::snprintf(
-      m, sizeof m,
-      "stats: device rx %llu tx %llu frames; driver rx %llu tx %llu frames, %llu/%llu bytes; "
-      "no-buffer %llu",
-      static_cast<unsigned long long>(totals_.rx_good), static_cast<unsigned long long>(totals_.tx_good),
-      static_cast<unsigned long long>(totals_.sw_rx_packets), static_cast<unsigned long long>(totals_.sw_tx_packets),
-      static_cast<unsigned long long>(totals_.sw_rx_bytes), static_cast<unsigned long long>(totals_.sw_tx_bytes),
-      static_cast<unsigned long long>(totals_.sw_rx_no_buffer));
+  std::snprintf(m, sizeof m,
+                "stats: device rx %llu tx %llu frames; driver rx %llu tx %llu frames (TX queue 1: %llu), %llu/%llu "
+                "bytes; no-buffer %llu",
+                static_cast<unsigned long long>(totals_.rx_good), static_cast<unsigned long long>(totals_.tx_good),
+                static_cast<unsigned long long>(rx.packets), static_cast<unsigned long long>(tx.packets),
+                static_cast<unsigned long long>(tx_[1].count.packets), static_cast<unsigned long long>(rx.bytes),
+                static_cast<unsigned long long>(tx.bytes), static_cast<unsigned long long>(rx.no_buffer));
   log(UFAB_LOG_DEBUG, m);
-  if (totals_.tx_good != totals_.sw_tx_packets && started_) {
+  if (totals_.tx_good != tx.packets && started_) {
     // QEMU transmits inside the TDT write, so the two agree whenever no
     // frame was refused by the backend.
     log(UFAB_LOG_DEBUG, "stats: GPTC " + std::to_string(totals_.tx_good) + " differs from frames queued " +
-                            std::to_string(totals_.sw_tx_packets));
+                            std::to_string(tx.packets));
   }
   return 0;
 }
 
 // ------------------------------------------------------------ interrupts
 
-// MSI-X routing for RX queue 0 (datasheet 7.4 "Interrupts", 10.2.4.8 IVAR):
-//   IVAR: RXQ0 -> vector 0, valid; TXQ0 and Other unrouted.
+// MSI-X routing, one vector per RX queue (datasheet 7.4 "Interrupts",
+// 10.2.4.8 IVAR):
+//   IVAR: RXQ0 -> vector 0, RXQ1 -> vector 1, both valid; TXQ0/1 and Other
+//   unrouted (TX completions are reaped by polling).
 //   CTRL_EXT: PBA support on (required with MSI-X), IAME/EIAME off.
-//   EIAC: RXQ0 auto-clears on each MSI-X message, which (IAME clear) also
-//   auto-masks RXQ0 in IMS: one message per arming, re-armed by rx_burst.
-void E1000e::arm_rx_irq_registers() {
-  wr(kIvar, (kIvarValid | 0u) << kIvarRxq0Shift);
+//   EIAC: RXQ0 and RXQ1 auto-clear on each MSI-X message, which (IAME
+//   clear) also auto-masks that cause in IMS: one message per arming per
+//   queue, re-armed by rx_burst or rx_irq_arm of that queue only.
+void E1000e::program_irq_routing() {
+  wr(kIvar, (kIvarValid | 0u) << kIvarRxq0Shift | (kIvarValid | 1u) << kIvarRxq1Shift);
   wr(kCtrlExt, (rd(kCtrlExt) | kCtrlExtPbaSupport) & ~(kCtrlExtIame | kCtrlExtEiame));
   wr(kIam, 0);
-  wr(kEiac, kIntRxq0);
-  icr_.write(kIntRxq0);
-  ims_.write(kIntRxq0);
+  wr(kEiac, kIntRxq0 | kIntRxq1);
+}
+
+void E1000e::arm_rx_irq_registers(RxQueue& q) {
+  icr_.write(q.cause);
+  ims_.write(q.cause);
   // Frames already waiting raise no new cause: make the eventfd readable
   // so a caller that sleeps right away still wakes for them.
-  if (rx_.configured && rx_pending()) ics_.write(kIntRxq0);
+  if (rx_pending(q)) ics_.write(q.cause);
 }
 
 int E1000e::rx_irq(uint16_t queue, int enable, int* eventfd) {
-  if (queue != 0) return fail(EINVAL, "rx_irq on queue " + std::to_string(queue) + "; the 82574L has only queue 0");
+  RxQueue* qp = rx_queue(queue, "rx_irq");
+  if (!qp) return -EINVAL;
+  RxQueue& q = *qp;
   if (!enable) {
-    imc_.write(kIntRxq0);
-    irq_mode_ = false;
-    arm_on_request_ = false;
+    imc_.write(kIntRxq0 << queue);
+    q.irq_mode = false;
+    q.arm_on_request = false;
     if (eventfd) *eventfd = -1;
     return 0;
   }
   if (!irq_vectors_) {
-    int fds[1] = {-1};
-    // One vector is enough: only RX queue 0 is routed (the 82574L has 5).
-    if (int rc = ops_->irq_enable(host_, 1, fds); rc < 0) return host_failed(rc, "enabling MSI-X vector 0");
+    // Vectors for both RX queues at once (of the 82574L's 5): Linux 6.1's
+    // VFIO cannot add MSI-X vectors to an enabled set later.
+    int fds[kQueueCount] = {-1, -1};
+    if (int rc = ops_->irq_enable(host_, kQueueCount, fds); rc < 0)
+      return host_failed(rc, "enabling MSI-X vectors 0 and 1");
     irq_vectors_ = true;
-    irq_fd_ = fds[0];
+    for (uint16_t i = 0; i < kQueueCount; ++i) irq_fd_[i] = fds[i];
   }
-  irq_mode_ = true;
-  if (started_) arm_rx_irq_registers();
-  if (eventfd) *eventfd = irq_fd_;
+  q.cause = kIntRxq0 << queue;
+  q.irq_mode = true;
+  if (started_) {
+    program_irq_routing();
+    arm_rx_irq_registers(q);
+  }
+  if (eventfd) *eventfd = irq_fd_[queue];
   return 0;
 }
 
@@ -799,8 +931,18 @@ int E1000e::rx_irq(uint16_t queue, int enable, int* eventfd) {
 }  // namespace ufab::e1000e
 
 extern "C" const ufab_driver* ufab_e1000e_driver(void) {
-  static const ufab_driver driver = ufab::sdk::make_driver<ufab::e1000e::E1000e>(
-      "e1000e", "Intel 82574L (QEMU e1000e): 1 RX + 1 TX queue, legacy descriptors, polling or MSI-X",
-      ufab::e1000e::kMatch);
+  static const ufab_driver driver = [] {
+    ufab_driver d = ufab::sdk::make_driver<ufab::e1000e::E1000e>(
+        "e1000e",
+        "Intel 82574L (QEMU e1000e): 2 RX + 2 TX queues (RX queue 1 idle: no RoCE steering), legacy descriptors, "
+        "polling or MSI-X",
+        ufab::e1000e::kMatch);
+    // ABI 1.2 rx_steer: set here because drivers/sdk/adapter.h does not
+    // generate it yet.
+    d.rx_steer = [](ufab_dev* dev, uint32_t mode, uint16_t nqueues) {
+      return ufab::sdk::guarded([&] { return ufab::sdk::self<ufab::e1000e::E1000e>(dev)->rx_steer(mode, nqueues); });
+    };
+    return d;
+  }();
   return &driver;
 }

@@ -78,7 +78,9 @@ inline constexpr uint32_t kIam = 0x000E0;   // 10.2.4.7 Interrupt Acknowledge Au
 inline constexpr uint32_t kIvar = 0x000E4;
 inline constexpr uint32_t kIvarValid = 0x8;
 inline constexpr uint32_t kIvarRxq0Shift = 0;
+inline constexpr uint32_t kIvarRxq1Shift = 4;
 inline constexpr uint32_t kIvarTxq0Shift = 8;
+inline constexpr uint32_t kIvarTxq1Shift = 12;
 inline constexpr uint32_t kIvarOtherShift = 16;
 
 // 10.2.4.9 Extended Interrupt Throttling (EITR, 0x000E8 + 4n, n = 0..4).
@@ -114,6 +116,27 @@ inline constexpr uint32_t kRdt0 = 0x02818;
 inline constexpr uint32_t kRdtr = 0x02820;  // RX delay timer: 0 = none
 inline constexpr uint32_t kRadv = 0x0282C;  // RX absolute delay: 0 = none
 
+// Two queues each way (datasheet 7.1.2 "Receive Queues", 7.2 "Transmit"):
+// queue 1's ring registers sit 0x100 above queue 0's (RDBAL1 0x02900 ..
+// RDT1 0x02918, TDBAL1 0x03900 .. TDT1 0x03918, TARC1 0x03940). QEMU
+// computes the queue index the same way, (offset - queue 0's) / 0x100.
+inline constexpr uint16_t kQueueCount = 2;
+inline constexpr uint32_t kQueueStride = 0x100;
+constexpr uint32_t queue_reg(uint32_t queue0_reg, uint16_t queue) { return queue0_reg + kQueueStride * queue; }
+inline constexpr uint32_t kRdbal1 = 0x02900;
+inline constexpr uint32_t kRdt1 = 0x02918;
+static_assert(queue_reg(kRdbal0, 1) == kRdbal1 && queue_reg(kRdt0, 1) == kRdt1);
+
+// 10.2.5.x Multiple Receive Queues Command (MRQC, 0x05818). Bits 1:0 = 01
+// enable two-queue RSS; bits 20:16 pick the hash inputs: IPv4/TCP (16), IPv4 (17), IPv6/TCP
+// (18), IPv6 extended (19), IPv6 (20). There is no UDP field: the 82574L
+// spreads UDP (and so RoCEv2) by IP addresses only. RSS also needs extended
+// receive descriptors (RFCTL.EXTEN) and RXCSUM.PCSD (the descriptor's
+// checksum field then carries the hash); QEMU checks all three
+// (e1000e_rss_enabled) and otherwise delivers every frame to queue 0. This
+// driver keeps MRQC = 0.
+inline constexpr uint32_t kMrqc = 0x05818;
+
 // Multicast Table Array (MTA, 0x05200..0x053FC, 128 registers).
 inline constexpr uint32_t kMta = 0x05200;
 inline constexpr uint32_t kMtaCount = 128;
@@ -148,6 +171,12 @@ inline constexpr uint32_t kTadv = 0x0382C;  // TX absolute delay: 0 = none
 // QEMU: TDT writes transmit only while it is set (reset value 0x403).
 inline constexpr uint32_t kTarc0 = 0x03840;
 inline constexpr uint32_t kTarcEnable = 1u << 10;
+// TX queue 1: TDBAL1 0x03900 .. TDT1 0x03918 and TARC1 0x03940, the same
+// layout 0x100 higher (queue_reg()). QEMU transmits from ring 1 on a TDT1
+// write only while TARC1 bit 10 is set (e1000e_set_tdt).
+inline constexpr uint32_t kTdbal1 = 0x03900;
+inline constexpr uint32_t kTarc1 = 0x03940;
+static_assert(queue_reg(kTdbal, 1) == kTdbal1 && queue_reg(kTarc0, 1) == kTarc1);
 
 // ----------------------------------------------------- 10.2.7 statistics
 // On the 82574L all statistics clear on read. QEMU: GPRC, GPTC, TPR, TPT

@@ -1,9 +1,9 @@
 # Helpers of the rxe_interop suite's guest scripts (rxe_interop_guest.sh,
-# rxe_perftest_guest.sh), sourced by both, never run. The sourcing script
-# sets `prog` (its name, for say and finish) before using them, `passed=0
-# failed=0` before pass and fail, and `ifname` (the kernel interface under
-# rxe0, 10.0.0.1) before forget_neighbour, pin_neighbour, lossy and
-# rxe_diag. ufab is 10.0.0.2 on NIC 1.
+# rxe_perftest_guest.sh) and of scripts/demo-guest.sh, sourced, never run.
+# The sourcing script sets `prog` (its name, for say and finish) before
+# using them, `passed=0 failed=0` before pass and fail, and `ifname` (the
+# kernel interface under rxe0, 10.0.0.1) before forget_neighbour,
+# pin_neighbour, lossy and rxe_diag. ufab is 10.0.0.2 on NIC 1.
 # shellcheck shell=bash disable=SC2154  # prog, ifname: the sourcing script's
 
 say() { printf '%s: %s\n' "$prog" "$*"; }
@@ -37,6 +37,41 @@ wait_listen() { # PID SECONDS [PORT]: until something listens on TCP PORT (defau
     kill -0 "$1" 2>/dev/null && [ "$SECONDS" -lt "$end" ] || return 1
     sleep 0.1
   done
+}
+
+# rxe_setup IFNAME ADDR: the kernel side of a VM's rxe test. Gives IFNAME
+# ADDR/24 and brings it up, loads rdma_rxe, adds rxe0 on IFNAME and waits
+# (10 s) for rxe0's RoCE v2 GID of ::ffff:ADDR, whose index (perftest's -x,
+# ibv_rc_pingpong's -g) it leaves in rxe_gid_index. Every step is bounded.
+# On failure it says which step failed (say) and returns 1. (Used by
+# scripts/demo-guest.sh; rxe_interop_guest.sh and
+# tests/bench/rdma_vs_rxe_guest.sh still do the same steps inline.)
+# shellcheck disable=SC2034  # rxe_gid_index: for the sourcing script
+rxe_setup() { # IFNAME ADDR
+  local ifn=$1 addr=$2 want f n a b c d
+  rxe_gid_index=
+  IFS=. read -r a b c d <<<"$addr"
+  want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d") ||
+    { say "rxe_setup: '$addr' is not an IPv4 address"; return 1; }
+  [ -e "/sys/class/net/$ifn" ] || { say "rxe_setup: no kernel interface $ifn"; return 1; }
+  { ip addr add "$addr/24" dev "$ifn" && ip link set "$ifn" up; } || { say "rxe_setup: ip setup of $ifn ($addr/24) failed"; return 1; }
+  # rxe computes its ICRC through the crypto API's "crc32", which this
+  # guest does not load on demand (see tests/vm/rxe_capture_guest.sh).
+  { timeout 60 modprobe crc32_generic && timeout 60 modprobe rdma_rxe; } || { say "rxe_setup: modprobe crc32_generic rdma_rxe failed"; return 1; }
+  timeout 20 rdma link add rxe0 type rxe netdev "$ifn" || { say "rxe_setup: rdma link add rxe0 type rxe netdev $ifn failed"; return 1; }
+  # rxe adds the GID once the address and the link are up.
+  for _ in $(seq 100); do
+    for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+      n=${f##*/}
+      [ "$(cat "$f" 2>/dev/null)" = "$want" ] || continue
+      [ "$(cat "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null)" = "RoCE v2" ] || continue
+      rxe_gid_index=$n
+      return 0
+    done
+    sleep 0.1
+  done
+  say "rxe_setup: no RoCE v2 GID $want (::ffff:$addr) on rxe0 within 10 s"
+  return 1
 }
 
 rxe_counters() { # rxe0's non-zero hw_counters, one "  | name value" line each

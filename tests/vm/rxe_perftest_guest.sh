@@ -22,6 +22,12 @@
 #   UFAB_PERFTEST_LIMIT  seconds for one side of one run (default 150)
 #   UFAB_PERFTEST_VERBOSE=1  show both sides' output after passing runs
 #                  too (always shown after a failing one)
+#   UFAB_PERFTEST_KEEP=1  keep each run's output in W for a report
+#                  (scripts/demo-guest.sh makes its table from them): run
+#                  N's ufab stdout (its JSON) in run-N.ufab, perftest's
+#                  stdout in run-N.perftest, and a line "N PASS|FAIL ROLE
+#                  TEST SECONDS OPTIONS..." (tab-separated, the options
+#                  space-separated) in runs.tsv; set W too
 # It expects what rxe_interop_guest.sh's setup leaves behind: NIC 1 bound to
 # vfio-pci, rxe0 on KERN_IF, 10.0.0.1/24, up. Needs perftest and jq (both
 # in scripts/setup.sh). Prints "PASS ..." or "FAIL ..." per run and ends with
@@ -87,6 +93,7 @@ ifname=${KERN_IF:?set KERN_IF to the kernel interface under rxe0}
 ufab_bdf=${UFAB_VM_NIC1_BDF:-0000:00:02.0}
 limit=${UFAB_PERFTEST_LIMIT:-150}  # seconds for one side of one run; each ufab wait is --timeout 30 within it
 verbose=${UFAB_PERFTEST_VERBOSE:-0}
+keep=${UFAB_PERFTEST_KEEP:-0}
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 prog=rxe_perftest_guest
 passed=0 failed=0
@@ -356,6 +363,12 @@ run() {
     [ -s "$W/tc" ] && show "$W/tc" "tc -s ($mode)"
   fi
   [ "${#why[@]}" -eq 0 ] || rxe_diag
+  if [ "$keep" = 1 ]; then
+    cp "$W/u.out" "$W/run-$runs.ufab" 2>/dev/null
+    cp "$W/r.out" "$W/run-$runs.perftest" 2>/dev/null
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$runs" "$([ "${#why[@]}" -eq 0 ] && echo PASS || echo FAIL)" \
+      "$role" "$test" "$secs" "$*" >>"$W/runs.tsv"
+  fi
 }
 
 # ------------------------------------------------------------------ the cases
