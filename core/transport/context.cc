@@ -190,8 +190,11 @@ Result<std::optional<net::MacAddress>> Context::resolve(Lane& via, net::Ipv4Addr
 uint64_t Context::feeding(const CompletionQueueImpl& cq) const {
   uint64_t mask = cq.lanes();
   // Lane 0's queue receives what the NIC does not steer: every frame when
-  // it cannot, ARP replies when it can.
-  if (!steered_ || arp_pending_.load(std::memory_order_relaxed)) mask |= 1;
+  // it cannot; when it can, ARP: replies we wait for, and the peer's
+  // requests, which must be answered even when no QP of lane 0 is polled
+  // (every 64th round of each thread: a peer's ARP retry is a second).
+  thread_local uint32_t rounds = 0;
+  if (!steered_ || arp_pending_.load(std::memory_order_relaxed) || (++rounds & 63) == 0) mask |= 1;
   return mask;
 }
 
