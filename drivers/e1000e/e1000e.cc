@@ -73,6 +73,7 @@ struct RxQueue {
   uint32_t unfilled = 0;    // empty slots after the last refill
   bool discarding = false;  // inside a multi-descriptor frame being dropped
   Reg32 rdt;                // this queue's doorbell (RDT0 or RDT1)
+  bool on_device = false;   // ring programmed into the device (RX queue 0 only, see start())
   uint32_t cause = 0;       // its interrupt cause bit (RXQ0 or RXQ1)
   bool irq_mode = false;    // rx_irq(enable=1) in effect
   bool arm_on_request = false;  // the caller arms before sleeping (rx_irq_arm)
@@ -607,9 +608,19 @@ int E1000e::start() {
     wr(kTctl, kTctlEn | kTctlPsp | kTctlCt | kTctlCold | kTctlRtlc);
   }
   if (any_rx_configured()) {
-    wr(kRfctl, rd(kRfctl) & ~kRfctlExten);  // legacy descriptors on both rings
-    for (auto& q : rx_)
-      if (q.configured) program_rx(q);
+    wr(kRfctl, rd(kRfctl) & ~kRfctlExten);  // legacy descriptors
+    // Only ring 0 goes to the device. Without RSS the 82574L never fills
+    // ring 1; and QEMU's e1000e_can_receive() says yes when *any* enabled
+    // ring has room, so an idle ring 1 full of buffers would make QEMU keep
+    // offering frames while ring 0 is full, each refused by
+    // e1000e_receive_iov() (RXO), instead of holding them until ring 0 is
+    // refilled. RX queue 1 keeps its software ring, answers rx_burst with
+    // 0, and RDLEN1 stays 0 (ring disabled).
+    for (auto& q : rx_) {
+      q.on_device = q.configured && q.index == 0;
+      if (q.on_device) program_rx(q);
+    }
+    wr(queue_reg(kRdlen0, 1), 0);
     wr(kRctl, rctl_value());
   }
   started_ = true;
@@ -731,8 +742,10 @@ void E1000e::refill(RxQueue& q) {
   q.unfilled = unfilled;
   if (filled) {
     q.tail = at;
-    barrier::descriptors_before_doorbell();
-    q.rdt.write(q.tail);
+    if (q.on_device) {
+      barrier::descriptors_before_doorbell();
+      q.rdt.write(q.tail);
+    }
   }
 }
 

@@ -109,7 +109,14 @@ inline constexpr uint8_t kStatusFailed = 128;
 inline constexpr unsigned kFeatureNetMac = 5;            // VIRTIO_NET_F_MAC
 inline constexpr unsigned kFeatureNetMrgRxbuf = 15;      // not used
 inline constexpr unsigned kFeatureNetStatus = 16;        // VIRTIO_NET_F_STATUS
-inline constexpr unsigned kFeatureNetCtrlVq = 17;        // not used
+inline constexpr unsigned kFeatureNetCtrlVq = 17;        // VIRTIO_NET_F_CTRL_VQ: taken only with MQ
+// Multiqueue (VIRTIO_NET_F_MQ, 5.1.3, 5.1.6.5.5): taken with CTRL_VQ when
+// both are offered. QEMU offers MQ only with mq=on and gives the device as
+// many queue pairs as its backend has queues (1 for -netdev hubport, N for
+// tap queues=N). RSS (VIRTIO_NET_F_RSS, 5.1.6.5.7) hashes addresses and
+// ports, never the BTH: not negotiated. docs/drivers/virtio_net.md.
+inline constexpr unsigned kFeatureNetMq = 22;
+inline constexpr unsigned kFeatureNetRss = 60;            // not used
 inline constexpr unsigned kFeatureRingIndirectDesc = 28; // not used
 inline constexpr unsigned kFeatureRingEventIdx = 29;     // not used
 inline constexpr unsigned kFeatureVersion1 = 32;         // VIRTIO_F_VERSION_1
@@ -119,13 +126,25 @@ inline constexpr uint64_t feature_bit(unsigned bit) { return uint64_t{1} << bit;
 
 // ------------------------------------------------ network device 5.1.4
 // struct virtio_net_config: mac[6] (valid with VIRTIO_NET_F_MAC), le16 status
-// (valid with VIRTIO_NET_F_STATUS).
+// (valid with VIRTIO_NET_F_STATUS), le16 max_virtqueue_pairs (valid with
+// VIRTIO_NET_F_MQ).
 namespace netcfg {
 inline constexpr uint32_t kMac = 0;
 inline constexpr uint32_t kStatus = 6;
 inline constexpr uint16_t kStatusLinkUp = 1;
 inline constexpr uint32_t kMinLength = 8;
+inline constexpr uint32_t kMaxVirtqueuePairs = 8;
+inline constexpr uint32_t kMqLength = 10;  // bytes up to the end of max_virtqueue_pairs
 }  // namespace netcfg
+
+// 5.1.6.5: control virtqueue commands, {u8 class; u8 command; data...} read
+// by the device, then one u8 ack the device writes (0 OK, 1 ERR).
+namespace ctrl {
+inline constexpr uint8_t kClassMq = 4;          // VIRTIO_NET_CTRL_MQ
+inline constexpr uint8_t kMqVqPairsSet = 0;     // data: le16 virtqueue_pairs
+inline constexpr uint8_t kAckOk = 0;
+inline constexpr uint16_t kMinPairs = 1, kMaxPairs = 0x8000;
+}  // namespace ctrl
 
 // 5.1.6: struct virtio_net_hdr as used once VERSION_1 is negotiated (the
 // num_buffers field is always present): 12 bytes in front of every frame,
@@ -142,8 +161,11 @@ struct NetHeader {
 static_assert(sizeof(NetHeader) == 12, "virtio_net_hdr_v1 is 12 bytes");
 inline constexpr uint32_t kNetHeaderSize = sizeof(NetHeader);
 
-// Virtqueue indices of the first queue pair (5.1.2).
+// Virtqueue indices (5.1.2): receiveqN = 2(N-1), transmitqN = 2(N-1) + 1;
+// controlq = 2 * max_virtqueue_pairs with MQ, 2 without.
 inline constexpr uint16_t kRxQueue = 0;
 inline constexpr uint16_t kTxQueue = 1;
+constexpr uint16_t rx_vq(uint16_t pair) { return static_cast<uint16_t>(2 * pair); }
+constexpr uint16_t tx_vq(uint16_t pair) { return static_cast<uint16_t>(2 * pair + 1); }
 
 }  // namespace ufab::virtio

@@ -11,9 +11,39 @@ trap 'rm -f "$out"' EXIT
 
 # NICs 1-2 e1000e (00:02.0, 00:03.0), 3-4 virtio (00:04.0, 00:05.0): bound to
 # vfio-pci; NIC 5 e1000e (00:06.0) stays with the kernel's e1000e driver.
+#
+# Two more virtio-net NICs (00:0a.0, 00:0b.0) with two queue pairs each, for
+# the multiqueue test: QEMU gives virtio-net as many queue pairs as its
+# backend has queues, and the hub has one, so these sit on a multiqueue tap
+# each (queues=2, mq=on), the two taps bridged inside a private network
+# namespace (unshare -n): nothing touches the host's network. Where that
+# namespace or /dev/net/tun is not available, they are left out and the
+# test skips (it says so).
+mq_wrap=() mq_args=() mq_env=() mq_bdfs=
+if [ -c /dev/net/tun ] && command -v unshare >/dev/null && command -v ip >/dev/null &&
+   unshare -n true 2>/dev/null; then
+  mq_wrap=(unshare -n sh -c 'set -e
+    ip link add ufabmqbr type bridge
+    for t in ufabmq0 ufabmq1; do
+      ip tuntap add dev $t mode tap multi_queue
+      ip link set $t master ufabmqbr
+      ip link set $t up
+    done
+    ip link set ufabmqbr up
+    exec "$@"' mq)
+  for i in 0 1; do
+    mq_args+=(--qemu-arg -netdev --qemu-arg "tap,id=mq$i,ifname=ufabmq$i,script=no,downscript=no,vhost=off,queues=2"
+              --qemu-arg -device
+              --qemu-arg "virtio-net-pci,disable-legacy=on,iommu_platform=on,mq=on,vectors=6,netdev=mq$i,mac=52:54:00:00:01:0$i,bus=pcie.0,addr=0x$(printf "%x" $((10 + i))),romfile=")
+  done
+  mq_bdfs="0000:00:0a.0 0000:00:0b.0"
+  mq_env=(--env UFAB_VIRTIO_MQ=0000:00:0a.0,0000:00:0b.0)
+else
+  echo "drivers: no private network namespace with taps here (needs root, unshare, ip, /dev/net/tun): the virtio multiqueue test will skip"
+fi
 guest=$(cat <<GUEST
 modprobe vfio-pci || exit 1
-for d in 0000:00:02.0 0000:00:03.0 0000:00:04.0 0000:00:05.0; do $bin/tools/ufab/ufab bind \$d >/dev/null || exit 1; done
+for d in 0000:00:02.0 0000:00:03.0 0000:00:04.0 0000:00:05.0 $mq_bdfs; do $bin/tools/ufab/ufab bind \$d >/dev/null || exit 1; done
 export UFAB_KERNEL_IF=\$(ls /sys/bus/pci/devices/0000:00:06.0/net)
 rc=0
 for t in raw_frames_vm_test e1000e_vm_test virtio_net_vm_test; do
@@ -25,9 +55,10 @@ done
 exit \$rc
 GUEST
 )
-tests/vm/run-vm --timeout 1500 --mem 2048 \
+${mq_wrap[@]+"${mq_wrap[@]}"} tests/vm/run-vm --timeout 1500 --mem 2048 \
   --nic e1000e --nic e1000e --nic virtio --nic virtio --nic e1000e \
   --env UFAB_E1000E=0000:00:02.0,0000:00:03.0 --env UFAB_VIRTIO=0000:00:04.0,0000:00:05.0 \
+  ${mq_env[@]+"${mq_env[@]}"} ${mq_args[@]+"${mq_args[@]}"} \
   -- sh -c "$guest" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 
