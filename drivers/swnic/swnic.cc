@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
@@ -108,6 +109,29 @@ bool process_alive(int32_t pid, uint64_t start_time) {
   return true;
 }
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+// ThreadSanitizer tracks memory by virtual address, but the two ports of a
+// link opened in one process map the segment twice, at two addresses: it
+// cannot see that a head or tail stored through one mapping is the one
+// loaded through the other, and would report the (synchronised) reuse of a
+// slot by two TX queues as a race. Under TSan only, each ring gets a key
+// address that every mapping of it in the process shares, released where a
+// head or tail is published and acquired where one is read.
+char g_tsan_keys[4096];
+void* tsan_ring_key(dev_t dev, ino_t ino, int dir, uint32_t queue) {
+  uint64_t h = (static_cast<uint64_t>(ino) * 0x9e3779b97f4a7c15ull) ^ static_cast<uint64_t>(dev);
+  return &g_tsan_keys[(h * 2 * kMaxQueues + static_cast<uint64_t>(dir) * kMaxQueues + queue) % sizeof g_tsan_keys];
+}
+inline void tsan_acquire(void* key) { __tsan_acquire(key); }
+inline void tsan_release(void* key) { __tsan_release(key); }
+#else
+void* tsan_ring_key(dev_t, ino_t, int, uint32_t) { return nullptr; }
+inline void tsan_acquire(void*) {}
+inline void tsan_release(void*) {}
+#endif
+
 uint32_t fnv1a32(const std::string& s) {
   uint32_t h = 2166136261u;
   for (unsigned char c : s) {
@@ -117,7 +141,80 @@ uint32_t fnv1a32(const std::string& s) {
   return h;
 }
 
-class SwNic {
+// Receive steering (abi/raw_frame.h, UFAB_STEER_ROCE_QPN): the RX queue a
+// frame lands in among `nqueues`. RoCEv2 is IPv4 / UDP destination port
+// 4791 / BTH, the destination QP the 24 bits at BTH offset 5; one 802.1Q
+// tag is looked through. Everything else, including a frame too short to
+// hold the whole BTH or a non-first IPv4 fragment, goes to queue 0.
+uint32_t roce_qpn_queue(const uint8_t* f, uint32_t len, uint32_t nqueues) {
+  constexpr uint32_t kBth = 12;
+  uint32_t l3 = 14;
+  if (len < l3 + 20) return 0;
+  uint16_t type = static_cast<uint16_t>(f[12] << 8 | f[13]);
+  if (type == 0x8100) {
+    l3 += 4;
+    if (len < l3 + 20) return 0;
+    type = static_cast<uint16_t>(f[16] << 8 | f[17]);
+  }
+  if (type != 0x0800) return 0;
+  const uint8_t* ip = f + l3;
+  if ((ip[0] >> 4) != 4 || ip[9] != 17) return 0;                   // IPv4, UDP
+  if (((ip[6] & 0x1f) << 8 | ip[7]) != 0) return 0;                 // a later fragment: no UDP header
+  uint32_t ihl = (ip[0] & 0x0fu) * 4;
+  if (ihl < 20 || uint64_t{l3} + ihl + 8 + kBth > len) return 0;    // too short for UDP + BTH
+  const uint8_t* udp = ip + ihl;
+  if ((udp[2] << 8 | udp[3]) != 4791) return 0;                      // not RoCEv2
+  const uint8_t* bth = udp + 8;
+  uint32_t qpn = uint32_t{bth[5]} << 16 | uint32_t{bth[6]} << 8 | bth[7];
+  return qpn % nqueues;
+}
+
+// Queue state. Each RX and each TX queue is driven by one thread at a time
+// (the threading contract, docs/drivers/swnic.md); different queues by
+// different threads at once, with no lock: every queue's state is its own,
+// on cache lines of its own (alignas), and the segment gives every RX queue
+// its own ring and control block.
+
+// One TX queue (touched only by the thread calling tx_burst on it, except
+// the counters, which stats() reads).
+struct alignas(kCacheLine) TxQueue {
+  bool ready = false;          // tx_queue_setup done
+  uint64_t frame_index = 0;    // frames taken since open (fault injection)
+  std::vector<uint8_t> held;   // a frame held back by reorder injection
+  uint32_t held_len = 0;
+  uint32_t held_copies = 0;    // 0: nothing held
+  uint32_t held_queue = 0;     // the peer's RX queue it is steered to
+  uint64_t tail_cache[kMaxQueues] = {};  // each peer RX ring's tail, last read
+  std::atomic<uint64_t> packets{0}, bytes{0}, errors{0};
+  std::atomic<uint64_t> loss{0}, dup{0}, reorder{0}, corrupt{0};
+};
+
+// One RX queue: the consumer of one ring, and its interrupt.
+struct alignas(kCacheLine) RxQueue {
+  ufab_pool* pool = nullptr;  // set by rx_queue_setup
+  RingCtl* ctl = nullptr;
+  uint8_t* slots = nullptr;
+  uint64_t tail = 0;        // our copy of the ring's tail
+  uint64_t head_cache = 0;  // the producers' head, last read
+  uint64_t loss_base = 0;   // the ring's injected-loss counter at open
+  void* tsan_key = nullptr;  // under ThreadSanitizer only, see tsan_ring_key
+  std::atomic<uint64_t> packets{0}, bytes{0}, errors{0};
+  // Interrupt mode.
+  std::atomic<bool> irq_on{false};
+  // The caller arms before it sleeps (rx_irq_arm), so an empty rx_burst no
+  // longer does: a busy-polling receiver then costs its peer no futex wake
+  // per frame.
+  std::atomic<bool> arm_on_request{false};
+  std::atomic<bool> irq_stop{false};
+  std::atomic<uint64_t> irqs{0};
+  int irq_fd = -1;
+  std::thread irq_thread;
+};
+
+// Cache-line aligned: the fields every burst reads (started_, the queue
+// arrays, the ring geometry) must not share a line with whatever the heap
+// puts next to the object.
+class alignas(kCacheLine) SwNic {
  public:
   static int open(const ufab_host_ops* ops, ufab_host* host, SwNic** out) {
     auto dev = std::unique_ptr<SwNic>(new SwNic(ops, host));
@@ -140,6 +237,7 @@ class SwNic {
   int rx_irq(uint16_t queue, int enable, int* eventfd);
   int rx_irq_arm(uint16_t queue);
   int set_promiscuous(int enable);
+  int rx_steer(uint32_t mode, uint16_t nqueues);
 
  private:
   SwNic(const ufab_host_ops* ops, ufab_host* host) : ops_(ops), host_(host) {}
@@ -159,20 +257,29 @@ class SwNic {
   void unlink_if_ours();
 
   int fail(int err, const std::string& msg);
+  int no_queue(const char* dir, uint16_t queue);
   void log(int level, const std::string& msg);
   bool param_u64(const char* key, uint64_t* value, bool* given, int* rc);
   bool param_prob(const char* key, double* value, int* rc);
 
-  uint8_t* tx_slot(uint64_t index) { return tx_slots_ + (index & mask_) * stride_; }
-  uint8_t* rx_slot(uint64_t index) { return rx_slots_ + (index & mask_) * stride_; }
-  void write_slot(uint64_t index, const uint8_t* data, uint32_t len, bool flip, uint64_t bit_draw);
-  int refresh_tx_free(uint64_t* free_slots);
-  void wake_peer_if_waiting();
-  int tx_drop_link_down(ufab_buf** bufs, uint16_t n);
-  int tx_burst_faults(ufab_buf** bufs, uint16_t n, uint64_t* free_slots, bool* wrote, int* err);
-  void stop_irq();
-  void signal_irq();
-  void irq_helper(uint32_t last_seq);
+  uint8_t* tx_slot(uint32_t q, uint64_t index) { return tx_slots_[q] + (index & mask_) * stride_; }
+  uint8_t* rx_slot(const RxQueue& r, uint64_t index) { return r.slots + (index & mask_) * stride_; }
+  void write_slot(uint32_t q, uint64_t index, const uint8_t* data, uint32_t len, bool flip, uint64_t bit_draw);
+  uint32_t peer_steering() const;
+  uint32_t target_queue(uint32_t steer, const ufab_buf* b) const {
+    return steer_mode(steer) == UFAB_STEER_ROCE_QPN ? roce_qpn_queue(b->base + b->offset, b->len, steer_nqueues(steer))
+                                                    : 0;
+  }
+  bool frame_fits(const ufab_buf* b) const {
+    return b->len != 0 && b->len <= slot_size_ && b->offset <= b->capacity && b->len <= b->capacity - b->offset;
+  }
+  int reserve(TxQueue& t, uint32_t q, uint32_t want, uint64_t* first, uint32_t at_least);
+  void commit(uint32_t q, uint64_t first, uint64_t end);
+  int tx_drop_link_down(TxQueue& t, ufab_buf** bufs, uint16_t n);
+  int tx_burst_faults(TxQueue& t, uint32_t steer, ufab_buf** bufs, uint16_t n, int* err);
+  void stop_irq(RxQueue& r);
+  void signal_irq(RxQueue& r);
+  void irq_helper(RxQueue& r, uint32_t last_seq);
 
   const ufab_host_ops* ops_;
   ufab_host* host_;
@@ -186,8 +293,10 @@ class SwNic {
   // Parameters.
   uint32_t ring_param_ = kDefaultRing;
   uint32_t slot_param_ = kDefaultSlotSize;
+  uint32_t queues_param_ = kDefaultQueues;
   bool ring_given_ = false;
   bool slot_given_ = false;
+  bool queues_given_ = false;
   bool stale_reset_ = false;
   bool check_pids_ = true;  // stale=off: trust the present flags, never look at PIDs
   FaultConfig faults_;
@@ -201,10 +310,11 @@ class SwNic {
   bool registered_ = false;
   bool created_ = false;
   SegHeader* hdr_ = nullptr;
-  RingCtl* tx_ctl_ = nullptr;
-  RingCtl* rx_ctl_ = nullptr;
-  uint8_t* tx_slots_ = nullptr;
-  uint8_t* rx_slots_ = nullptr;
+  // Read-only after open; shared by the queues' threads.
+  RingCtl* tx_ctl_[kMaxQueues] = {};  // the peer's RX rings, which our TX queues feed
+  uint8_t* tx_slots_[kMaxQueues] = {};
+  void* tsan_tx_key_[kMaxQueues] = {};  // under ThreadSanitizer only, see tsan_ring_key
+  uint32_t queues_ = 0;
   uint32_t ring_ = 0;
   uint64_t mask_ = 0;
   uint32_t slot_size_ = 0;
@@ -212,39 +322,21 @@ class SwNic {
   uint8_t mac_[6] = {};
 
   std::atomic<bool> started_{false};
-  bool tx_ready_ = false;
-  ufab_pool* rx_pool_ = nullptr;
+  uint32_t steer_mode_ = UFAB_STEER_NONE;  // our rx_steer, also in hdr_->steer[port_]
+  uint32_t steer_n_ = 1;
 
-  // State of the TX path (touched only by the thread calling tx_burst).
-  struct alignas(kCacheLine) TxState {
-    uint64_t head = 0;          // our copy of the ring's head
-    uint64_t tail_cache = 0;    // the consumer's tail, last read
-    uint64_t frame_index = 0;   // frames taken since open (fault injection)
-    std::vector<uint8_t> held;  // a frame held back by reorder injection
-    uint32_t held_len = 0;
-    uint32_t held_copies = 0;  // 0: nothing held
-    std::atomic<uint64_t> packets{0}, bytes{0}, errors{0};
-    std::atomic<uint64_t> loss{0}, dup{0}, reorder{0}, corrupt{0};
-  } tx_;
+  std::unique_ptr<TxQueue[]> txq_;  // queues_ of each
+  std::unique_ptr<RxQueue[]> rxq_;
 
-  // State of the RX path (touched only by the thread calling rx_burst).
-  struct alignas(kCacheLine) RxState {
-    uint64_t tail = 0;        // our copy of the ring's tail
-    uint64_t head_cache = 0;  // the producer's head, last read
-    uint64_t loss_base = 0;   // the peer's injected-loss counter at open
-    std::atomic<uint64_t> packets{0}, bytes{0}, errors{0};
-  } rx_;
-
-  // Interrupt mode.
-  std::atomic<bool> irq_on_{false};
-  // The caller arms before it sleeps (rx_irq_arm), so an empty rx_burst no
-  // longer does: a busy-polling receiver then costs its peer no futex wake
-  // per frame.
-  std::atomic<bool> arm_on_request_{false};
-  std::atomic<bool> irq_stop_{false};
-  std::atomic<uint64_t> irqs_{0};
-  int irq_fd_ = -1;
-  std::thread irq_thread_;
+  // Our TX queues' agreement on each peer RX ring they feed (see "TX").
+  struct alignas(kCacheLine) Producers {
+    std::atomic<uint64_t> reserved{0};                       // slots handed out
+    alignas(kCacheLine) std::atomic<uint64_t> committed{0};  // slots published (= the ring's head)
+  };
+  std::unique_ptr<Producers[]> prod_;
+  // Only TX queue 0 is set up (decided at start()): it alone feeds every
+  // peer ring, and needs neither compare-and-swap nor a turn to publish.
+  std::atomic<bool> single_producer_{true};
 };
 
 int SwNic::fail(int err, const std::string& msg) {
@@ -307,6 +399,14 @@ int SwNic::parse_params() {
     slot_param_ = static_cast<uint32_t>(v);
     slot_given_ = true;
   }
+  if (!param_u64("queues", &v, &given, &rc)) return rc;
+  if (given) {
+    if (v < 1 || v > kMaxQueues)
+      return fail(EINVAL, "queues=" + std::to_string(v) + " must be between 1 and " + std::to_string(kMaxQueues) +
+                              " (RX and TX queues per port)");
+    queues_param_ = static_cast<uint32_t>(v);
+    queues_given_ = true;
+  }
   if (!param_prob("loss", &faults_.loss, &rc)) return rc;
   if (!param_prob("dup", &faults_.dup, &rc)) return rc;
   if (!param_prob("reorder", &faults_.reorder, &rc)) return rc;
@@ -361,11 +461,13 @@ int SwNic::init() {
   mac_[4] = static_cast<uint8_t>(h);
   mac_[5] = static_cast<uint8_t>(port_);
 
-  if (inject_) tx_.held.resize(slot_size_);
+  if (inject_) {
+    for (uint32_t q = 0; q < queues_; ++q) txq_[q].held.resize(slot_size_);
+  }
 
   char msg[256];
-  std::snprintf(msg, sizeof msg, "%s segment %s (%u slots x %u bytes per direction), peer %s",
-                created_ ? "created" : "joined", shm_name_.c_str(), ring_, slot_size_,
+  std::snprintf(msg, sizeof msg, "%s segment %s (%u queue(s) of %u slots x %u bytes per direction), peer %s",
+                created_ ? "created" : "joined", shm_name_.c_str(), queues_, ring_, slot_size_,
                 hdr_->port[peer_].present.load(std::memory_order_acquire) ? "present" : "absent");
   log(UFAB_LOG_INFO, msg);
   if (inject_) {
@@ -495,10 +597,10 @@ int SwNic::join(bool created, Clock::time_point deadline, bool& uninit_seen, Clo
 }
 
 int SwNic::initialise_segment() {
-  Layout l = make_layout(ring_param_, slot_param_);
+  Layout l = make_layout(ring_param_, slot_param_, queues_param_);
   if (::ftruncate(fd_, static_cast<off_t>(l.total_size)) != 0)
     return fail(errno, "sizing " + shm_name_ + " to " + std::to_string(l.total_size) + " bytes failed: " +
-                           errno_text(errno) + " (is /dev/shm full? try a smaller ring or slot_size)");
+                           errno_text(errno) + " (is /dev/shm full? try a smaller ring, slot_size or fewer queues)");
   int rc = map_segment(kHeaderBytes);
   if (rc < 0) return rc;
   SegHeader* h = hdr_;
@@ -512,6 +614,8 @@ int SwNic::initialise_segment() {
   h->total_size = l.total_size;
   h->slots_offset[0] = l.slots_offset[0];
   h->slots_offset[1] = l.slots_offset[1];
+  h->queues = l.queues;
+  h->ring_bytes = l.ring_bytes;
   h->creator_pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
   h->refs.store(0, std::memory_order_relaxed);
   h->magic.store(kMagic, std::memory_order_release);
@@ -525,17 +629,18 @@ int SwNic::register_port() {
   uint32_t version = h->version;
   uint32_t ring = h->ring;
   uint32_t slot_size = h->slot_size;
+  uint32_t queues = h->queues;
   if (version != kVersion)
     return fail(EPROTO, shm_name_ + " has layout version " + std::to_string(version) + ", this swnic speaks " +
                             std::to_string(kVersion) + "; both ends must run the same swnic, or open with stale=reset");
   std::string fix = "; remove it (rm /dev/shm" + shm_name_ + ") or open with stale=reset";
-  if (!layout_params_valid(ring, slot_size))
-    return fail(EPROTO, shm_name_ + " is corrupt (ring=" + std::to_string(ring) +
-                            ", slot_size=" + std::to_string(slot_size) + ")" + fix);
-  Layout l = make_layout(ring, slot_size);
+  if (!layout_params_valid(ring, slot_size, queues))
+    return fail(EPROTO, shm_name_ + " is corrupt (ring=" + std::to_string(ring) + ", slot_size=" +
+                            std::to_string(slot_size) + ", queues=" + std::to_string(queues) + ")" + fix);
+  Layout l = make_layout(ring, slot_size, queues);
   if (h->stride != l.stride || h->total_size != l.total_size || h->slots_offset[0] != l.slots_offset[0] ||
-      h->slots_offset[1] != l.slots_offset[1])
-    return fail(EPROTO, shm_name_ + " is corrupt (its layout does not follow from ring and slot_size)" + fix);
+      h->slots_offset[1] != l.slots_offset[1] || h->ring_bytes != l.ring_bytes)
+    return fail(EPROTO, shm_name_ + " is corrupt (its layout does not follow from ring, slot_size and queues)" + fix);
   struct stat st;
   if (::fstat(fd_, &st) != 0) return fail(errno, "fstat(" + shm_name_ + ") failed: " + errno_text(errno));
   if (static_cast<uint64_t>(st.st_size) < l.total_size)
@@ -548,6 +653,11 @@ int SwNic::register_port() {
     return fail(EINVAL, "link \"" + link_name_ + "\" exists with slot_size=" + std::to_string(slot_size) +
                             ", but slot_size=" + std::to_string(slot_param_) +
                             " was asked: both ends must agree (or leave slot_size unset)");
+  if (queues_given_ && queues != queues_param_)
+    return fail(EINVAL, "link \"" + link_name_ + "\" exists with queues=" + std::to_string(queues) +
+                            ", but queues=" + std::to_string(queues_param_) +
+                            " was asked: both ends must agree (the first port to open sets it; give the same "
+                            "queues= to both, or leave it unset on the second)");
   int rc = map_segment(l.total_size);
   if (rc < 0) return rc;
   h = hdr_;
@@ -577,42 +687,63 @@ int SwNic::register_port() {
         "segment " + shm_name_ + " counted " + std::to_string(refs) + " users but " + std::to_string(expected) +
             " live port(s) remain: " + (expected == 0 ? "reinitialising its rings" : "fixing the count"));
 
+  queues_ = queues;
   ring_ = ring;
   mask_ = ring - 1;
   slot_size_ = slot_size;
   stride_ = l.stride;
+  txq_.reset(new TxQueue[queues]);
+  rxq_.reset(new RxQueue[queues]);
+  prod_.reset(new Producers[queues]);
   uint8_t* base = static_cast<uint8_t*>(map_);
-  tx_ctl_ = ring_ctl_of(map_, port_);
-  rx_ctl_ = ring_ctl_of(map_, peer_);
-  tx_slots_ = base + l.slots_offset[port_];
-  rx_slots_ = base + l.slots_offset[peer_];
+  for (uint32_t q = 0; q < queues; ++q) {
+    tsan_tx_key_[q] = tsan_ring_key(st.st_dev, st.st_ino, port_, q);
+    rxq_[q].tsan_key = tsan_ring_key(st.st_dev, st.st_ino, peer_, q);
+    tx_ctl_[q] = ring_ctl_of(map_, port_, q);
+    tx_slots_[q] = base + l.slots_offset[port_] + q * l.ring_bytes;
+    rxq_[q].ctl = ring_ctl_of(map_, peer_, q);
+    rxq_[q].slots = base + l.slots_offset[peer_] + q * l.ring_bytes;
+  }
 
   if (!peer_present) {
-    // Nobody else is attached: start both rings from a clean state,
+    // Nobody else is attached: start every ring from a clean state,
     // whatever a crashed predecessor left behind.
-    for (RingCtl* c : {tx_ctl_, rx_ctl_}) {
-      c->head.store(0, std::memory_order_relaxed);
-      c->tail.store(0, std::memory_order_relaxed);
-      c->waiting.store(0, std::memory_order_relaxed);
-      c->wake_seq.store(0, std::memory_order_relaxed);
-      c->inj_loss.store(0, std::memory_order_relaxed);
-      c->inj_dup.store(0, std::memory_order_relaxed);
-      c->inj_reorder.store(0, std::memory_order_relaxed);
-      c->inj_corrupt.store(0, std::memory_order_relaxed);
+    for (int dir = 0; dir < 2; ++dir) {
+      for (uint32_t q = 0; q < queues; ++q) {
+        RingCtl* c = ring_ctl_of(map_, dir, q);
+        c->head.store(0, std::memory_order_relaxed);
+        c->tail.store(0, std::memory_order_relaxed);
+        c->waiting.store(0, std::memory_order_relaxed);
+        c->wake_seq.store(0, std::memory_order_relaxed);
+        c->inj_loss.store(0, std::memory_order_relaxed);
+        c->inj_dup.store(0, std::memory_order_relaxed);
+        c->inj_reorder.store(0, std::memory_order_relaxed);
+        c->inj_corrupt.store(0, std::memory_order_relaxed);
+      }
     }
+    h->steer[peer_].store(0, std::memory_order_relaxed);
   }
-  // We are the only consumer of the RX ring: drop what was queued for an
-  // earlier holder of this port, and start from the producer's position.
-  uint64_t head = rx_ctl_->head.load(std::memory_order_acquire);
-  rx_ctl_->tail.store(head, std::memory_order_release);
-  rx_ctl_->waiting.store(0, std::memory_order_relaxed);
-  rx_.tail = head;
-  rx_.head_cache = head;
-  rx_.loss_base = rx_ctl_->inj_loss.load(std::memory_order_relaxed);
-  // And the only producer of the TX ring: continue where it stands.
-  tx_.head = tx_ctl_->head.load(std::memory_order_relaxed);
-  tx_.tail_cache = tx_ctl_->tail.load(std::memory_order_acquire);
-  if (tx_.head - tx_.tail_cache > ring_) tx_.tail_cache = tx_.head - ring_;  // checked again on use
+  // Our receive steering starts as UFAB_STEER_NONE, whatever an earlier
+  // holder of this port asked for.
+  h->steer[port_].store(0, std::memory_order_release);
+  // We are the only consumer of our RX rings: drop what was queued for an
+  // earlier holder of this port, and start from the producers' position.
+  for (uint32_t q = 0; q < queues; ++q) {
+    RxQueue& r = rxq_[q];
+    uint64_t head = r.ctl->head.load(std::memory_order_acquire);
+    r.ctl->tail.store(head, std::memory_order_release);
+    r.ctl->waiting.store(0, std::memory_order_relaxed);
+    r.tail = head;
+    r.head_cache = head;
+    r.loss_base = r.ctl->inj_loss.load(std::memory_order_relaxed);
+    // And the only producer of the peer's rings: continue where they stand.
+    uint64_t out = tx_ctl_[q]->head.load(std::memory_order_relaxed);
+    prod_[q].reserved.store(out, std::memory_order_relaxed);
+    prod_[q].committed.store(out, std::memory_order_relaxed);
+    uint64_t tail = tx_ctl_[q]->tail.load(std::memory_order_acquire);
+    if (out - tail > ring_) tail = out - ring_;  // checked again on use
+    for (uint32_t t = 0; t < queues; ++t) txq_[t].tail_cache[q] = tail;
+  }
 
   me.pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
   me.start_time.store(proc_start_time(::getpid()), std::memory_order_relaxed);
@@ -665,13 +796,20 @@ void SwNic::detach() {
 }
 
 SwNic::~SwNic() {
-  stop_irq();
+  for (uint32_t q = 0; rxq_ && q < queues_; ++q) stop_irq(rxq_[q]);
   if (registered_ && inject_) {
+    uint64_t loss = 0, dup = 0, reorder = 0, corrupt = 0;
+    for (uint32_t q = 0; q < queues_; ++q) {
+      loss += txq_[q].loss.load();
+      dup += txq_[q].dup.load();
+      reorder += txq_[q].reorder.load();
+      corrupt += txq_[q].corrupt.load();
+    }
     char msg[256];
     std::snprintf(msg, sizeof msg,
                   "fault injection summary: %" PRIu64 " lost, %" PRIu64 " duplicated, %" PRIu64 " reordered, %" PRIu64
                   " corrupted",
-                  tx_.loss.load(), tx_.dup.load(), tx_.reorder.load(), tx_.corrupt.load());
+                  loss, dup, reorder, corrupt);
     log(UFAB_LOG_INFO, msg);
   }
   detach();
@@ -679,11 +817,17 @@ SwNic::~SwNic() {
 
 // --------------------------------------------------------------- control
 
+int SwNic::no_queue(const char* dir, uint16_t queue) {
+  return fail(EINVAL, std::string(dir) + " queue " + std::to_string(queue) + " does not exist: link \"" + link_name_ +
+                          "\" has queues=" + std::to_string(queues_) + " (queues 0.." + std::to_string(queues_ - 1) +
+                          "); for more, open both ends with queues=N (up to " + std::to_string(kMaxQueues) + ")");
+}
+
 int SwNic::info(ufab_dev_info* out) {
   *out = ufab_dev_info{};
   std::memcpy(out->mac, mac_, 6);
-  out->max_rx_queues = 1;
-  out->max_tx_queues = 1;
+  out->max_rx_queues = static_cast<uint16_t>(queues_);
+  out->max_tx_queues = static_cast<uint16_t>(queues_);
   uint16_t r = static_cast<uint16_t>(std::min<uint32_t>(ring_, 32768));
   out->min_ring_size = r;
   out->max_ring_size = r;
@@ -707,24 +851,35 @@ int SwNic::link(ufab_link* out) {
 }
 
 int SwNic::rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
-  if (queue != 0) return fail(EINVAL, "RX queue " + std::to_string(queue) + " does not exist (swnic has queue 0)");
+  if (queue >= queues_) return no_queue("RX", queue);
   if (started_.load()) return fail(EBUSY, "set up queues before start() or after stop()");
-  if (!conf || !conf->pool) return fail(EINVAL, "RX queue 0 needs a buffer pool");
-  rx_pool_ = conf->pool;
+  if (!conf || !conf->pool) return fail(EINVAL, "RX queue " + std::to_string(queue) + " needs a buffer pool");
+  rxq_[queue].pool = conf->pool;
   return 0;
 }
 
 int SwNic::tx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
-  if (queue != 0) return fail(EINVAL, "TX queue " + std::to_string(queue) + " does not exist (swnic has queue 0)");
+  if (queue >= queues_) return no_queue("TX", queue);
   (void)conf;  // the ring is the segment's ("ring" parameter), shared by both ends
   if (started_.load()) return fail(EBUSY, "set up queues before start() or after stop()");
-  tx_ready_ = true;
+  txq_[queue].ready = true;
   return 0;
 }
 
 int SwNic::start() {
-  if (!rx_pool_) return fail(EINVAL, "start() before rx_queue_setup(0): RX needs a buffer pool");
-  if (!tx_ready_) return fail(EINVAL, "start() before tx_queue_setup(0)");
+  if (!rxq_[0].pool) return fail(EINVAL, "start() before rx_queue_setup(0): RX needs a buffer pool");
+  if (!txq_[0].ready) return fail(EINVAL, "start() before tx_queue_setup(0)");
+  if (steer_mode_ != UFAB_STEER_NONE) {
+    for (uint32_t q = 0; q < steer_n_; ++q) {
+      if (!rxq_[q].pool)
+        return fail(EINVAL, "rx_steer spreads frames over " + std::to_string(steer_n_) + " RX queues, but RX queue " +
+                                std::to_string(q) + " is not set up: call rx_queue_setup(" + std::to_string(q) +
+                                ") before start(), or steer over fewer queues");
+    }
+  }
+  bool single = true;
+  for (uint32_t q = 1; q < queues_; ++q) single = single && !txq_[q].ready;
+  single_producer_.store(single, std::memory_order_relaxed);
   started_.store(true);
   return 0;
 }
@@ -736,25 +891,79 @@ int SwNic::stop() {
 
 int SwNic::set_promiscuous(int) { return 0; }  // swnic delivers every frame anyway
 
+// Steering is the receiver's choice but the sender's work: the sender
+// writes each frame straight into the RX ring it belongs to. The rule goes
+// into the segment, where the peer's tx_burst reads it once per burst.
+int SwNic::rx_steer(uint32_t mode, uint16_t nqueues) {
+  if (started_.load()) return fail(EBUSY, "rx_steer before start() or after stop()");
+  if (mode != UFAB_STEER_NONE && mode != UFAB_STEER_ROCE_QPN)
+    return fail(EINVAL, "unknown steering mode " + std::to_string(mode) +
+                            " (swnic knows UFAB_STEER_NONE=0 and UFAB_STEER_ROCE_QPN=1)");
+  if (mode == UFAB_STEER_NONE) {
+    nqueues = 1;
+  } else if (nqueues < 1 || nqueues > queues_) {
+    return fail(EINVAL, "rx_steer over " + std::to_string(nqueues) + " RX queues, but link \"" + link_name_ +
+                            "\" has queues=" + std::to_string(queues_) + ": steer over 1.." + std::to_string(queues_) +
+                            ", or open both ends with queues=" + std::to_string(std::max<uint32_t>(nqueues, 1)) +
+                            " (up to " + std::to_string(kMaxQueues) + ")");
+  }
+  steer_mode_ = mode;
+  steer_n_ = nqueues;
+  hdr_->steer[port_].store(steer_word(mode, nqueues), std::memory_order_release);
+  return 0;
+}
+
+// The peer's steering rule, checked (the peer is not trusted): 0, send
+// everything to queue 0, unless it names a known rule over 2..queues_.
+uint32_t SwNic::peer_steering() const {
+  uint32_t w = hdr_->steer[peer_].load(std::memory_order_relaxed);
+  uint32_t n = steer_nqueues(w);
+  return steer_mode(w) == UFAB_STEER_ROCE_QPN && n >= 2 && n <= queues_ ? w : 0;
+}
+
 int SwNic::stats(ufab_stats* out) {
   *out = ufab_stats{};
-  out->rx_packets = rx_.packets.load(std::memory_order_relaxed);
-  out->rx_bytes = rx_.bytes.load(std::memory_order_relaxed);
-  out->tx_packets = tx_.packets.load(std::memory_order_relaxed);
-  out->tx_bytes = tx_.bytes.load(std::memory_order_relaxed);
-  // Frames the peer's fault injection dropped on their way to us.
-  uint64_t injected = rx_ctl_->inj_loss.load(std::memory_order_relaxed) - rx_.loss_base;
-  out->rx_dropped = injected;  // swnic itself never drops: a full ring or an empty pool holds the sender back
-  out->rx_errors = rx_.errors.load(std::memory_order_relaxed);
-  out->tx_errors = tx_.errors.load(std::memory_order_relaxed);
-  out->irqs = irqs_.load(std::memory_order_relaxed);
+  for (uint32_t q = 0; q < queues_; ++q) {
+    const RxQueue& r = rxq_[q];
+    const TxQueue& t = txq_[q];
+    out->rx_packets += r.packets.load(std::memory_order_relaxed);
+    out->rx_bytes += r.bytes.load(std::memory_order_relaxed);
+    out->rx_errors += r.errors.load(std::memory_order_relaxed);
+    out->irqs += r.irqs.load(std::memory_order_relaxed);
+    // Frames the peer's fault injection dropped on their way to us. swnic
+    // itself never drops: a full ring or an empty pool holds the sender back.
+    out->rx_dropped += r.ctl->inj_loss.load(std::memory_order_relaxed) - r.loss_base;
+    out->tx_packets += t.packets.load(std::memory_order_relaxed);
+    out->tx_bytes += t.bytes.load(std::memory_order_relaxed);
+    out->tx_errors += t.errors.load(std::memory_order_relaxed);
+  }
   return 0;
 }
 
 // ------------------------------------------------------------------- TX
+//
+// Several TX queues of one port may feed one RX ring of the peer (steering
+// decides per frame). Of the two ways to allow it, one SPSC ring per (TX
+// queue, RX queue) pair would need queues^2 rings per direction (256 at 16
+// queues: over a GiB of /dev/shm at the default ring and slot size) and an
+// rx_burst that polls up to 16 rings. So each RX queue has one ring, and
+// the TX queues that feed it agree in this process's memory (Producers):
+// a TX queue takes a run of slots with one compare-and-swap on `reserved`,
+// writes them, waits for its turn (`committed` reaching its first slot:
+// runs taken earlier are published), then publishes by storing the ring's
+// head. In the segment every ring stays single-producer/single-consumer:
+// the receiver reads one head and the frames below it are complete, and a
+// hostile peer writing to the segment cannot make our TX queues wait on
+// each other. A TX queue waits only while another is between taking and
+// publishing a run (a memcpy of at most a burst), and holds at most one
+// run while it waits, so the waits end.
+//
+// With TX queue 0 alone set up (single_producer_, the one-queue case) the
+// compare-and-swap and the turn are skipped: the path is the one-producer
+// ring it always was.
 
-void SwNic::write_slot(uint64_t index, const uint8_t* data, uint32_t len, bool flip, uint64_t bit_draw) {
-  uint8_t* s = tx_slot(index);
+void SwNic::write_slot(uint32_t q, uint64_t index, const uint8_t* data, uint32_t len, bool flip, uint64_t bit_draw) {
+  uint8_t* s = tx_slot(q, index);
   std::memcpy(s + kSlotHeader, data, len);
   if (flip) {
     uint32_t bit = corrupt_bit(len, bit_draw);
@@ -763,171 +972,250 @@ void SwNic::write_slot(uint64_t index, const uint8_t* data, uint32_t len, bool f
   __atomic_store_n(reinterpret_cast<uint32_t*>(s), len, __ATOMIC_RELAXED);
 }
 
-// Free slots after re-reading the consumer's tail. A tail that is ahead of
-// our head, or more than a ring behind it, comes from a corrupt segment.
-int SwNic::refresh_tx_free(uint64_t* free_slots) {
-  uint64_t tail = tx_ctl_->tail.load(std::memory_order_acquire);
-  uint64_t used = tx_.head - tail;
-  if (used > ring_) {
-    bump(tx_.errors);
-    return fail(EIO, "the peer's consumer index (" + std::to_string(tail) + ") is inconsistent with ours (" +
-                         std::to_string(tx_.head) + "): segment " + shm_name_ + " is corrupt; reopen both ends");
+// Takes between `at_least` and `want` consecutive slots of the peer's RX
+// ring q; returns how many (0: not enough room), or a negative errno when
+// the consumer's index is inconsistent. *first is the first slot's index.
+int SwNic::reserve(TxQueue& t, uint32_t q, uint32_t want, uint64_t* first, uint32_t at_least) {
+  Producers& p = prod_[q];
+  uint64_t head = p.reserved.load(std::memory_order_relaxed);
+  for (;;) {
+    uint64_t used = head - t.tail_cache[q];  // an old tail only overstates it
+    if (used > ring_ || ring_ - used < want) {
+      uint64_t tail = tx_ctl_[q]->tail.load(std::memory_order_acquire);
+      tsan_acquire(tsan_tx_key_[q]);
+      // Read after the tail, `reserved` is never behind it: the consumer
+      // published that tail after seeing a head we had reserved past.
+      head = p.reserved.load(std::memory_order_relaxed);
+      used = head - tail;
+      if (used > ring_) {
+        bump(t.errors);
+        return fail(EIO, "the peer's consumer index (" + std::to_string(tail) + ") of RX ring " + std::to_string(q) +
+                             " is inconsistent with ours (" + std::to_string(head) + "): segment " + shm_name_ +
+                             " is corrupt; reopen both ends");
+      }
+      t.tail_cache[q] = tail;
+    }
+    uint64_t room = ring_ - used;
+    if (room < at_least || room == 0) return 0;
+    uint64_t take = std::min<uint64_t>(want, room);
+    if (single_producer_.load(std::memory_order_relaxed)) {
+      p.reserved.store(head + take, std::memory_order_relaxed);
+    } else if (!p.reserved.compare_exchange_weak(head, head + take, std::memory_order_relaxed,
+                                                 std::memory_order_relaxed)) {
+      continue;  // another TX queue took slots: `head` is reloaded
+    }
+    *first = head;
+    return static_cast<int>(take);
   }
-  tx_.tail_cache = tail;
-  *free_slots = ring_ - used;
-  return 0;
 }
 
-void SwNic::wake_peer_if_waiting() {
+// Publishes slots [first, end) of the peer's RX ring q, written by the
+// caller, once every run taken before them is published; then wakes the
+// receiver if it armed its interrupt.
+void SwNic::commit(uint32_t q, uint64_t first, uint64_t end) {
+  Producers& p = prod_[q];
+  if (!single_producer_.load(std::memory_order_relaxed)) {
+    for (uint32_t spins = 0; p.committed.load(std::memory_order_acquire) != first; ++spins) {
+      if (spins >= 128) {
+        sched_yield();  // the TX queue before us may have lost its CPU
+      } else {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+    }
+  }
+  RingCtl* c = tx_ctl_[q];
+  tsan_release(tsan_tx_key_[q]);
+  // seq_cst also orders the store before the load of `waiting` below.
+  c->head.store(end, std::memory_order_seq_cst);
+  // After the head store, so the next TX queue's store of head follows ours.
+  p.committed.store(end, std::memory_order_release);
   // Pairs with the consumer's seq_cst store of `waiting` and load of `head`
   // (store-buffer pattern): either it sees our new head, or we see its flag.
-  if (tx_ctl_->waiting.load(std::memory_order_seq_cst) && tx_ctl_->waiting.exchange(0, std::memory_order_acq_rel)) {
-    tx_ctl_->wake_seq.fetch_add(1, std::memory_order_release);
-    futex(&tx_ctl_->wake_seq, FUTEX_WAKE, 1, nullptr);
+  if (c->waiting.load(std::memory_order_seq_cst) && c->waiting.exchange(0, std::memory_order_acq_rel)) {
+    c->wake_seq.fetch_add(1, std::memory_order_release);
+    futex(&c->wake_seq, FUTEX_WAKE, 1, nullptr);
   }
 }
 
-int SwNic::tx_drop_link_down(ufab_buf** bufs, uint16_t n) {
+int SwNic::tx_drop_link_down(TxQueue& t, ufab_buf** bufs, uint16_t n) {
   // No receiver: frames go nowhere, as on a cable with no far end.
-  bump(tx_.errors, n + (tx_.held_copies ? 1 : 0));
-  tx_.held_copies = 0;
+  bump(t.errors, n + (t.held_copies ? 1 : 0));
+  t.held_copies = 0;
   if (n) ops_->buf_free(host_, bufs, n);
   return n;
 }
 
 int SwNic::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
-  if (queue != 0) return fail(EINVAL, "TX queue " + std::to_string(queue) + " does not exist");
+  if (queue >= queues_) return no_queue("TX", queue);
+  TxQueue& t = txq_[queue];
   if (!started_.load(std::memory_order_relaxed)) return fail(ENETDOWN, "tx_burst before start()");
-  if (!hdr_->port[peer_].present.load(std::memory_order_relaxed)) return tx_drop_link_down(bufs, n);
+  if (!t.ready) return fail(EINVAL, "TX queue " + std::to_string(queue) + " is not set up: call tx_queue_setup first");
+  if (!hdr_->port[peer_].present.load(std::memory_order_relaxed)) return tx_drop_link_down(t, bufs, n);
 
-  uint64_t free_slots = ring_ - (tx_.head - tx_.tail_cache);
-  bool wrote = false;
+  const uint32_t steer = peer_steering();  // 0: every frame to the peer's RX queue 0
   int taken = 0;
   int err = 0;  // a corrupt consumer index seen mid-burst
   if (inject_) {
-    taken = tx_burst_faults(bufs, n, &free_slots, &wrote, &err);
+    taken = tx_burst_faults(t, steer, bufs, n, &err);
   } else {
     uint64_t bytes = 0, sent = 0, errors = 0;
-    for (; taken < n; ++taken) {
-      ufab_buf* b = bufs[taken];
-      if (b->len == 0 || b->len > slot_size_ || b->offset > b->capacity || b->len > b->capacity - b->offset) {
+    while (taken < n) {
+      const ufab_buf* b = bufs[taken];
+      if (!frame_fits(b)) {
         ++errors;  // cannot go on this wire: dropped, counted
+        ++taken;
         continue;
       }
-      if (free_slots == 0) {
-        int rc = refresh_tx_free(&free_slots);
-        if (rc < 0) {
-          err = rc;
-          break;
-        }
-        if (free_slots == 0) break;  // ring full: the caller keeps the rest
+      // A run of frames bound for one RX queue: one reservation, one
+      // publication (the whole burst when nothing steers).
+      uint32_t q = steer ? target_queue(steer, b) : 0;
+      int end = taken + 1;
+      while (end < n && frame_fits(bufs[end]) && (steer == 0 || target_queue(steer, bufs[end]) == q)) ++end;
+      uint64_t first = 0;
+      int got = reserve(t, q, static_cast<uint32_t>(end - taken), &first, 1);
+      if (got < 0) {
+        err = got;
+        break;
       }
-      write_slot(tx_.head++, b->base + b->offset, b->len, false, 0);
-      --free_slots;
-      ++sent;
-      bytes += b->len;
+      for (int k = 0; k < got; ++k) {
+        b = bufs[taken + k];
+        write_slot(q, first + static_cast<uint64_t>(k), b->base + b->offset, b->len, false, 0);
+        bytes += b->len;
+      }
+      if (got) commit(q, first, first + static_cast<uint64_t>(got));
+      sent += static_cast<uint64_t>(got);
+      taken += got;
+      if (taken < end) break;  // ring q full: the caller keeps the rest
     }
-    wrote = sent != 0;
     if (sent) {
-      bump(tx_.packets, sent);
-      bump(tx_.bytes, bytes);
+      bump(t.packets, sent);
+      bump(t.bytes, bytes);
     }
-    if (errors) bump(tx_.errors, errors);
-  }
-  if (wrote) {
-    // One publication per burst; seq_cst also orders it before the load of
-    // `waiting` in wake_peer_if_waiting().
-    tx_ctl_->head.store(tx_.head, std::memory_order_seq_cst);
-    wake_peer_if_waiting();
+    if (errors) bump(t.errors, errors);
   }
   if (taken) ops_->buf_free(host_, bufs, static_cast<uint32_t>(taken));
   // Frames written before the error are published and reported as taken.
   return taken == 0 && err < 0 ? err : taken;
 }
 
-int SwNic::tx_burst_faults(ufab_buf** bufs, uint16_t n, uint64_t* free_slots, bool* wrote, int* err) {
+int SwNic::tx_burst_faults(TxQueue& t, uint32_t steer, ufab_buf** bufs, uint16_t n, int* err) {
   uint64_t bytes = 0, sent = 0, errors = 0;
   uint64_t loss = 0, dup = 0, reorder = 0, corrupt = 0;
   int taken = 0;
-  auto ensure = [&](uint64_t need) -> int {
-    if (*free_slots >= need) return 1;
-    int rc = refresh_tx_free(free_slots);
-    if (rc < 0) return rc;
-    return *free_slots >= need ? 1 : 0;
+  // All `copies` copies of a frame into RX ring q, or none: 1 done, 0 no
+  // room, negative errno.
+  auto emit = [&](uint32_t q, const uint8_t* data, uint32_t len, uint32_t copies, bool flip, uint64_t draw) -> int {
+    uint64_t first = 0;
+    int got = reserve(t, q, copies, &first, copies);
+    if (got <= 0) return got;
+    for (uint32_t c = 0; c < copies; ++c) write_slot(q, first + c, data, len, flip, draw);
+    commit(q, first, first + copies);
+    sent += copies;
+    bytes += uint64_t{len} * copies;
+    return 1;
   };
-  auto emit = [&](const uint8_t* data, uint32_t len, uint32_t copies, bool flip, uint64_t draw) {
-    for (uint32_t c = 0; c < copies; ++c) {
-      write_slot(tx_.head++, data, len, flip, draw);
-      --*free_slots;
-      ++sent;
-      bytes += len;
-    }
+  // The held copy is already corrupted if it was chosen to be. Without
+  // room it stays held for a later burst.
+  auto emit_held = [&]() -> int {
+    int ok = emit(t.held_queue, t.held.data(), t.held_len, t.held_copies, false, 0);
+    if (ok > 0) t.held_copies = 0;
+    return ok;
   };
-  auto emit_held = [&] {
-    // The held copy is already corrupted if it was chosen to be.
-    emit(tx_.held.data(), tx_.held_len, tx_.held_copies, false, 0);
-    tx_.held_copies = 0;
+  // Shared per ring, so the receiver can report injected loss as rx_dropped.
+  auto count = [&](std::atomic<uint64_t> RingCtl::*counter, uint32_t q) {
+    (tx_ctl_[q]->*counter).fetch_add(1, std::memory_order_relaxed);
   };
 
-  if (n == 0 && tx_.held_copies) {
+  if (n == 0 && t.held_copies) {
     // tx_burst with no frames flushes a frame held back by reorder.
-    int ok = ensure(tx_.held_copies);
+    int ok = emit_held();
     if (ok < 0) *err = ok;
-    if (ok > 0) emit_held();
   }
   for (; taken < n; ++taken) {
     ufab_buf* b = bufs[taken];
-    if (b->len == 0 || b->len > slot_size_ || b->offset > b->capacity || b->len > b->capacity - b->offset) {
+    if (!frame_fits(b)) {
       ++errors;
-      ++tx_.frame_index;
+      ++t.frame_index;
       continue;
     }
-    FaultDecision d = decide_fault(faults_, tx_.frame_index);
+    const uint8_t* data = b->base + b->offset;
+    // Steered by the frame as sent (before any injected bit flip).
+    uint32_t q = steer ? target_queue(steer, b) : 0;
+    FaultDecision d = decide_fault(faults_, t.frame_index);
     if (d.lose) {
       ++loss;
-      ++tx_.frame_index;
+      count(&RingCtl::inj_loss, q);
+      ++t.frame_index;
       continue;
     }
     uint32_t copies = d.dup ? 2 : 1;
-    bool hold = d.hold && tx_.held_copies == 0;
-    uint64_t need = hold ? 0 : copies + tx_.held_copies;
-    int ok = ensure(need);
-    if (ok < 0) *err = ok;
-    if (ok <= 0) break;  // not taken: the same decision is drawn again next time
-    const uint8_t* data = b->base + b->offset;
-    if (d.corrupt) ++corrupt;
-    if (d.dup) ++dup;
+    bool hold = d.hold && t.held_copies == 0;
+    bool stop = false;
     if (hold) {
-      std::memcpy(tx_.held.data(), data, b->len);
+      std::memcpy(t.held.data(), data, b->len);
       if (d.corrupt) {
         uint32_t bit = corrupt_bit(b->len, d.bit_draw);
-        tx_.held[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+        t.held[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
       }
-      tx_.held_len = b->len;
-      tx_.held_copies = copies;
+      t.held_len = b->len;
+      t.held_copies = copies;
+      t.held_queue = q;
       ++reorder;
+      count(&RingCtl::inj_reorder, q);
+    } else if (t.held_copies && t.held_queue == q) {
+      // The frame, then the one held back behind it, in one run: both or
+      // neither, so the held frame is exactly one place late.
+      uint64_t first = 0;
+      uint32_t all = copies + t.held_copies;
+      int got = reserve(t, q, all, &first, all);
+      if (got < 0) *err = got;
+      if (got <= 0) break;  // not taken: the same decision is drawn again next time
+      for (uint32_t c = 0; c < copies; ++c) write_slot(q, first + c, data, b->len, d.corrupt, d.bit_draw);
+      for (uint32_t c = 0; c < t.held_copies; ++c) write_slot(q, first + copies + c, t.held.data(), t.held_len, false, 0);
+      commit(q, first, first + all);
+      sent += all;
+      bytes += uint64_t{b->len} * copies + uint64_t{t.held_len} * t.held_copies;
+      t.held_copies = 0;
     } else {
-      emit(data, b->len, copies, d.corrupt, d.bit_draw);
-      if (tx_.held_copies) emit_held();
+      // Held for another RX queue, if at all: order across queues means
+      // nothing, so the held frame goes when its ring has room.
+      int ok = emit(q, data, b->len, copies, d.corrupt, d.bit_draw);
+      if (ok < 0) *err = ok;
+      if (ok <= 0) break;  // not taken: the same decision is drawn again next time
+      if (t.held_copies) {
+        int h = emit_held();
+        if (h < 0) {
+          *err = h;
+          stop = true;  // this frame is taken; the held one waits
+        }
+      }
     }
-    ++tx_.frame_index;
+    if (d.corrupt) {
+      ++corrupt;
+      count(&RingCtl::inj_corrupt, q);
+    }
+    if (d.dup) {
+      ++dup;
+      count(&RingCtl::inj_dup, q);
+    }
+    ++t.frame_index;
+    if (stop) {
+      ++taken;
+      break;
+    }
   }
-  *wrote = sent != 0;
   if (sent) {
-    bump(tx_.packets, sent);
-    bump(tx_.bytes, bytes);
+    bump(t.packets, sent);
+    bump(t.bytes, bytes);
   }
-  if (errors) bump(tx_.errors, errors);
+  if (errors) bump(t.errors, errors);
   if (loss | dup | reorder | corrupt) {
-    bump(tx_.loss, loss);
-    bump(tx_.dup, dup);
-    bump(tx_.reorder, reorder);
-    bump(tx_.corrupt, corrupt);
-    // Shared so the receiver can report injected loss as rx_dropped.
-    bump(tx_ctl_->inj_loss, loss);
-    bump(tx_ctl_->inj_dup, dup);
-    bump(tx_ctl_->inj_reorder, reorder);
-    bump(tx_ctl_->inj_corrupt, corrupt);
+    bump(t.loss, loss);
+    bump(t.dup, dup);
+    bump(t.reorder, reorder);
+    bump(t.corrupt, corrupt);
   }
   return taken;
 }
@@ -935,45 +1223,46 @@ int SwNic::tx_burst_faults(ufab_buf** bufs, uint16_t n, uint64_t* free_slots, bo
 // ------------------------------------------------------------------- RX
 
 int SwNic::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
-  if (queue != 0) return fail(EINVAL, "RX queue " + std::to_string(queue) + " does not exist");
+  if (queue >= queues_) return no_queue("RX", queue);
+  RxQueue& r = rxq_[queue];
   if (!started_.load(std::memory_order_relaxed)) return fail(ENETDOWN, "rx_burst before start()");
+  if (!r.pool) return fail(EINVAL, "RX queue " + std::to_string(queue) + " is not set up: call rx_queue_setup first");
   if (n == 0) return 0;
 
-  uint64_t avail = rx_.head_cache - rx_.tail;
+  uint64_t avail = r.head_cache - r.tail;
   if (avail == 0) {
-    rx_.head_cache = rx_ctl_->head.load(std::memory_order_acquire);
-    avail = rx_.head_cache - rx_.tail;
-    if (avail == 0 && irq_on_.load(std::memory_order_relaxed) && !arm_on_request_.load(std::memory_order_relaxed)) {
+    r.head_cache = r.ctl->head.load(std::memory_order_acquire);
+    avail = r.head_cache - r.tail;
+    if (avail == 0 && r.irq_on.load(std::memory_order_relaxed) && !r.arm_on_request.load(std::memory_order_relaxed)) {
       // Empty: arm before the caller sleeps, then look once more (the
       // producer may have published between the two loads).
-      rx_ctl_->waiting.store(1, std::memory_order_seq_cst);
-      rx_.head_cache = rx_ctl_->head.load(std::memory_order_seq_cst);
-      avail = rx_.head_cache - rx_.tail;
+      r.ctl->waiting.store(1, std::memory_order_seq_cst);
+      r.head_cache = r.ctl->head.load(std::memory_order_seq_cst);
+      avail = r.head_cache - r.tail;
     }
     if (avail == 0) return 0;
     if (avail > ring_) {
-      bump(rx_.errors);
-      uint64_t head = rx_.head_cache;
-      rx_.head_cache = rx_.tail;
+      bump(r.errors);
+      uint64_t head = r.head_cache;
+      r.head_cache = r.tail;
       return fail(EIO, "the peer's producer index (" + std::to_string(head) + ") is more than a ring ahead of ours (" +
-                           std::to_string(rx_.tail) + "): segment " + shm_name_ + " is corrupt; reopen both ends");
+                           std::to_string(r.tail) + "): segment " + shm_name_ + " is corrupt; reopen both ends");
     }
+    tsan_acquire(r.tsan_key);
   }
   uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(avail, n));
-  int got = ops_->buf_alloc(host_, rx_pool_, bufs, want);
+  int got = ops_->buf_alloc(host_, r.pool, bufs, want);
   if (got <= 0) {
     // No buffers: the frames wait in the ring. In interrupt mode keep the
     // fd readable, or a caller that sleeps now would never be woken for them.
-    if (got == 0 && irq_on_.load(std::memory_order_relaxed)) {
-      signal_irq();
-    }
+    if (got == 0 && r.irq_on.load(std::memory_order_relaxed)) signal_irq(r);
     return got;
   }
 
   int delivered = 0;
   uint64_t consumed = 0, bytes = 0, errors = 0;
   while (delivered < got && consumed < avail) {
-    const uint8_t* s = rx_slot(rx_.tail + consumed);
+    const uint8_t* s = rx_slot(r, r.tail + consumed);
     ++consumed;
     // Read the length once, then only use the copy: the peer may rewrite it.
     uint32_t len = __atomic_load_n(reinterpret_cast<const uint32_t*>(s), __ATOMIC_RELAXED);
@@ -989,102 +1278,116 @@ int SwNic::rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
     bytes += len;
     ++delivered;
   }
-  rx_.tail += consumed;
-  rx_ctl_->tail.store(rx_.tail, std::memory_order_release);
+  r.tail += consumed;
+  tsan_release(r.tsan_key);
+  r.ctl->tail.store(r.tail, std::memory_order_release);
   if (delivered < got) ops_->buf_free(host_, bufs + delivered, static_cast<uint32_t>(got - delivered));
   if (delivered) {
-    bump(rx_.packets, static_cast<uint64_t>(delivered));
-    bump(rx_.bytes, bytes);
+    bump(r.packets, static_cast<uint64_t>(delivered));
+    bump(r.bytes, bytes);
   }
-  if (errors) bump(rx_.errors, errors);
+  if (errors) bump(r.errors, errors);
   return delivered;
 }
 
 // ------------------------------------------------------------- interrupts
+//
+// Per RX queue: its own eventfd, futex word (in its ring's control block)
+// and helper thread.
 
-void SwNic::signal_irq() {
+void SwNic::signal_irq(RxQueue& r) {
   // Counted first, so a caller woken by the write already sees it counted.
-  irqs_.fetch_add(1, std::memory_order_relaxed);
+  r.irqs.fetch_add(1, std::memory_order_relaxed);
   uint64_t one = 1;
   // Fails only when the counter is about to overflow: readable anyway.
-  [[maybe_unused]] ssize_t r = ::write(irq_fd_, &one, sizeof one);
+  [[maybe_unused]] ssize_t w = ::write(r.irq_fd, &one, sizeof one);
 }
 
-// Bridges the futex word in shared memory to an eventfd: the producer (in
+// Bridges the futex word in shared memory to an eventfd: a producer (in
 // any process) bumps the word and FUTEX_WAKEs; this thread, in the
 // receiver's process, turns each change into an eventfd write.
-void SwNic::irq_helper(uint32_t last_seq) {
+void SwNic::irq_helper(RxQueue& r, uint32_t last_seq) {
   const struct timespec timeout = {0, kHelperPollNs};
-  while (!irq_stop_.load(std::memory_order_acquire)) {
-    futex(&rx_ctl_->wake_seq, FUTEX_WAIT, last_seq, &timeout);
-    uint32_t seq = rx_ctl_->wake_seq.load(std::memory_order_acquire);
+  while (!r.irq_stop.load(std::memory_order_acquire)) {
+    futex(&r.ctl->wake_seq, FUTEX_WAIT, last_seq, &timeout);
+    uint32_t seq = r.ctl->wake_seq.load(std::memory_order_acquire);
     if (seq == last_seq) continue;  // timeout, spurious, or our own stop wake-up
     last_seq = seq;
-    signal_irq();
+    signal_irq(r);
   }
 }
 
 int SwNic::rx_irq(uint16_t queue, int enable, int* eventfd) {
-  if (queue != 0) return fail(EINVAL, "RX queue " + std::to_string(queue) + " does not exist");
+  if (queue >= queues_) return no_queue("RX", queue);
+  RxQueue& r = rxq_[queue];
   if (!enable) {
-    stop_irq();
+    stop_irq(r);
     return 0;
   }
-  if (irq_on_.load()) {
-    if (eventfd) *eventfd = irq_fd_;
+  if (r.irq_on.load()) {
+    if (eventfd) *eventfd = r.irq_fd;
     return 0;
   }
   int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd < 0) return fail(errno, "eventfd failed: " + errno_text(errno));
-  irq_fd_ = fd;
-  irq_stop_.store(false);
+  r.irq_fd = fd;
+  r.irq_stop.store(false);
   // Take the word's value before arming, so a wake-up that follows the
   // arming changes it from what the helper waits on.
-  uint32_t seq = rx_ctl_->wake_seq.load(std::memory_order_acquire);
+  uint32_t seq = r.ctl->wake_seq.load(std::memory_order_acquire);
   try {
-    irq_thread_ = std::thread([this, seq] { irq_helper(seq); });
+    r.irq_thread = std::thread([this, &r, seq] { irq_helper(r, seq); });
   } catch (const std::system_error& e) {
-    ::close(irq_fd_);
-    irq_fd_ = -1;
+    ::close(r.irq_fd);
+    r.irq_fd = -1;
     return fail(EAGAIN, std::string("cannot start the interrupt helper thread: ") + e.what());
   }
-  irq_on_.store(true);
-  rx_ctl_->waiting.store(1, std::memory_order_seq_cst);
-  if (rx_ctl_->head.load(std::memory_order_seq_cst) != rx_ctl_->tail.load(std::memory_order_relaxed)) {
-    signal_irq();  // frames already wait: readable at once
-  }
-  if (eventfd) *eventfd = irq_fd_;
+  r.irq_on.store(true);
+  r.ctl->waiting.store(1, std::memory_order_seq_cst);
+  if (r.ctl->head.load(std::memory_order_seq_cst) != r.tail) signal_irq(r);  // frames already wait: readable at once
+  if (eventfd) *eventfd = r.irq_fd;
   return 0;
 }
 
 int SwNic::rx_irq_arm(uint16_t queue) {
-  if (queue != 0) return fail(EINVAL, "RX queue " + std::to_string(queue) + " does not exist");
-  if (!irq_on_.load()) return fail(EINVAL, "rx_irq_arm without the interrupt enabled: call rx_irq(queue, 1) first");
-  arm_on_request_.store(true, std::memory_order_relaxed);
+  if (queue >= queues_) return no_queue("RX", queue);
+  RxQueue& r = rxq_[queue];
+  if (!r.irq_on.load())
+    return fail(EINVAL, "rx_irq_arm without the interrupt enabled: call rx_irq(" + std::to_string(queue) +
+                            ", 1) first");
+  r.arm_on_request.store(true, std::memory_order_relaxed);
   // As an empty rx_burst arms: the flag first, then one more look, since
-  // the producer may have published between the caller's last poll and now.
-  rx_ctl_->waiting.store(1, std::memory_order_seq_cst);
-  if (rx_ctl_->head.load(std::memory_order_seq_cst) != rx_.tail) signal_irq();
+  // a producer may have published between the caller's last poll and now.
+  r.ctl->waiting.store(1, std::memory_order_seq_cst);
+  if (r.ctl->head.load(std::memory_order_seq_cst) != r.tail) signal_irq(r);
   return 0;
 }
 
-void SwNic::stop_irq() {
-  if (!irq_thread_.joinable()) return;
-  irq_on_.store(false);
-  arm_on_request_.store(false, std::memory_order_relaxed);
-  if (rx_ctl_) rx_ctl_->waiting.store(0, std::memory_order_seq_cst);
-  irq_stop_.store(true, std::memory_order_release);
-  futex(&rx_ctl_->wake_seq, FUTEX_WAKE, INT32_MAX, nullptr);
-  irq_thread_.join();
-  ::close(irq_fd_);
-  irq_fd_ = -1;
+void SwNic::stop_irq(RxQueue& r) {
+  if (!r.irq_thread.joinable()) return;
+  r.irq_on.store(false);
+  r.arm_on_request.store(false, std::memory_order_relaxed);
+  if (r.ctl) r.ctl->waiting.store(0, std::memory_order_seq_cst);
+  r.irq_stop.store(true, std::memory_order_release);
+  futex(&r.ctl->wake_seq, FUTEX_WAKE, INT32_MAX, nullptr);
+  r.irq_thread.join();
+  ::close(r.irq_fd);
+  r.irq_fd = -1;
 }
 
 }  // namespace
 }  // namespace ufab::swnic
 
 const ufab_driver* ufab_swnic_driver() {
-  static const ufab_driver d = ufab::sdk::make_driver<ufab::swnic::SwNic>(
-      "swnic", "software NIC: two Ethernet ports joined over shared memory", nullptr, UFAB_DRIVER_F_SOFTWARE);
+  static const ufab_driver d = [] {
+    ufab_driver t = ufab::sdk::make_driver<ufab::swnic::SwNic>(
+        "swnic", "software NIC: two Ethernet ports joined over shared memory", nullptr, UFAB_DRIVER_F_SOFTWARE);
+    // ABI 1.2; the SDK adapter does not generate rx_steer (yet), so the
+    // entry is filled here, guarded the same way.
+    t.rx_steer = [](ufab_dev* dev, uint32_t mode, uint16_t nqueues) {
+      return ufab::sdk::guarded([&] { return ufab::sdk::self<ufab::swnic::SwNic>(dev)->rx_steer(mode, nqueues); });
+    };
+    return t;
+  }();
   return &d;
 }

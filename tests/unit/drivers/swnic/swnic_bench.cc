@@ -2,12 +2,20 @@
 // or two processes, through the driver table with the test host's pools.
 //
 //   bazel run -c opt //tests/unit/drivers/swnic:swnic_bench -- [--frames N]
-//       [--burst K] [--ring R] [--sizes 64,512,1514] [--mode threads|processes|both]
+//       [--burst K] [--ring R] [--sizes 64,512,1514] [--mode threads|processes|both|queues]
+//       [--queues 1,2,4]
 //
 // Prints one line per (mode, size): frames/s and payload Gbit/s, measured
 // at the receiver from its first to its last frame. Every frame's sequence
 // number is checked. A figure for comparing changes on one machine, not a
 // pass/fail test.
+//
+// --mode queues: for each count Q in --queues, a link with queues=Q whose
+// port 1 steers by RoCE QPN over Q queues, and Q threads: thread i sends
+// RoCEv2-shaped frames for QP i on port 0's TX queue i and receives them on
+// port 1's RX queue i, --frames frames each. Prints the total rate, from the
+// first thread's start to the last one's end. Sizes of at least 64 bytes
+// (the headers and sequence number take 62).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +42,7 @@ struct Options {
   uint32_t ring = 1024;
   std::vector<uint32_t> sizes = {64, 512, 1514};
   std::string mode = "both";
+  std::vector<uint32_t> queues = {1, 2};
 };
 
 struct RxResult {
@@ -149,6 +159,94 @@ int run_processes(const Options& o, uint32_t size) {
   return r.frames == o.frames && r.errors == 0 ? 0 : 1;
 }
 
+// Eth / IPv4 / UDP dport 4791 / BTH with destination QP `qp`, then the
+// sequence number at kQueueSeqOffset.
+constexpr uint32_t kQueueSeqOffset = 54;
+
+void fill_roce(uint8_t* p, uint32_t len, uint32_t qp, uint64_t seq) {
+  std::memset(p, 0, kQueueSeqOffset);
+  std::memset(p, 0x02, 12);
+  p[12] = 0x08;  // IPv4
+  uint8_t* ip = p + 14;
+  ip[0] = 0x45;
+  uint16_t ip_len = static_cast<uint16_t>(len - 14);
+  ip[2] = static_cast<uint8_t>(ip_len >> 8);
+  ip[3] = static_cast<uint8_t>(ip_len);
+  ip[8] = 64;
+  ip[9] = 17;  // UDP
+  uint8_t* udp = ip + 20;
+  udp[2] = 4791 >> 8;
+  udp[3] = 4791 & 0xff;
+  uint8_t* bth = udp + 8;
+  bth[5] = static_cast<uint8_t>(qp >> 16);
+  bth[6] = static_cast<uint8_t>(qp >> 8);
+  bth[7] = static_cast<uint8_t>(qp);
+  std::memcpy(p + kQueueSeqOffset, &seq, 8);
+}
+
+// One thread's share of --mode queues: its TX queue on a, its RX queue on b.
+bool queue_pair_loop(Port& a, Port& b, uint16_t q, const Options& o, uint32_t size, uint64_t* errors) {
+  std::vector<ufab_buf*> bufs(o.burst);
+  uint64_t sent = 0, got = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  uint64_t spins = 0;
+  while (got < o.frames) {
+    if (sent < o.frames) {
+      uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(o.burst, o.frames - sent));
+      int k = a.tx_pool(q).alloc(bufs.data(), n);
+      for (int i = 0; i < k; ++i) {
+        fill_roce(bufs[i]->base + bufs[i]->offset, size, q, sent + static_cast<uint64_t>(i));
+        bufs[i]->len = size;
+      }
+      int r = a.drv()->tx_burst(a.dev(), q, bufs.data(), static_cast<uint16_t>(k));
+      if (r < 0) return false;
+      if (r < k) a.tx_pool(q).free(bufs.data() + r, static_cast<uint32_t>(k - r));
+      sent += static_cast<uint64_t>(r);
+    }
+    int n = b.drv()->rx_burst(b.dev(), q, bufs.data(), static_cast<uint16_t>(o.burst));
+    if (n < 0) return false;
+    if (n == 0) {
+      if ((++spins & 0xffff) == 0 && Clock::now() > deadline) return false;
+      continue;
+    }
+    for (int i = 0; i < n; ++i) {
+      uint64_t seq;
+      std::memcpy(&seq, bufs[i]->base + bufs[i]->offset + kQueueSeqOffset, 8);
+      if (seq != got + static_cast<uint64_t>(i)) ++*errors;
+    }
+    got += static_cast<uint64_t>(n);
+    b.rx_pool(q).free(bufs.data(), static_cast<uint32_t>(n));
+  }
+  return true;
+}
+
+int run_queues(const Options& o, uint32_t size, uint32_t nq) {
+  if (size < kQueueSeqOffset + 8) {
+    std::fprintf(stderr, "--mode queues needs sizes of at least %u bytes\n", kQueueSeqOffset + 8);
+    return 1;
+  }
+  std::string link = unique_link("bench-q");
+  std::map<std::string, std::string> params = {{"ring", std::to_string(o.ring)}, {"queues", std::to_string(nq)}};
+  auto a = Port::open(link + ":0", params);
+  auto b = Port::open(link + ":1", params);
+  if (!a || !b || b->steer(UFAB_STEER_ROCE_QPN, static_cast<uint16_t>(nq)) != 0) return 1;
+  std::vector<std::thread> threads;
+  std::vector<uint64_t> errors(nq, 0);
+  std::vector<char> ok(nq, 0);
+  auto t0 = Clock::now();
+  for (uint32_t q = 0; q < nq; ++q)
+    threads.emplace_back([&, q] { ok[q] = queue_pair_loop(*a, *b, static_cast<uint16_t>(q), o, size, &errors[q]); });
+  for (auto& t : threads) t.join();
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  bool good = true;
+  for (uint32_t q = 0; q < nq; ++q) good = good && ok[q] && errors[q] == 0;
+  double fps = static_cast<double>(o.frames) * nq / seconds;
+  std::printf("queues=%-3u %6u B  %10llu frames  %7.3f s  %7.2f Mframes/s  %7.2f Gbit/s  %s\n", nq, size,
+              static_cast<unsigned long long>(o.frames * nq), seconds, fps / 1e6, fps * size * 8 / 1e9,
+              good ? "ok" : "ERRORS");
+  return good ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,6 +261,14 @@ int main(int argc, char** argv) {
       o.ring = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
     else if (k == "--mode")
       o.mode = v;
+    else if (k == "--queues") {
+      o.queues.clear();
+      for (size_t p = 0; p < v.size();) {
+        size_t q = v.find(',', p);
+        o.queues.push_back(static_cast<uint32_t>(std::strtoul(v.substr(p, q - p).c_str(), nullptr, 0)));
+        p = q == std::string::npos ? v.size() : q + 1;
+      }
+    }
     else if (k == "--sizes") {
       o.sizes.clear();
       for (size_t p = 0; p < v.size();) {
@@ -182,6 +288,9 @@ int main(int argc, char** argv) {
   for (uint32_t size : o.sizes) {
     if (o.mode == "threads" || o.mode == "both") rc |= run_threads(o, size);
     if (o.mode == "processes" || o.mode == "both") rc |= run_processes(o, size);
+    if (o.mode == "queues") {
+      for (uint32_t nq : o.queues) rc |= run_queues(o, size, nq);
+    }
   }
   return rc;
 }

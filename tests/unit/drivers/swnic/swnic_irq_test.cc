@@ -217,5 +217,131 @@ TEST(SwnicIrq, ArmOnRequestStopsArmingOnEmptyPolls) {
   EXPECT_EQ(b->drv()->rx_irq(b->dev(), 0, 0, nullptr), 0);
 }
 
+// With several RX queues each has its own eventfd, futex word and arming:
+// a frame steered to queue 1 wakes queue 1 only.
+TEST(SwnicIrq, EachRxQueueHasItsOwnInterrupt) {
+  std::string link = unique_link("irq-queues");
+  auto a = Port::open(link + ":0", {{"queues", "3"}});
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(b->steer(UFAB_STEER_ROCE_QPN, 3), 0);
+  SegmentView v(link);
+  ASSERT_TRUE(v.ok());
+  int fd[3] = {-1, -1, -1};
+  for (uint16_t q = 0; q < 3; ++q) ASSERT_EQ(b->drv()->rx_irq(b->dev(), q, 1, &fd[q]), 0);
+  EXPECT_NE(fd[0], fd[1]);
+  EXPECT_NE(fd[1], fd[2]);
+  for (uint16_t q = 0; q < 3; ++q) {
+    EXPECT_EQ(poll_fd(fd[q], 0), 0);
+    EXPECT_EQ(v.ctl(0, q)->waiting.load(), 1u);  // armed: every ring is empty
+  }
+
+  // QP 4 -> queue 1: only its word moves, only its fd becomes readable.
+  ASSERT_EQ(send_roce(*a, 0, 4, 0, 2), 2);
+  ASSERT_EQ(poll_fd(fd[1], 5000), 1);
+  EXPECT_EQ(v.ctl(0, 1)->wake_seq.load(), 1u);
+  EXPECT_EQ(v.ctl(0, 0)->wake_seq.load(), 0u);
+  EXPECT_EQ(v.ctl(0, 2)->wake_seq.load(), 0u);
+  EXPECT_EQ(poll_fd(fd[0], 50), 0);
+  EXPECT_EQ(poll_fd(fd[2], 0), 0);
+  EXPECT_TRUE(read_event(fd[1]));
+  EXPECT_EQ(drain(*b, 1).size(), 2u);  // the empty poll at the end re-arms queue 1
+  EXPECT_EQ(v.ctl(0, 1)->waiting.load(), 1u);
+
+  // One burst for queues 0 and 2 (from another TX queue): both wake.
+  std::vector<ufab_buf*> bufs(2);
+  ASSERT_EQ(a->tx_pool(2).alloc(bufs.data(), 2), 2);
+  fill_roce_frame(bufs[0]->base + bufs[0]->offset, 100, 3, 0);
+  fill_roce_frame(bufs[1]->base + bufs[1]->offset, 100, 5, 1);
+  bufs[0]->len = bufs[1]->len = 100;
+  ASSERT_EQ(a->drv()->tx_burst(a->dev(), 2, bufs.data(), 2), 2);
+  EXPECT_EQ(poll_fd(fd[0], 5000), 1);
+  EXPECT_EQ(poll_fd(fd[2], 5000), 1);
+  EXPECT_EQ(poll_fd(fd[1], 50), 0);
+
+  // rx_irq_arm is per queue too: queue 2 asks to be woken; queue 0 busy-polls.
+  EXPECT_TRUE(read_event(fd[0]));
+  EXPECT_TRUE(read_event(fd[2]));
+  ASSERT_EQ(b->drv()->rx_irq_arm(b->dev(), 2), 0);  // a frame waits: readable at once
+  EXPECT_EQ(poll_fd(fd[2], 0), 1);
+  EXPECT_TRUE(read_event(fd[2]));
+  EXPECT_EQ(drain(*b, 2).size(), 1u);
+  // Still armed (nobody sent since): the next frame wakes and disarms.
+  ASSERT_EQ(send_roce(*a, 1, 2, 0, 1), 1);
+  EXPECT_EQ(poll_fd(fd[2], 5000), 1);
+  EXPECT_TRUE(read_event(fd[2]));
+  EXPECT_EQ(v.ctl(0, 2)->waiting.load(), 0u);
+  EXPECT_EQ(drain(*b, 2).size(), 1u);  // arm-on-request: the empty poll does not arm
+  EXPECT_EQ(v.ctl(0, 2)->waiting.load(), 0u);
+  EXPECT_EQ(drain(*b, 0).size(), 1u);               // queue 0 still arms on an empty poll
+  EXPECT_EQ(v.ctl(0, 0)->waiting.load(), 1u);
+  ASSERT_EQ(b->drv()->rx_irq_arm(b->dev(), 2), 0);
+  EXPECT_EQ(poll_fd(fd[2], 0), 0);
+  ASSERT_EQ(send_roce(*a, 1, 2, 0, 1), 1);
+  EXPECT_EQ(poll_fd(fd[2], 5000), 1);
+
+  // Turning one queue's interrupt off leaves the others on.
+  ASSERT_EQ(b->drv()->rx_irq(b->dev(), 1, 0, nullptr), 0);
+  EXPECT_EQ(v.ctl(0, 1)->waiting.load(), 0u);
+  uint32_t before = v.ctl(0, 1)->wake_seq.load();
+  ASSERT_EQ(send_roce(*a, 0, 1, 10, 1), 1);
+  EXPECT_EQ(v.ctl(0, 1)->wake_seq.load(), before);
+  ASSERT_EQ(send_roce(*a, 0, 0, 10, 1), 1);
+  EXPECT_EQ(poll_fd(fd[0], 5000), 1);
+  EXPECT_GE(b->stats().irqs, 5u);
+}
+
+// A receiver thread per queue sleeping in poll(), a sender spreading frames
+// over the queues: every frame arrives, nobody sleeps through one.
+TEST(SwnicIrq, ThreadPerQueueSleepsAndWakes) {
+  std::string link = unique_link("irq-threads");
+  auto a = Port::open(link + ":0", {{"queues", "2"}});
+  auto b = Port::open(link + ":1");
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(b->steer(UFAB_STEER_ROCE_QPN, 2), 0);
+  const int kPerQueue = 300;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> rx;
+  for (uint16_t q = 0; q < 2; ++q) {
+    rx.emplace_back([&, q] {
+      int fd = -1;
+      if (b->drv()->rx_irq(b->dev(), q, 1, &fd) != 0) {
+        ++failures;
+        return;
+      }
+      int got = 0;
+      auto deadline = Clock::now() + std::chrono::seconds(20);
+      ufab_buf* bufs[32];
+      while (got < kPerQueue && Clock::now() < deadline) {
+        int n = b->drv()->rx_burst(b->dev(), q, bufs, 32);
+        if (n > 0) {
+          for (int i = 0; i < n; ++i) {
+            uint32_t qp = 0;
+            uint64_t seq = 0;
+            if (!parse_roce_frame(bufs[i]->base + bufs[i]->offset, bufs[i]->len, &qp, &seq) || qp % 2 != q ||
+                seq != static_cast<uint64_t>(got + i))
+              ++failures;
+          }
+          got += n;
+          b->rx_pool(q).free(bufs, static_cast<uint32_t>(n));
+          continue;
+        }
+        ASSERT_EQ(b->drv()->rx_irq_arm(b->dev(), q), 0);
+        if (poll_fd(fd, 2000) == 1) read_event(fd);
+      }
+      if (got != kPerQueue) ++failures;
+    });
+  }
+  for (int i = 0; i < kPerQueue; ++i) {
+    for (uint32_t qp = 0; qp < 2; ++qp) {
+      while (send_roce(*a, 0, qp, static_cast<uint64_t>(i), 1) != 1) std::this_thread::yield();
+    }
+    if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let them sleep
+  }
+  for (auto& t : rx) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(b->stats().rx_packets, 2u * kPerQueue);
+}
+
 }  // namespace
 }  // namespace ufab::swnic_test

@@ -118,8 +118,6 @@ std::unique_ptr<Port> Port::open(const std::string& name, std::map<std::string, 
   p->drv_ = ufab_swnic_driver();
   p->host_ = std::make_unique<TestHost>(name, std::move(params));
   uint32_t cap = rx_buf_capacity ? rx_buf_capacity : 64 + 4096;
-  p->tx_pool_ = std::make_unique<TestPool>(1024, 64 + 4096 + 64);
-  p->rx_pool_ = std::make_unique<TestPool>(1024, cap);
   auto failed = [&](int r) -> std::unique_ptr<Port> {
     if (rc) *rc = r;
     if (error) *error = p->host_->last_error();
@@ -130,16 +128,29 @@ std::unique_ptr<Port> Port::open(const std::string& name, std::map<std::string, 
     p->dev_ = nullptr;
     return failed(r);
   }
-  ufab_queue_conf rxc{1024, p->rx_pool_->handle()};
-  ufab_queue_conf txc{1024, nullptr};
-  if ((r = p->drv_->rx_queue_setup(p->dev_, 0, &rxc)) < 0) return failed(r);
-  if ((r = p->drv_->tx_queue_setup(p->dev_, 0, &txc)) < 0) return failed(r);
+  ufab_dev_info info{};
+  if ((r = p->drv_->info(p->dev_, &info)) < 0) return failed(r);
+  for (uint16_t q = 0; q < info.max_rx_queues; ++q) {
+    p->tx_pools_.push_back(std::make_unique<TestPool>(1024, 64 + 4096 + 64));
+    p->rx_pools_.push_back(std::make_unique<TestPool>(1024, cap));
+    ufab_queue_conf rxc{1024, p->rx_pools_.back()->handle()};
+    ufab_queue_conf txc{1024, nullptr};
+    if ((r = p->drv_->rx_queue_setup(p->dev_, q, &rxc)) < 0) return failed(r);
+    if ((r = p->drv_->tx_queue_setup(p->dev_, q, &txc)) < 0) return failed(r);
+  }
   if ((r = p->drv_->start(p->dev_)) < 0) return failed(r);
   if (rc) *rc = 0;
   return p;
 }
 
 Port::~Port() { close(); }
+
+int Port::steer(uint32_t mode, uint16_t nqueues) {
+  drv_->stop(dev_);
+  int rc = drv_->rx_steer(dev_, mode, nqueues);
+  drv_->start(dev_);
+  return rc;
+}
 
 void Port::close() {
   if (dev_) {
@@ -207,9 +218,91 @@ uint64_t frame_hash(const uint8_t* p, uint32_t len) {
   return h;
 }
 
-int recv_burst(Port& port, std::vector<Received>* out, uint16_t n) {
+void fill_roce_frame(uint8_t* p, uint32_t len, uint32_t qp, uint64_t seq, uint32_t tag, bool vlan) {
+  uint32_t l3 = vlan ? 18 : 14;
+  std::memset(p, 0, len);
+  static const uint8_t macs[12] = {0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2};
+  std::memcpy(p, macs, 12);
+  if (vlan) {
+    p[12] = 0x81;
+    p[14] = 0x00;
+    p[15] = 0x07;  // VLAN 7
+  }
+  p[l3 - 2] = 0x08;  // IPv4
+  uint8_t* ip = p + l3;
+  ip[0] = 0x45;
+  uint16_t ip_len = static_cast<uint16_t>(len - l3);
+  ip[2] = static_cast<uint8_t>(ip_len >> 8);
+  ip[3] = static_cast<uint8_t>(ip_len);
+  ip[6] = 0x40;  // DF
+  ip[8] = 64;
+  ip[9] = 17;  // UDP
+  uint8_t* udp = ip + 20;
+  udp[0] = 0xc0;
+  udp[2] = 4791 >> 8;
+  udp[3] = 4791 & 0xff;
+  uint8_t* bth = udp + 8;
+  bth[0] = 0x04;  // RC SEND only, say
+  bth[5] = static_cast<uint8_t>(qp >> 16);
+  bth[6] = static_cast<uint8_t>(qp >> 8);
+  bth[7] = static_cast<uint8_t>(qp);
+  uint8_t* rest = bth + 12;
+  if (rest + 12 <= p + len) {
+    std::memcpy(rest, &seq, 8);
+    std::memcpy(rest + 8, &tag, 4);
+  }
+}
+
+bool parse_roce_frame(const uint8_t* p, uint32_t len, uint32_t* qp, uint64_t* seq, uint32_t* tag) {
+  uint32_t l3 = (p[12] == 0x81) ? 18 : 14;
+  if (len < l3 + 20 + 8 + 12 + 12) return false;
+  const uint8_t* bth = p + l3 + 28;
+  *qp = uint32_t{bth[5]} << 16 | uint32_t{bth[6]} << 8 | bth[7];
+  std::memcpy(seq, bth + 12, 8);
+  if (tag) std::memcpy(tag, bth + 20, 4);
+  return true;
+}
+
+int send_roce(Port& port, uint16_t queue, uint32_t qp, uint64_t first_seq, uint32_t n, uint32_t len, uint32_t tag) {
   std::vector<ufab_buf*> bufs(n);
-  int got = port.drv()->rx_burst(port.dev(), 0, bufs.data(), n);
+  int got = port.tx_pool(queue).alloc(bufs.data(), n);
+  if (got <= 0) return 0;
+  for (int i = 0; i < got; ++i) {
+    fill_roce_frame(bufs[i]->base + bufs[i]->offset, len, qp, first_seq + static_cast<uint64_t>(i), tag);
+    bufs[i]->len = len;
+  }
+  int rc = port.drv()->tx_burst(port.dev(), queue, bufs.data(), static_cast<uint16_t>(got));
+  int taken = rc < 0 ? 0 : rc;
+  if (taken < got) port.tx_pool(queue).free(bufs.data() + taken, static_cast<uint32_t>(got - taken));
+  return rc;
+}
+
+int send_raw(Port& port, uint16_t queue, const std::vector<uint8_t>& frame) {
+  ufab_buf* b = nullptr;
+  if (port.tx_pool(queue).alloc(&b, 1) != 1) return 0;
+  std::memcpy(b->base + b->offset, frame.data(), frame.size());
+  b->len = static_cast<uint32_t>(frame.size());
+  int rc = port.drv()->tx_burst(port.dev(), queue, &b, 1);
+  if (rc != 1) port.tx_pool(queue).free(&b, 1);
+  return rc;
+}
+
+std::vector<std::vector<uint8_t>> drain(Port& port, uint16_t queue) {
+  std::vector<std::vector<uint8_t>> out;
+  ufab_buf* bufs[32];
+  for (;;) {
+    int got = port.drv()->rx_burst(port.dev(), queue, bufs, 32);
+    if (got <= 0) break;
+    for (int i = 0; i < got; ++i)
+      out.emplace_back(bufs[i]->base + bufs[i]->offset, bufs[i]->base + bufs[i]->offset + bufs[i]->len);
+    port.rx_pool(queue).free(bufs, static_cast<uint32_t>(got));
+  }
+  return out;
+}
+
+int recv_burst(Port& port, std::vector<Received>* out, uint16_t n, uint16_t queue) {
+  std::vector<ufab_buf*> bufs(n);
+  int got = port.drv()->rx_burst(port.dev(), queue, bufs.data(), n);
   for (int i = 0; i < got; ++i) {
     ufab_buf* b = bufs[i];
     Received r{};
@@ -218,7 +311,7 @@ int recv_burst(Port& port, std::vector<Received>* out, uint16_t n) {
     r.hash = frame_hash(b->base + b->offset, b->len);
     out->push_back(r);
   }
-  if (got > 0) port.rx_pool().free(bufs.data(), static_cast<uint32_t>(got));
+  if (got > 0) port.rx_pool(queue).free(bufs.data(), static_cast<uint32_t>(got));
   return got;
 }
 
@@ -250,9 +343,9 @@ SegmentView::~SegmentView() {
   if (base_) ::munmap(base_, size_);
 }
 
-uint8_t* SegmentView::slot(int ring, uint64_t index) {
+uint8_t* SegmentView::slot(int dir, uint64_t index, uint32_t queue) {
   swnic::SegHeader* h = hdr();
-  return static_cast<uint8_t*>(base_) + h->slots_offset[ring] + (index & (h->ring - 1)) * h->stride;
+  return static_cast<uint8_t*>(base_) + h->slots_offset[dir] + queue * h->ring_bytes + (index & (h->ring - 1)) * h->stride;
 }
 
 }  // namespace ufab::swnic_test

@@ -59,7 +59,9 @@ class TestHost {
   std::vector<std::string> logs_;
 };
 
-// One opened swnic port with its host and pools, queues set up and started.
+// One opened swnic port with its host and pools, started, with every queue
+// the link has (the "queues" parameter) set up: RX and TX queue q each get
+// their own pool, so threads driving different queues share no test lock.
 class Port {
  public:
   // Opens `name` ("LINK:PORT"); on failure returns nullptr and sets *rc
@@ -72,8 +74,11 @@ class Port {
   const ufab_driver* drv() const { return drv_; }
   ufab_dev* dev() const { return dev_; }
   TestHost& host() { return *host_; }
-  TestPool& tx_pool() { return *tx_pool_; }
-  TestPool& rx_pool() { return *rx_pool_; }
+  TestPool& tx_pool(uint16_t queue = 0) { return *tx_pools_.at(queue); }
+  TestPool& rx_pool(uint16_t queue = 0) { return *rx_pools_.at(queue); }
+  uint16_t queues() const { return static_cast<uint16_t>(rx_pools_.size()); }
+  // stop(), rx_steer(mode, nqueues), start(): rx_steer's return value.
+  int steer(uint32_t mode, uint16_t nqueues);
 
   ufab_stats stats();
   bool link_up();
@@ -82,8 +87,8 @@ class Port {
   Port() = default;
   const ufab_driver* drv_ = nullptr;
   std::unique_ptr<TestHost> host_;
-  std::unique_ptr<TestPool> tx_pool_;
-  std::unique_ptr<TestPool> rx_pool_;
+  std::vector<std::unique_ptr<TestPool>> tx_pools_;
+  std::vector<std::unique_ptr<TestPool>> rx_pools_;
   ufab_dev* dev_ = nullptr;
 };
 
@@ -96,10 +101,27 @@ bool verify_frame(const uint8_t* p, uint32_t len, uint64_t* seq);
 // FNV-1a 64 over a frame (for comparing runs).
 uint64_t frame_hash(const uint8_t* p, uint32_t len);
 
+// RoCEv2-shaped test frames for steering: Ethernet / IPv4 / UDP destination
+// port 4791 / BTH with destination QP `qp` (offset 54 with no VLAN tag),
+// then a 64-bit sequence number and a 32-bit tag (len >= kRoceMinLen).
+// vlan: one 802.1Q tag after the MAC addresses.
+inline constexpr uint32_t kRoceMinLen = 54 + 12;
+void fill_roce_frame(uint8_t* p, uint32_t len, uint32_t qp, uint64_t seq, uint32_t tag = 0, bool vlan = false);
+// The QP, sequence number and tag of a frame fill_roce_frame wrote.
+bool parse_roce_frame(const uint8_t* p, uint32_t len, uint32_t* qp, uint64_t* seq, uint32_t* tag = nullptr);
+// Sends frames seq, seq+1, ... for `qp` on TX queue `queue`; returns tx_burst's result.
+int send_roce(Port& port, uint16_t queue, uint32_t qp, uint64_t first_seq, uint32_t n, uint32_t len = 128,
+              uint32_t tag = 0);
+// Sends one frame exactly as given (bytes copied into a TX buffer).
+int send_raw(Port& port, uint16_t queue, const std::vector<uint8_t>& frame);
+// Receives everything waiting on RX queue `queue` (rx_burst until empty):
+// the frames' bytes, in order.
+std::vector<std::vector<uint8_t>> drain(Port& port, uint16_t queue);
+
 // Sends frames seq, seq+1, ... of lengths len_of(seq) in one tx_burst; the
 // frames not taken go back to the pool. Returns tx_burst's result.
 template <typename LenFn>
-int send_burst(Port& port, uint64_t first_seq, uint32_t n, LenFn len_of);
+int send_burst(Port& port, uint64_t first_seq, uint32_t n, LenFn len_of, uint16_t queue = 0);
 
 struct Received {
   uint64_t seq;
@@ -108,7 +130,7 @@ struct Received {
   uint64_t hash;
 };
 // One rx_burst of up to n frames, appended to out. Returns rx_burst's result.
-int recv_burst(Port& port, std::vector<Received>* out, uint16_t n);
+int recv_burst(Port& port, std::vector<Received>* out, uint16_t n, uint16_t queue = 0);
 
 // A link name unique to this process and call.
 std::string unique_link(const std::string& tag);
@@ -124,8 +146,9 @@ class SegmentView {
   SegmentView& operator=(const SegmentView&) = delete;
   bool ok() const { return base_ != nullptr; }
   swnic::SegHeader* hdr() { return swnic::header_of(base_); }
-  swnic::RingCtl* ctl(int ring) { return swnic::ring_ctl_of(base_, ring); }
-  uint8_t* slot(int ring, uint64_t index);
+  // Direction `dir` (0: port 0 -> port 1), the peer's RX queue `queue`.
+  swnic::RingCtl* ctl(int dir, uint32_t queue = 0) { return swnic::ring_ctl_of(base_, dir, queue); }
+  uint8_t* slot(int dir, uint64_t index, uint32_t queue = 0);
 
  private:
   void* base_ = nullptr;

@@ -7,9 +7,9 @@
 namespace ufab::swnic_test {
 
 template <typename LenFn>
-int send_burst(Port& port, uint64_t first_seq, uint32_t n, LenFn len_of) {
+int send_burst(Port& port, uint64_t first_seq, uint32_t n, LenFn len_of, uint16_t queue) {
   std::vector<ufab_buf*> bufs(n);
-  int got = port.tx_pool().alloc(bufs.data(), n);
+  int got = port.tx_pool(queue).alloc(bufs.data(), n);
   if (got <= 0) return 0;
   for (int i = 0; i < got; ++i) {
     ufab_buf* b = bufs[i];
@@ -20,9 +20,9 @@ int send_burst(Port& port, uint64_t first_seq, uint32_t n, LenFn len_of) {
     fill_frame(b->base + b->offset, std::min(len, room), first_seq + i);
     b->len = len;
   }
-  int rc = port.drv()->tx_burst(port.dev(), 0, bufs.data(), static_cast<uint16_t>(got));
+  int rc = port.drv()->tx_burst(port.dev(), queue, bufs.data(), static_cast<uint16_t>(got));
   int taken = rc < 0 ? 0 : rc;
-  if (taken < got) port.tx_pool().free(bufs.data() + taken, static_cast<uint32_t>(got - taken));
+  if (taken < got) port.tx_pool(queue).free(bufs.data() + taken, static_cast<uint32_t>(got - taken));
   return rc;
 }
 
