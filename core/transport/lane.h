@@ -7,9 +7,9 @@
 // A QP lives on lane qpn % lane_count. The NIC steers a received RoCE
 // frame to the RX queue of its destination QP's lane where it can
 // (abi/raw_frame.h rx_steer); a frame that lands on another lane's queue
-// anyway (a NIC that cannot steer, ARP, a UD datagram) is handed over
-// through the owner lane's inbox: copied into a bounded ring, taken at the
-// owner's next progress round.
+// anyway (a NIC that cannot steer) is handled on the spot under the owner's
+// lock when that is free, else handed over through the owner's inbox:
+// copied into a bounded ring, taken at the owner's next progress round.
 //
 // Locking: mutex() guards the lane, its link and its QPs; methods named
 // *_locked expect it held. Lock order: a lane, then the device's ARP lock
@@ -113,12 +113,14 @@ class Lane {
 
  private:
   void on_frame_locked(std::span<const uint8_t> frame);
+  // A frame another lane received for this one, under this lane's lock.
+  void deliver_locked(std::span<const uint8_t> frame);
   int drain_inbox_locked();
   void thread_main();
 
   // Inbox: a bounded ring of frame copies, many producers (other lanes'
   // receivers, under inbox_mu_), one consumer (this lane, under mu_).
-  static constexpr uint32_t kInboxSlots = 256;
+  static constexpr uint32_t kInboxSlots = 1024;
 
   std::mutex mu_;
   Context& device_;
