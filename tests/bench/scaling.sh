@@ -21,7 +21,8 @@ bin=.scaling/rdma_scaling_bench
 
 case "${1:-}" in
 build)
-  grep -qx '/.scaling/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo /.scaling/ >>.git/info/exclude; }
+  exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+  grep -qx '/.scaling/' "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo /.scaling/ >>"$exclude"; }
   bazel build //tests/bench:rdma_scaling_bench
   mkdir -p .scaling
   install -m 755 bazel-bin/tests/bench/rdma_scaling_bench "$bin"
