@@ -36,6 +36,21 @@ if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # buil
 record unit "$unit_pass" "$unit_fail"
 echo "unit: $unit_pass passed, $unit_fail failed"
 
+echo "== threads under ThreadSanitizer (bazel test --config=tsan //tests/unit/provider:lanes_stress_test)"
+# --symlink_prefix=/: no bazel-bin/bazel-testlogs links to the TSan build,
+# which the sections below would otherwise pick up.
+tsan_target=//tests/unit/provider:lanes_stress_test
+bazel test --config=tsan --symlink_prefix=/ --test_env=TSAN_OPTIONS=halt_on_error=1 "$tsan_target" 2>&1 |
+  grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
+tsan_rc=${PIPESTATUS[0]}
+tsan_xml="$(bazel info --config=tsan bazel-testlogs 2>/dev/null)/tests/unit/provider/lanes_stress_test/test.xml"
+tsan_line=$(grep -m1 '<testsuites' "$tsan_xml" 2>/dev/null || true)
+tt=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$tsan_line"); tf=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$tsan_line")
+tt=${tt:-0}; tf=${tf:-0}
+if [ "$tsan_rc" -ne 0 ] && [ "$tf" -eq 0 ]; then tf=1; fi  # build break, or TSan halted the process
+record tsan "$((tt - tf > 0 ? tt - tf : 0))" "$tf"
+echo "tsan: $((tt - tf > 0 ? tt - tf : 0)) passed, $tf failed"
+
 echo "== fuzzing (30 s per parser, 60 s for the RDMA receive path; tests/fuzz/run.sh SECONDS for longer)"
 fuzz_out=$(mktemp)
 tests/fuzz/run.sh 30 roce_parse arp 2>&1 | tee "$fuzz_out"

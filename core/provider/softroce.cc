@@ -2,7 +2,9 @@
 // (core/transport) behind the RDMA provider ABI, over any raw-frame plugin.
 // Each operation converts the ABI's C structs to the transport's vocabulary
 // (namespace ufab::verbs, the same numeric values) and calls it under the
-// device's lock.
+// lock it needs: a QP's lane for posts and QP changes, none for memory
+// registration (the key table is thread-safe) and CQ polling (the CQ locks
+// itself). There is no device-wide lock.
 #include "core/provider/softroce.h"
 
 #include <array>
@@ -45,12 +47,14 @@ struct Mr {
 struct Cq {
   Dev* dev;
   transport::CompletionQueueImpl* impl;
+  std::mutex poll_mu;  // one poller at a time uses scratch and details
   std::array<verbs::WorkCompletion, 32> scratch{};
   std::vector<std::string> details;  // texts of the last poll's errors; wc.detail = index + 1
 };
 struct Qp {
   Dev* dev;
   transport::QueuePairImpl* impl;
+  transport::Lane* lane;
 };
 struct Ah {
   verbs::AddressVector av;
@@ -177,6 +181,29 @@ Result<core::NicParams> parse_params(const char* const* params) {
   return out;
 }
 
+// Takes the soft-RoCE parameters out of `params`: "lanes=N" (use at most N
+// of the NIC's queue pairs, 1..64) and "steering=nic|software" (software:
+// do not ask the NIC to steer; frames reach their lane through lane 0).
+Status take_link_params(core::NicParams& params, transport::NicLinkOptions& options) {
+  if (auto it = params.find("lanes"); it != params.end()) {
+    char* end = nullptr;
+    unsigned long n = std::strtoul(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || n < 1 || n > 64) {
+      return fail(EINVAL, "parameter lanes=" + it->second + ": give the number of NIC queue pairs to use, 1..64");
+    }
+    options.max_queues = static_cast<uint16_t>(n);
+    params.erase(it);
+  }
+  if (auto it = params.find("steering"); it != params.end()) {
+    if (it->second != "nic" && it->second != "software") {
+      return fail(EINVAL, "parameter steering=" + it->second + ": use steering=nic (the default) or steering=software");
+    }
+    options.nic_steering = it->second == "nic";
+    params.erase(it);
+  }
+  return {};
+}
+
 // ------------------------------------------------------------------- device
 
 int open_device(const ufab_rdma_host* host, const char* name, const ufab_device_opts* opts, ufab_rdma_dev** result) {
@@ -193,21 +220,24 @@ int open_device(const ufab_rdma_host* host, const char* name, const ufab_device_
     if (!ip) return report(host, ip.error().context("opening " + spec));
     auto params = parse_params(opts->params);
     if (!params) return report(host, params.error().context("opening " + spec));
+    // The transport's own parameters; the rest are the NIC plugin's.
+    transport::NicLinkOptions link_options;
+    link_options.ring_size = opts->ring_size != 0 ? opts->ring_size : 512;
+    if (auto s = take_link_params(*params, link_options); !s) return report(host, s.error().context("opening " + spec));
     core::OpenOptions open_options;
     open_options.params = std::move(*params);
     auto nic = core::open_nic(*g_raw_plugins, spec, open_options);
     if (!nic) return report(host, nic.error());
-    uint32_t ring = opts->ring_size != 0 ? opts->ring_size : 512;
-    auto link = transport::NicLink::create(std::move(*nic), {.ring_size = ring});
-    if (!link) return report(host, link.error().context("opening " + spec));
-    auto ctx = Context::create(std::move(*link), *ip);
+    auto links = transport::open_nic_links(std::move(*nic), link_options);
+    if (!links) return report(host, links.error().context("opening " + spec));
+    auto ctx = Context::create(std::move(links->links), *ip, links->steered);
     if (!ctx) return report(host, ctx.error().context("opening " + spec));
     auto dev = std::make_unique<Dev>();
     dev->host = host;
     dev->ctx = std::move(*ctx);
     dev->name = spec;
     if (opts->progress_thread != 0) {
-      if (auto s = dev->ctx->start_progress_thread(); !s) return report(host, s.error());
+      if (auto s = dev->ctx->start_progress_threads(); !s) return report(host, s.error());
     }
     *result = out<ufab_rdma_dev>(dev.release());
     return 0;
@@ -226,7 +256,7 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
   a->active_mtu = dev->ctx->active_mtu();
   a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2;
   a->mem_types = 1u << UFAB_MEM_HOST;
-  a->max_qp = 1u << 20;  // Context::create_qp_locked's limit
+  a->max_qp = 1u << 20;  // Context::create_qp's limit
   a->max_qp_wr = 1u << 16;
   a->max_sge = verbs::kMaxSge;
   a->max_inline_data = 1024;
@@ -237,22 +267,16 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
 }
 
 int device_stats(ufab_rdma_dev* d, ufab_device_stats* out_stats) {
-  Dev* dev = h(d);
-  std::lock_guard lock(dev->ctx->mutex());
-  *out_stats = dev->ctx->stats();
+  *out_stats = h(d)->ctx->stats();
   return 0;
 }
 
-int progress(ufab_rdma_dev* d) {
-  Dev* dev = h(d);
-  std::lock_guard lock(dev->ctx->mutex());
-  return dev->ctx->progress_locked();
-}
+int progress(ufab_rdma_dev* d) { return h(d)->ctx->progress(); }
 
 int start_progress_thread(ufab_rdma_dev* d) {
   Dev* dev = h(d);
-  if (dev->ctx->has_progress_thread()) return 0;  // the device's own, or already started
-  if (auto s = dev->ctx->start_progress_thread(); !s) return report(dev->host, s.error());
+  if (dev->ctx->has_progress_threads()) return 0;  // the device's own, or already started
+  if (auto s = dev->ctx->start_progress_threads(); !s) return report(dev->host, s.error());
   dev->temporary_thread = true;
   return 0;
 }
@@ -261,7 +285,7 @@ void stop_progress_thread(ufab_rdma_dev* d) {
   Dev* dev = h(d);
   if (!dev->temporary_thread) return;
   dev->temporary_thread = false;
-  dev->ctx->stop_progress_thread();
+  dev->ctx->stop_progress_threads();
 }
 
 // ------------------------------------------------------------- PD, MR, AH
@@ -269,7 +293,6 @@ void stop_progress_thread(ufab_rdma_dev* d) {
 int alloc_pd(ufab_rdma_dev* d, ufab_rdma_pd** result) {
   Dev* dev = h(d);
   return guarded(dev->host, "allocating a PD", [&]() -> int {
-    std::lock_guard lock(dev->ctx->mutex());
     auto id = dev->ctx->memory().alloc_pd();
     if (!id) return report(dev->host, id.error());
     *result = out<ufab_rdma_pd>(new Pd{dev, *id});
@@ -279,10 +302,7 @@ int alloc_pd(ufab_rdma_dev* d, ufab_rdma_pd** result) {
 
 int dealloc_pd(ufab_rdma_pd* p) {
   Pd* pd = h(p);
-  {
-    std::lock_guard lock(pd->dev->ctx->mutex());
-    if (auto s = pd->dev->ctx->memory().dealloc_pd(pd->id); !s) return report(pd->dev->host, s.error());
-  }
+  if (auto s = pd->dev->ctx->memory().dealloc_pd(pd->id); !s) return report(pd->dev->host, s.error());
   delete pd;
   return 0;
 }
@@ -294,7 +314,6 @@ int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uin
       return report(pd->dev->host, Error(EOPNOTSUPP, "registering memory of type " + std::to_string(attr->mem_type) +
                                                          ": soft-RoCE takes host memory only (UFAB_MEM_HOST)"));
     }
-    std::lock_guard lock(pd->dev->ctx->mutex());
     auto keys = pd->dev->ctx->memory().register_mr(pd->id, attr->addr, attr->length, attr->access);
     if (!keys) return report(pd->dev->host, keys.error());
     *result = out<ufab_rdma_mr>(new Mr{pd->dev, *keys});
@@ -306,7 +325,7 @@ int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uin
 
 int dereg_mr(ufab_rdma_mr* m) {
   Mr* mr = h(m);
-  // No device lock: checks in flight hold pins, and deregister_mr waits for
+  // No lane lock: checks in flight hold pins, and deregister_mr waits for
   // them, which needs the transport to keep running.
   if (auto s = mr->dev->ctx->memory().deregister_mr(mr->keys.lkey); !s) return report(mr->dev->host, s.error());
   delete mr;
@@ -318,14 +337,15 @@ int create_ah(ufab_rdma_pd* p, const ufab_av* av, ufab_rdma_ah** result) {
   return guarded(pd->dev->host, "creating an address handle", [&]() -> int {
     net::Ipv4Address ip{av->dest_ip};
     Context& ctx = *pd->dev->ctx;
-    std::lock_guard lock(ctx.mutex());
     if (!ip.is_unicast() || ip == ctx.ip()) {
       return report(pd->dev->host, Error(EINVAL, "address handle for " + ip.str() +
                                                      ": not a unicast IPv4 address of a peer (GID ::ffff:a.b.c.d)"));
     }
-    auto mac = ctx.resolve_locked(ip);  // sends the first ARP request now
+    transport::Lane& lane = ctx.lane(0);
+    std::lock_guard lock(lane.mutex());
+    auto mac = lane.resolve_locked(ip);  // sends the first ARP request now
     if (!mac) return report(pd->dev->host, mac.error().context("address handle for " + ip.str()));
-    ctx.link().tx_flush();
+    lane.link().tx_flush();
     *result = out<ufab_rdma_ah>(new Ah{to_verbs(*av)});
     return 0;
   });
@@ -341,10 +361,11 @@ int destroy_ah(ufab_rdma_ah* a) {
 int create_cq(ufab_rdma_dev* d, uint32_t depth, ufab_rdma_cq** result) {
   Dev* dev = h(d);
   return guarded(dev->host, "creating a CQ", [&]() -> int {
-    std::lock_guard lock(dev->ctx->mutex());
-    auto impl = dev->ctx->create_cq_locked(depth);
+    auto impl = dev->ctx->create_cq(depth);
     if (!impl) return report(dev->host, impl.error());
-    auto cq = std::make_unique<Cq>(Cq{dev, *impl, {}, {}});
+    auto cq = std::make_unique<Cq>();
+    cq->dev = dev;
+    cq->impl = *impl;
     cq->details.reserve(cq->scratch.size());
     *result = out<ufab_rdma_cq>(cq.release());
     return 0;
@@ -353,10 +374,7 @@ int create_cq(ufab_rdma_dev* d, uint32_t depth, ufab_rdma_cq** result) {
 
 int destroy_cq(ufab_rdma_cq* c) {
   Cq* cq = h(c);
-  {
-    std::lock_guard lock(cq->dev->ctx->mutex());
-    if (auto s = cq->dev->ctx->destroy_cq_locked(cq->impl); !s) return report(cq->dev->host, s.error());
-  }
+  if (auto s = cq->dev->ctx->destroy_cq(cq->impl); !s) return report(cq->dev->host, s.error());
   delete cq;
   return 0;
 }
@@ -381,9 +399,9 @@ ufab_wc to_c(verbs::WorkCompletion& w, std::vector<std::string>& details) {
 int poll_cq(ufab_rdma_cq* c, ufab_wc* wc, uint32_t n) {
   Cq* cq = h(c);
   Context& ctx = *cq->dev->ctx;
-  std::lock_guard lock(ctx.mutex());
+  if (cq->impl->empty() && !ctx.has_progress_threads()) ctx.progress_for(*cq->impl);
+  std::lock_guard lock(cq->poll_mu);
   cq->details.clear();
-  if (cq->impl->empty() && !ctx.has_progress_thread()) ctx.progress_locked();
   if (uint64_t lost = cq->impl->take_overflow()) {
     return report(cq->dev->host,
                   Error(EOVERFLOW, "completion queue overflow: " + std::to_string(lost) + " completions did not fit its " +
@@ -411,11 +429,9 @@ int wait_cq(ufab_rdma_cq* c, int timeout_ms) {
     // No limit: hour-long waits until something is there.
     for (;;) {
       ctx.wait_for_completion(*cq->impl, Clock::now() + std::chrono::hours(1));
-      std::lock_guard lock(ctx.mutex());
       if (!cq->impl->empty()) break;
     }
   }
-  std::lock_guard lock(ctx.mutex());
   return cq->impl->empty() ? 0 : 1;
 }
 
@@ -426,9 +442,7 @@ const char* wc_detail(ufab_rdma_cq* c, uint32_t detail) {
 }
 
 int req_notify_cq(ufab_rdma_cq* c) {
-  Cq* cq = h(c);
-  std::lock_guard lock(cq->dev->ctx->mutex());
-  cq->impl->arm();
+  h(c)->impl->arm();
   return 0;
 }
 
@@ -445,12 +459,11 @@ int create_qp(ufab_rdma_pd* p, const ufab_rdma_qp_init* init, ufab_rdma_qp** res
                        .max_send_sge = init->cap.max_send_sge,
                        .max_recv_sge = init->cap.max_recv_sge,
                        .max_inline_data = init->cap.max_inline_data};
-    std::lock_guard lock(ctx.mutex());
-    auto impl = ctx.create_qp_locked(pd->id, static_cast<verbs::QpType>(init->qp_type),
+    auto impl = ctx.create_qp(pd->id, static_cast<verbs::QpType>(init->qp_type),
                                      init->send_cq ? h(init->send_cq)->impl : nullptr,
                                      init->recv_cq ? h(init->recv_cq)->impl : nullptr, caps, init->sq_sig_all != 0);
     if (!impl) return report(pd->dev->host, impl.error());
-    *result = out<ufab_rdma_qp>(new Qp{pd->dev, *impl});
+    *result = out<ufab_rdma_qp>(new Qp{pd->dev, *impl, &ctx.lane_of((*impl)->qpn())});
     *qpn = (*impl)->qpn();
     return 0;
   });
@@ -458,10 +471,7 @@ int create_qp(ufab_rdma_pd* p, const ufab_rdma_qp_init* init, ufab_rdma_qp** res
 
 int destroy_qp(ufab_rdma_qp* q) {
   Qp* qp = h(q);
-  {
-    std::lock_guard lock(qp->dev->ctx->mutex());
-    qp->dev->ctx->destroy_qp_locked(qp->impl);
-  }
+  qp->dev->ctx->destroy_qp(qp->impl);
   delete qp;
   return 0;
 }
@@ -469,7 +479,7 @@ int destroy_qp(ufab_rdma_qp* q) {
 int modify_qp(ufab_rdma_qp* q, const ufab_qp_attr* attr, uint32_t mask) {
   Qp* qp = h(q);
   return guarded(qp->dev->host, "modifying a QP", [&]() -> int {
-    std::lock_guard lock(qp->dev->ctx->mutex());
+    std::lock_guard lock(qp->lane->mutex());
     if (auto s = qp->impl->modify(to_verbs(*attr), mask); !s) return report(qp->dev->host, s.error());
     return 0;
   });
@@ -477,7 +487,7 @@ int modify_qp(ufab_rdma_qp* q, const ufab_qp_attr* attr, uint32_t mask) {
 
 int query_qp(ufab_rdma_qp* q, ufab_qp_attr* result) {
   Qp* qp = h(q);
-  std::lock_guard lock(qp->dev->ctx->mutex());
+  std::lock_guard lock(qp->lane->mutex());
   *result = to_c(qp->impl->attr());
   return 0;
 }
@@ -490,8 +500,8 @@ int qp_initial_psn(ufab_rdma_qp* q, uint32_t* psn) {
 int post_send(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
   Qp* qp = h(q);
   return guarded(qp->dev->host, "posting a send", [&]() -> int {
-    Context& ctx = *qp->dev->ctx;
-    std::lock_guard lock(ctx.mutex());
+    transport::Lane& lane = *qp->lane;
+    std::lock_guard lock(lane.mutex());
     int rc = 0;
     for (uint32_t i = 0; i < n; ++i) {
       if (auto s = qp->impl->post_send(to_verbs(wrs[i])); !s) {
@@ -502,7 +512,7 @@ int post_send(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint32_t* ba
     }
     // Straight to the wire when the window allows, one doorbell for the
     // list; the rest goes out as ACKs arrive.
-    ctx.transmit_locked(*qp->impl);
+    lane.transmit_locked(*qp->impl);
     return rc;
   });
 }
@@ -510,7 +520,7 @@ int post_send(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint32_t* ba
 int post_recv(ufab_rdma_qp* q, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
   Qp* qp = h(q);
   return guarded(qp->dev->host, "posting a receive", [&]() -> int {
-    std::lock_guard lock(qp->dev->ctx->mutex());
+    std::lock_guard lock(qp->lane->mutex());
     for (uint32_t i = 0; i < n; ++i) {
       if (auto s = qp->impl->post_recv({.wr_id = wrs[i].wr_id, .sgl = sgl(wrs[i].sg_list, wrs[i].num_sge)}); !s) {
         *bad = i;

@@ -17,14 +17,17 @@ Result<std::unique_ptr<CompletionQueueImpl>> CompletionQueueImpl::create(uint32_
 }
 
 bool CompletionQueueImpl::push(verbs::WorkCompletion&& wc) {
-  if (count_ == ring_.size()) {
-    ++overflow_;
-    return false;
+  {
+    std::lock_guard lock(mu_);
+    uint32_t count = count_.load(std::memory_order_relaxed);
+    if (count == ring_.size()) {
+      ++overflow_;
+      return false;
+    }
+    ring_[(head_ + count) % ring_.size()] = std::move(wc);
+    count_.store(count + 1, std::memory_order_release);
   }
-  ring_[(head_ + count_) % ring_.size()] = std::move(wc);
-  ++count_;
-  if (armed_) {
-    armed_ = false;
+  if (armed_.load(std::memory_order_acquire) && armed_.exchange(false, std::memory_order_acq_rel)) {
     uint64_t one = 1;
     // A full eventfd counter (2^64-2) cannot happen with one write per arm.
     [[maybe_unused]] ssize_t n = ::write(event_fd_.get(), &one, sizeof one);
@@ -33,12 +36,22 @@ bool CompletionQueueImpl::push(verbs::WorkCompletion&& wc) {
 }
 
 size_t CompletionQueueImpl::pop(std::span<verbs::WorkCompletion> out) {
+  std::lock_guard lock(mu_);
+  uint32_t count = count_.load(std::memory_order_relaxed);
   size_t n = 0;
-  while (n < out.size() && count_ > 0) {
+  while (n < out.size() && count > 0) {
     out[n++] = std::move(ring_[head_]);
     head_ = (head_ + 1) % static_cast<uint32_t>(ring_.size());
-    --count_;
+    --count;
   }
+  count_.store(count, std::memory_order_release);
+  return n;
+}
+
+uint64_t CompletionQueueImpl::take_overflow() {
+  std::lock_guard lock(mu_);
+  uint64_t n = overflow_;
+  overflow_ = 0;
   return n;
 }
 

@@ -1,9 +1,13 @@
 // A completion queue of the software transport: a bounded ring of work
-// completions plus an eventfd for sleepers. Called under the device lock.
+// completions plus an eventfd for sleepers. QPs on any lane push into it
+// (under their lane's lock), the application pops: the CQ has its own lock,
+// taken only for the moment of a push or a pop.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -23,22 +27,29 @@ class CompletionQueueImpl {
   // Moves up to out.size() completions out, oldest first.
   size_t pop(std::span<verbs::WorkCompletion> out);
   // Completions lost to overflow since the last call, then zero.
-  uint64_t take_overflow() { uint64_t n = overflow_; overflow_ = 0; return n; }
+  uint64_t take_overflow();
 
-  bool empty() const { return count_ == 0; }
+  // No lock: a hint that a pop would find nothing.
+  bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
   uint32_t depth() const { return static_cast<uint32_t>(ring_.size()); }
   int event_fd() const { return event_fd_.get(); }
   // The next push writes the eventfd (once): verbs' req_notify_cq.
-  void arm() { armed_ = true; }
+  void arm() { armed_.store(true, std::memory_order_release); }
+
+  // The lanes whose QPs complete into this CQ (bit i: lane i).
+  uint64_t lanes() const { return lanes_.load(std::memory_order_relaxed); }
+  void add_lane(uint16_t lane) { lanes_.fetch_or(uint64_t{1} << lane, std::memory_order_relaxed); }
 
  private:
   explicit CompletionQueueImpl(uint32_t depth) : ring_(depth) {}
 
+  std::mutex mu_;
   std::vector<verbs::WorkCompletion> ring_;
   uint32_t head_ = 0;  // oldest
-  uint32_t count_ = 0;
+  std::atomic<uint32_t> count_{0};
   uint64_t overflow_ = 0;
-  bool armed_ = false;
+  std::atomic<bool> armed_{false};
+  std::atomic<uint64_t> lanes_{0};
   UniqueFd event_fd_;
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "core/transport/queue_pair.h"
 
@@ -18,31 +19,49 @@ uint32_t random24() {
   return v & roce::kPsnMask;
 }
 
-// Longest sleep between progress rounds while a caller waits, so timers
+// Waiting: how long to keep polling before sleeping. A completion that
+// comes within the spin costs no wake-up; past it, the waiter sleeps and
+// leaves the core to whoever shares it (the peer process on the same
+// core, a second vCPU's worth of work in one VM).
+constexpr Clock::duration kSpin = std::chrono::microseconds(30);
+// Longest sleep while nobody else drives progress, so timers
 // (retransmission, RNR back-off, ARP retries) fire close to on time.
-constexpr std::chrono::microseconds kMaxSleep{1000};
+constexpr int kMaxSleepMs = 1;
+
+template <typename F>
+void for_each_lane(uint64_t mask, F&& f) {
+  while (mask != 0) {
+    f(static_cast<uint16_t>(std::countr_zero(mask)));
+    mask &= mask - 1;
+  }
+}
 
 }  // namespace
 
-Result<std::unique_ptr<Context>> Context::create(std::unique_ptr<Link> link, net::Ipv4Address ip) {
+Result<std::unique_ptr<Context>> Context::create(std::vector<std::unique_ptr<Link>> links, net::Ipv4Address ip,
+                                                 bool steered) {
+  if (links.empty() || links.size() > 64) return fail(EINVAL, "a device needs 1..64 links (one per NIC queue)");
   if (!ip.is_unicast()) {
     return fail(EINVAL, "device address " + ip.str() + " is not a unicast IPv4 address; give the port's own "
                         "address, e.g. 10.0.0.1");
   }
   std::unique_ptr<Context> ctx(new Context());
+  Link& first = *links[0];
   ctx->ip_ = ip;
-  ctx->active_mtu_ = roce::rxe_active_mtu(link->mtu());
-  auto responder = net::ArpResponder::create(link->mac(), {ip});
-  if (!responder) return std::unexpected(responder.error().context("ARP for " + link->name()));
-  auto resolver = net::ArpResolver::create(link->mac(), {ip});
-  if (!resolver) return std::unexpected(resolver.error().context("ARP for " + link->name()));
+  ctx->active_mtu_ = roce::rxe_active_mtu(first.mtu());
+  ctx->steered_ = steered || links.size() == 1;
+  auto responder = net::ArpResponder::create(first.mac(), {ip});
+  if (!responder) return std::unexpected(responder.error().context("ARP for " + first.name()));
+  auto resolver = net::ArpResolver::create(first.mac(), {ip});
+  if (!resolver) return std::unexpected(resolver.error().context("ARP for " + first.name()));
   ctx->arp_responder_.emplace(std::move(*responder));
   ctx->arp_resolver_.emplace(std::move(*resolver));
   auto table = verbs::MemoryRegionTable::create();
   if (!table) return std::unexpected(table.error());
   ctx->memory_ = std::move(*table);
-  ctx->link_mac_ = link->mac();
-  ctx->link_ = std::move(link);
+  for (size_t i = 0; i < links.size(); ++i) {
+    ctx->lanes_.push_back(std::make_unique<Lane>(*ctx, static_cast<uint16_t>(i), std::move(links[i])));
+  }
   // QP numbers start at a random place, so a restarted process does not
   // reuse the numbers a peer may still send to; 0 and 1 are special (IBA).
   ctx->next_qpn_ = std::max<uint32_t>(2, random24() & 0x7FFFFF);
@@ -50,32 +69,44 @@ Result<std::unique_ptr<Context>> Context::create(std::unique_ptr<Link> link, net
 }
 
 Context::~Context() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
-  qps_.clear();
+  for (auto& lane : lanes_) lane->stop_thread();
+  lanes_.clear();  // QPs first: they point at CQs
   cqs_.clear();
 }
 
-Result<CompletionQueueImpl*> Context::create_cq_locked(uint32_t depth) {
+verbs::DeviceStats Context::stats() {
+  verbs::DeviceStats sum{};
+  static_assert(sizeof(verbs::DeviceStats) % sizeof(uint64_t) == 0);
+  constexpr size_t kFields = sizeof(verbs::DeviceStats) / sizeof(uint64_t);
+  for (auto& lane : lanes_) {
+    std::lock_guard lock(lane->mutex());
+    const auto* from = reinterpret_cast<const uint64_t*>(&lane->stats());
+    auto* to = reinterpret_cast<uint64_t*>(&sum);
+    for (size_t i = 0; i < kFields; ++i) to[i] += from[i];
+  }
+  return sum;
+}
+
+Result<CompletionQueueImpl*> Context::create_cq(uint32_t depth) {
   auto cq = CompletionQueueImpl::create(depth);
   if (!cq) return std::unexpected(cq.error());
+  std::lock_guard lock(control_mu_);
   cqs_.push_back(std::move(*cq));
   return cqs_.back().get();
 }
 
-Status Context::destroy_cq_locked(CompletionQueueImpl* cq) {
-  for (const auto& [qpn, qp] : qps_) {
-    if (qp->uses(cq)) {
-      return fail(EBUSY, "the completion queue is still used by QP " + std::to_string(qpn) + "; destroy the QP first");
-    }
+Status Context::destroy_cq(CompletionQueueImpl* cq) {
+  std::lock_guard lock(control_mu_);
+  for (auto& lane : lanes_) {
+    std::lock_guard lane_lock(lane->mutex());
+    if (lane->any_qp_uses_locked(cq)) return fail(EBUSY, "the completion queue is still used by a QP; destroy the QP first");
   }
   std::erase_if(cqs_, [cq](const auto& p) { return p.get() == cq; });
   return {};
 }
 
-Result<QueuePairImpl*> Context::create_qp_locked(verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
-                                                 CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps,
-                                                 bool sq_sig_all) {
+Result<QueuePairImpl*> Context::create_qp(verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
+                                          CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps, bool sq_sig_all) {
   if (send_cq == nullptr || recv_cq == nullptr) {
     return fail(EINVAL, "creating a QP: a send CQ and a receive CQ are required (they may be the same)");
   }
@@ -90,201 +121,161 @@ Result<QueuePairImpl*> Context::create_qp_locked(verbs::PdId pd, verbs::QpType t
     return fail(EINVAL, "creating a QP: at most " + std::to_string(verbs::kMaxSge) + " SGEs per work request");
   }
   if (caps.max_inline_data > 4096) return fail(EINVAL, "creating a QP: max_inline_data is at most 4096");
-  if (qps_.size() >= (1u << 20)) return fail(ENOSPC, "creating a QP: the device has 2^20 QPs already");
-  uint32_t qpn;
-  do {
-    qpn = next_qpn_;
-    next_qpn_ = next_qpn_ >= roce::kPsnMask ? 2 : next_qpn_ + 1;
-  } while (qps_.contains(qpn));
-  auto qp = std::make_unique<QueuePairImpl>(*this, qpn, pd, type, send_cq, recv_cq, caps, sq_sig_all, random24());
+  std::lock_guard lock(control_mu_);
+  // The lane with the fewest QPs; the QP number is one that maps to it.
+  size_t total = 0;
+  uint16_t best = 0;
+  size_t best_count = SIZE_MAX;
+  for (auto& lane : lanes_) {
+    std::lock_guard lane_lock(lane->mutex());
+    size_t n = lane->qp_count_locked();
+    total += n;
+    if (n < best_count) best_count = n, best = lane->index();
+  }
+  if (total >= (1u << 20)) return fail(ENOSPC, "creating a QP: the device has 2^20 QPs already");
+  Lane& lane = *lanes_[best];
+  std::lock_guard lane_lock(lane.mutex());
+  const uint32_t n = lane_count();
+  uint32_t qpn = next_qpn_;
+  for (;;) {
+    if (qpn > roce::kPsnMask || qpn < 2) qpn = 2;
+    qpn += (best + n - qpn % n) % n;  // the next number on lane `best`
+    if (qpn <= roce::kPsnMask && !lane.has_qp_locked(qpn)) break;
+    qpn += n;
+  }
+  next_qpn_ = qpn + 1;
+  auto qp = std::make_unique<QueuePairImpl>(lane, qpn, pd, type, send_cq, recv_cq, caps, sq_sig_all, random24());
   QueuePairImpl* raw = qp.get();
-  qps_.emplace(qpn, std::move(qp));
-  qp_list_.push_back(raw);
+  lane.add_qp_locked(std::move(qp));
+  send_cq->add_lane(best);
+  recv_cq->add_lane(best);
   return raw;
 }
 
-void Context::destroy_qp_locked(QueuePairImpl* qp) {
-  std::erase(qp_list_, qp);
-  qps_.erase(qp->qpn());
+void Context::destroy_qp(QueuePairImpl* qp) {
+  std::lock_guard lock(control_mu_);
+  Lane& lane = lane_of(qp->qpn());
+  std::lock_guard lane_lock(lane.mutex());
+  lane.remove_qp_locked(qp);
 }
 
-Result<std::optional<net::MacAddress>> Context::resolve_locked(net::Ipv4Address ip) {
-  auto r = arp_resolver_->resolve(ip, now());
-  if (!r) return std::unexpected(r.error());
-  if (r->request) send_arp_locked(*r->request);
-  return r->mac;
+void Context::on_arp_frame(Lane& via, std::span<const uint8_t> frame) {
+  std::optional<net::ArpFrame> reply;
+  {
+    std::lock_guard lock(arp_mu_);
+    auto events = arp_resolver_->on_frame(frame, via.now());
+    if (!events.resolved.empty() || !events.changed.empty()) arp_pending_.store(false, std::memory_order_relaxed);
+    reply = arp_responder_->on_frame(frame);
+  }
+  if (reply) via.send_raw_locked(*reply);
 }
 
-void Context::send_arp_locked(const net::ArpFrame& frame) {
-  // ARP is rare and a lost one costs a second (the retry interval), so it
-  // gets a flush to free a buffer rather than a drop when the NIC is busy.
-  auto buf = link_->tx_acquire();
-  if (buf.empty()) {
-    link_->tx_flush();
-    buf = link_->tx_acquire();
+Result<std::optional<net::MacAddress>> Context::resolve(Lane& via, net::Ipv4Address ip) {
+  std::optional<net::ArpFrame> request;
+  std::optional<net::MacAddress> mac;
+  {
+    std::lock_guard lock(arp_mu_);
+    auto r = arp_resolver_->resolve(ip, via.now());
+    if (!r) return std::unexpected(r.error());
+    request = r->request;
+    mac = r->mac;
   }
-  if (buf.size() < frame.size()) {
-    ++stats_.tx_stalls;
-    return;
-  }
-  std::copy(frame.begin(), frame.end(), buf.begin());
-  link_->tx_commit(frame.size());
-  ++stats_.tx_frames;
+  // Replies land in queue 0 (the NIC steers only RoCE): while one is
+  // awaited, waiters on other lanes progress lane 0 too.
+  if (!mac) arp_pending_.store(true, std::memory_order_relaxed);
+  if (request) via.send_raw_locked(*request);
+  return mac;
 }
 
-bool Context::send_frame_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload) {
-  auto buf = link_->tx_acquire();
-  if (buf.empty()) {
-    ++stats_.tx_stalls;
-    return false;
-  }
-  auto built = roce::build_frame_gather(spec, payload, buf);
-  if (!built) {
-    // Our own bug (a frame larger than a buffer): never put a broken frame
-    // on the wire.
-    ++stats_.tx_stalls;
-    return false;
-  }
-  link_->tx_commit(std::max(built.length, roce::kEthMinFrame));
-  ++stats_.tx_frames;
-  return true;
+uint64_t Context::feeding(const CompletionQueueImpl& cq) const {
+  uint64_t mask = cq.lanes();
+  // Lane 0's queue receives what the NIC does not steer: every frame when
+  // it cannot; when it can, ARP: replies we wait for, and the peer's
+  // requests, which must be answered even when no QP of lane 0 is polled
+  // (every 64th round of each thread: a peer's ARP retry is a second).
+  thread_local uint32_t rounds = 0;
+  if (!steered_ || arp_pending_.load(std::memory_order_relaxed) || (++rounds & 63) == 0) mask |= 1;
+  return mask;
 }
 
-void Context::on_frame_locked(std::span<const uint8_t> frame) {
-  ++stats_.rx_frames;
-  if (frame.size() >= 14 && frame[12] == 0x08 && frame[13] == 0x06) {
-    ++stats_.rx_arp;
-    arp_resolver_->on_frame(frame, now());
-    if (auto reply = arp_responder_->on_frame(frame)) send_arp_locked(*reply);
-    return;
+int Context::progress() {
+  int work = 0;
+  for (auto& lane : lanes_) {
+    std::lock_guard lock(lane->mutex());
+    work += lane->progress_locked();
   }
-  // Unicast RoCE to our MAC only: a NIC in promiscuous mode (or the
-  // software NIC) hands us other hosts' frames too.
-  if (frame.size() >= 6 && !std::equal(frame.begin(), frame.begin() + 6, link_mac_.begin())) {
-    ++stats_.rx_other;
-    return;
-  }
-  if (roce::parse_frame(frame, packet_) != roce::ParseError::kOk) {
-    // Most of what is not RoCE is other traffic on the link (IPv6, LLDP,
-    // ...); count it apart from broken RoCE frames, judging by the raw
-    // bytes (packet_ may hold an earlier frame's fields).
-    bool roce_port = frame.size() >= roce::kBthOffset && frame[12] == 0x08 && frame[13] == 0x00 &&
-                     frame[23] == roce::kIpProtoUdp && frame[36] == (roce::kRoceV2Port >> 8) &&
-                     frame[37] == (roce::kRoceV2Port & 0xFF);
-    ++(roce_port ? stats_.rx_parse_errors : stats_.rx_other);
-    return;
-  }
-  ++stats_.rx_roce;
-  // rxe's check_keys: the default partition only (full or limited member).
-  if (packet_.ip.dst != ip_.value || (packet_.bth.pkey & 0x7FFF) != 0x7FFF) {
-    ++stats_.rx_dropped;
-    return;
-  }
-  auto it = qps_.find(packet_.bth.dest_qp);
-  if (it == qps_.end()) {
-    ++stats_.rx_unknown_qp;
-    return;
-  }
-  QueuePairImpl& qp = *it->second;
-  bool ud_packet = packet_.op->transport == roce::Transport::kUd;
-  if (ud_packet != (qp.type() == verbs::QpType::kUd) || packet_.op->transport == roce::Transport::kUc) {
-    ++stats_.rx_dropped;
-    return;
-  }
-  qp.on_packet(packet_);
+  return work;
 }
 
-void Context::transmit_locked(QueuePairImpl& qp) {
-  now_fresh_ = false;  // a new round: the first timer armed reads the clock
-  qp.transmit();
-  link_->tx_flush();
-}
-
-int Context::progress_locked() {
-  // The clock is read lazily (now()): only when a frame arms a timer, a QP
-  // has a timer armed, or ARP needs the time. Its value is at most one
-  // receive burst old when a timer is checked.
-  now_fresh_ = false;
-  int work = static_cast<int>(link_->receive(256, [this](std::span<const uint8_t> f) { on_frame_locked(f); }));
-  for (QueuePairImpl* qp : qp_list_) {
-    work += qp->on_timer();
-    work += qp->transmit();
-    if (qp->lost_completion() && qp->state() != verbs::QpState::kError) {
-      qp->enter_error("its completion queue overflowed");
-    }
-  }
-  link_->tx_flush();
+int Context::progress_for(const CompletionQueueImpl& cq) {
+  int work = 0;
+  for_each_lane(feeding(cq), [&](uint16_t i) {
+    Lane& lane = *lanes_[i];
+    std::unique_lock lock(lane.mutex(), std::try_to_lock);
+    if (lock.owns_lock()) work += lane.progress_locked();
+  });
   return work;
 }
 
 void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point deadline) {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    if (!thread_.joinable()) progress_locked();
+  const bool threads = has_progress_threads();
+  // Spin: poll for up to kSpin, reading the clock every 16 rounds.
+  const auto spin_end = std::min(deadline, Clock::now() + kSpin);
+  for (uint32_t i = 1;; ++i) {
+    if (!threads) progress_for(cq);
     if (!cq.empty()) return;
-    auto now = Clock::now();
-    if (now >= deadline) return;
-    // Sleep on the CQ's eventfd (a progress thread fills the CQ) or on the
-    // NIC's receive interrupt (we are the progress), bounded so timers run.
-    int fd;
-    if (thread_.joinable()) {
-      cq.arm();
-      fd = cq.event_fd();
-    } else {
-      fd = link_->rx_event_fd();
-      link_->arm_rx_irq();
-    }
-    auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-    auto nap = std::min(left, thread_.joinable() ? std::chrono::microseconds(left) : kMaxSleep);
-    lock.unlock();
-    if (fd >= 0) {
-      pollfd p{fd, POLLIN, 0};
-      int ms = static_cast<int>((nap.count() + 999) / 1000);
-      if (::poll(&p, 1, ms) > 0) {
-        uint64_t v;
-        [[maybe_unused]] ssize_t n = ::read(fd, &v, sizeof v);
+    if (i % 16 == 0 && Clock::now() >= spin_end) break;
+  }
+  // Sleep on the CQ's eventfd (any lane's QP, on any thread, completing
+  // into it) and, when we are the progress, on the NIC interrupts and
+  // inboxes of the lanes that feed it; bounded so timers run.
+  for (;;) {
+    pollfd fds[2 * 64 + 1];
+    nfds_t n = 0;
+    cq.arm();
+    fds[n++] = {cq.event_fd(), POLLIN, 0};
+    uint64_t slept = threads ? 0 : feeding(cq);
+    bool ready = false;
+    for_each_lane(slept, [&](uint16_t i) {
+      Lane& lane = *lanes_[i];
+      int lane_fds[2];
+      int k;
+      {
+        std::lock_guard lock(lane.mutex());
+        k = lane.prepare_sleep_locked(lane_fds);
       }
-    } else {
-      ::usleep(static_cast<useconds_t>(std::min<int64_t>(nap.count(), 50)));
+      for (int j = 0; j < k; ++j) fds[n++] = {lane_fds[j], POLLIN, 0};
+      ready = ready || lane.inbox_waiting();
+    });
+    // Checked after arming: a completion or frame from before the arm is
+    // seen here, one after it writes an eventfd.
+    ready = ready || !cq.empty();
+    auto now = Clock::now();
+    if (!ready && now < deadline) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+      int ms = static_cast<int>(std::min<int64_t>(left, threads ? INT32_MAX : kMaxSleepMs));
+      if (::poll(fds, n, ms) > 0) {
+        for (nfds_t j = 0; j < n; ++j) {
+          if (fds[j].revents & POLLIN) {
+            uint64_t v;
+            [[maybe_unused]] ssize_t r = ::read(fds[j].fd, &v, sizeof v);
+          }
+        }
+      }
     }
-    lock.lock();
+    for_each_lane(slept, [&](uint16_t i) { lanes_[i]->woke(); });
+    if (!threads) progress_for(cq);
+    if (!cq.empty() || Clock::now() >= deadline) return;
   }
 }
 
-Status Context::start_progress_thread() {
-  std::lock_guard lock(mu_);
-  if (thread_.joinable()) return {};
-  thread_ = std::thread([this] { progress_thread_main(); });
+Status Context::start_progress_threads() {
+  for (auto& lane : lanes_) lane->start_thread();
   return {};
 }
 
-void Context::stop_progress_thread() {
-  if (!thread_.joinable()) return;
-  stop_ = true;
-  thread_.join();
-  stop_ = false;
-}
-
-void Context::progress_thread_main() {
-  int fd = link_->rx_event_fd();
-  while (!stop_.load(std::memory_order_relaxed)) {
-    int work;
-    {
-      std::lock_guard lock(mu_);
-      work = progress_locked();
-      if (work == 0) link_->arm_rx_irq();  // about to sleep on the NIC
-    }
-    if (work > 0) continue;
-    if (fd >= 0) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 1) > 0) {
-        uint64_t v;
-        [[maybe_unused]] ssize_t n = ::read(fd, &v, sizeof v);
-      }
-    } else {
-      ::usleep(50);
-    }
-  }
+void Context::stop_progress_threads() {
+  for (auto& lane : lanes_) lane->stop_thread();
 }
 
 }  // namespace ufab::transport

@@ -3,7 +3,7 @@
 // (hardware through VFIO, or the software NIC); tests and fuzzers can put
 // any other frame source behind the same interface.
 //
-// Not thread-safe: the transport calls a link under its device lock.
+// Not thread-safe: the transport calls a link under its lane's lock.
 #pragma once
 
 #include <cstdint>
@@ -55,14 +55,26 @@ class Link {
 struct NicLinkOptions {
   uint32_t ring_size = 512;     // RX and TX ring entries
   uint32_t buffer_size = 2048;  // bytes per frame buffer (RoCE frames at path MTU 1024 fit)
+  uint16_t max_queues = 64;     // queue pairs to use at most (the NIC's count when fewer)
+  bool nic_steering = true;     // false: leave frames in queue 0 and steer in software
 };
 
-// A Link over a core::Nic: opens queue 0 in each direction, keeps the frame
-// buffers in one pool of the NIC's DMA memory, and enables the receive
-// interrupt when the plugin offers one.
+// The links of one NIC: one per queue pair the NIC has (up to
+// options.max_queues), each with its own buffer pool, its receive
+// interrupt when the plugin offers one, and RoCE frames steered to the
+// queue of their destination QP (dest QP mod the queue count) when the
+// NIC can; `steered` says whether it can (otherwise every frame lands in
+// queue 0).
+struct NicLinks {
+  std::vector<std::unique_ptr<Link>> links;
+  bool steered = false;
+};
+Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> nic, const NicLinkOptions& options = {});
+
+// A Link over one queue pair of a core::Nic. The NIC stops when its last
+// link goes.
 class NicLink : public Link {
  public:
-  static Result<std::unique_ptr<NicLink>> create(std::unique_ptr<core::Nic> nic, const NicLinkOptions& options = {});
   ~NicLink() override;
 
   std::string name() const override { return nic_->name(); }
@@ -74,15 +86,17 @@ class NicLink : public Link {
   void tx_flush() override;
   int rx_event_fd() override { return rx_fd_; }
   void arm_rx_irq() override {
-    if (rx_fd_ >= 0) (void)nic_->arm_rx_irq(0);  // -EOPNOTSUPP: the driver re-arms by itself
+    if (rx_fd_ >= 0) (void)nic_->arm_rx_irq(queue_);  // -EOPNOTSUPP: the driver re-arms by itself
   }
 
   core::Nic& nic() { return *nic_; }
 
  private:
+  friend Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic>, const NicLinkOptions&);
   NicLink() = default;
 
-  std::unique_ptr<core::Nic> nic_;
+  std::shared_ptr<core::Nic> nic_;  // stopped by its deleter, with the last link
+  uint16_t queue_ = 0;
   std::shared_ptr<dma::BufferPool> pool_;
   ufab_buf* acquired_ = nullptr;
   std::vector<ufab_buf*> pending_;  // committed, not yet taken by the NIC

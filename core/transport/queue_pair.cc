@@ -7,7 +7,7 @@
 
 #include "core/roce/gid.h"
 #include "core/roce/udp_port.h"
-#include "core/transport/context.h"
+#include "core/transport/lane.h"
 #include "core/transport/qp_transition.h"
 
 namespace ufab::transport {
@@ -33,7 +33,7 @@ WcOpcode wc_opcode_for(WrOpcode op) {
 
 }  // namespace
 
-QueuePairImpl::QueuePairImpl(Context& ctx, uint32_t qpn, PdId pd, QpType type, CompletionQueueImpl* send_cq,
+QueuePairImpl::QueuePairImpl(Lane& ctx, uint32_t qpn, PdId pd, QpType type, CompletionQueueImpl* send_cq,
                              CompletionQueueImpl* recv_cq, const QpCaps& caps, bool sq_sig_all,
                              uint32_t initial_psn)
     : ctx_(ctx),

@@ -4,7 +4,7 @@
 // duplicate handling with an atomic replay cache, key and bound checks
 // before any byte lands, NAKs as rxe sends them) and UD datagrams.
 // docs/transport.md describes the design. Everything runs under the
-// Context's lock.
+// lock of the QP's lane (lane.h).
 #pragma once
 
 #include <array>
@@ -25,7 +25,7 @@
 
 namespace ufab::transport {
 
-class Context;
+class Lane;
 using Clock = std::chrono::steady_clock;
 
 // "0x1a2b" for QP numbers, keys and syndromes in messages.
@@ -33,7 +33,7 @@ using ufab::hex;  // base/hex.h, for requester.cc and responder.cc
 
 class QueuePairImpl {
  public:
-  QueuePairImpl(Context& ctx, uint32_t qpn, verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
+  QueuePairImpl(Lane& ctx, uint32_t qpn, verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
                 CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps, bool sq_sig_all, uint32_t initial_psn);
 
   uint32_t qpn() const { return qpn_; }
@@ -212,7 +212,7 @@ class QueuePairImpl {
   roce::FrameSpec frame_spec(uint8_t opcode, uint32_t psn, bool ack_req);
   void push_completion(CompletionQueueImpl* cq, verbs::WorkCompletion&& wc);
 
-  Context& ctx_;
+  Lane& ctx_;  // the lane the QP lives on
   const uint32_t qpn_;
   const verbs::PdId pd_;
   const verbs::QpType type_;

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/transport/context.h"
+#include "core/transport/lane.h"
 #include "core/transport/queue_pair.h"
 
 namespace ufab::transport {

@@ -3,13 +3,18 @@
 // Reports the aggregate message rate for each N, and per-pair figures
 // (messages/s, CPU seconds of each thread, involuntary context switches).
 //
-//   rdma_scaling_bench [--provider swnic|shm] [--threads 1,2,4,8,16]
+//   rdma_scaling_bench [--provider swnic|swnic-shared|shm] [--threads 1,2,4,8,16]
 //                      [--seconds S] [--size B] [--window W] [--json FILE]
 //
 // swnic: pair K is two Devices on the two ports of its own link
 //   "swnic:scale<pid>x<K>:0/1" (its own shared-memory segment and its own
 //   soft-RoCE Context each side): nothing of the transport is shared
 //   between pairs; only the process (allocator, registries, the kernel).
+// swnic-shared: every pair on ONE device pair, "swnic:scale<pid>:0/1" with
+//   queues=N, so pair K's QPs sit on lane K of each device
+//   (core/transport/lane.h): what a multi-threaded application with one NIC
+//   does. The receiver thread polls its own CQ (which progresses its lane)
+//   instead of the whole device.
 // shm: every device opens one domain, "shm:scale<pid>", as MPI ranks of one
 //   node would: pair K is the K-th pair of devices in that domain.
 //
@@ -92,7 +97,7 @@ struct Buffer {
 };
 
 struct End {
-  std::unique_ptr<Device> dev;
+  std::shared_ptr<Device> dev;
   std::optional<ProtectionDomain> pd;
   std::unique_ptr<CompletionQueue> cq;
   std::unique_ptr<QueuePair> qp;
@@ -101,8 +106,8 @@ struct End {
 };
 
 void open_end(End& e, const std::string& spec, const std::string& ip, std::map<std::string, std::string> params,
-              uint32_t window) {
-  e.dev = must(Device::open(spec, {.ip = ip, .params = params}), "open " + spec);
+              uint32_t window, std::shared_ptr<Device> shared = nullptr) {
+  e.dev = shared ? shared : std::shared_ptr<Device>(must(Device::open(spec, {.ip = ip, .params = params}), "open " + spec));
   e.pd.emplace(must(e.dev->alloc_pd(), "alloc_pd on " + spec));
   e.cq = must(e.dev->create_cq(4096), "create_cq on " + spec);
   e.qp = must(e.pd->create_qp({.type = QpType::kRc, .send_cq = e.cq.get(), .recv_cq = e.cq.get(),
@@ -162,9 +167,21 @@ struct Config {
 
 void setup_pairs(std::vector<std::unique_ptr<Pair>>& pairs, int n, const Config& c, int round) {
   std::string tag = std::to_string(::getpid()) + "r" + std::to_string(round);
+  std::shared_ptr<Device> shared_a, shared_b;
+  if (c.provider == "swnic-shared") {
+    std::string link = "swnic:scale" + tag;
+    std::map<std::string, std::string> params{{"ring", "4096"}, {"queues", std::to_string(n)}};
+    auto pa = params;
+    pa["stale"] = "reset";
+    shared_a = must(Device::open(link + ":0", {.ip = "10.0.0.1", .params = pa}), "open " + link + ":0");
+    shared_b = must(Device::open(link + ":1", {.ip = "10.0.0.2", .params = params}), "open " + link + ":1");
+  }
   for (int k = 0; k < n; ++k) {
     auto p = std::make_unique<Pair>();
-    if (c.provider == "swnic") {
+    if (shared_a) {
+      open_end(p->a, "", "", {}, c.window, shared_a);
+      open_end(p->b, "", "", {}, c.window, shared_b);
+    } else if (c.provider == "swnic") {
       std::string link = "swnic:scale" + tag + "x" + std::to_string(k);
       // Each link its own subnet: addresses never matter across links, but
       // this keeps captures readable.
@@ -217,14 +234,20 @@ std::vector<PairResult> run_point(int n, const Config& c, int round, PointExtra&
         p.r.error = "receiver: start barrier timed out";
         return;
       }
+      const bool own_cq = c.provider == "swnic-shared";
+      WorkCompletion none[4];
+      auto drive = [&] {
+        if (own_cq) (void)p.b.cq->poll(none);  // progresses the lane of p's QP
+        else p.b.dev->progress();
+      };
       while (Clock::now() < t0 && !stop_receivers.load(std::memory_order_relaxed)) {
-        for (int i = 0; i < 64; ++i) p.b.dev->progress();
+        for (int i = 0; i < 64; ++i) drive();
       }
       double cpu0 = thread_cpu_seconds();
       long cs0 = thread_nivcsw();
       bool measured = false;
       while (!stop_receivers.load(std::memory_order_relaxed)) {
-        for (int i = 0; i < 64; ++i) p.b.dev->progress();
+        for (int i = 0; i < 64; ++i) drive();
         if (!measured && Clock::now() >= t1) {
           p.r.receiver_cpu = thread_cpu_seconds() - cpu0;
           p.r.receiver_nivcsw = thread_nivcsw() - cs0;
@@ -332,6 +355,9 @@ std::vector<PairResult> run_point(int n, const Config& c, int round, PointExtra&
   std::vector<PairResult> out;
   for (auto& p : pairs) {
     if (c.provider == "swnic") p->r.retransmits = p->a.dev->stats().retransmits + p->b.dev->stats().retransmits;
+    if (c.provider == "swnic-shared" && &p == &pairs.front()) {  // one device pair: count once
+      p->r.retransmits = p->a.dev->stats().retransmits + p->b.dev->stats().retransmits;
+    }
     out.push_back(p->r);
   }
   return out;
@@ -370,13 +396,15 @@ int main(int argc, char** argv) {
     else if (a == "--json") c.json_path = val();
     else {
       std::fprintf(stderr,
-                   "usage: %s [--provider swnic|shm] [--threads 1,2,4,8,16] [--seconds S] [--warmup S]\n"
+                   "usage: %s [--provider swnic|swnic-shared|shm] [--threads 1,2,4,8,16] [--seconds S] [--warmup S]\n"
                    "          [--size BYTES] [--window W] [--json FILE]\n",
                    argv[0]);
       return 2;
     }
   }
-  if (c.provider != "swnic" && c.provider != "shm") die("--provider must be swnic or shm");
+  if (c.provider != "swnic" && c.provider != "swnic-shared" && c.provider != "shm") {
+    die("--provider must be swnic, swnic-shared or shm");
+  }
   if (c.seconds <= 0 || c.seconds > 600) die("--seconds must be in (0, 600]");
   if (c.size == 0 || c.size > 4096) die("--size must be 1..4096");
   if (c.window < kSignalEvery || c.window % kSignalEvery) die("--window must be a multiple of 16");

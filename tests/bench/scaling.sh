@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-core scaling curve (issue 11, "Scaling"): 64 B RDMA WRITE messages/s
 # with N threads, each its own QP pair, over swnic (soft-RoCE) and the shm
-# provider. This machine has 2 cores; the curve is run on the device
+# provider; swnic-shared puts every pair on one device pair (one lane per
+# pair: core/transport/lane.h). This machine has 2 cores; the curve is run on the device
 # machine (16 CPU cores), which the `run` tool reaches. Steps:
 #
 #   tests/bench/scaling.sh build      # bazel build, copy the static binary to .scaling/
@@ -20,7 +21,8 @@ bin=.scaling/rdma_scaling_bench
 
 case "${1:-}" in
 build)
-  grep -qx '/.scaling/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo /.scaling/ >>.git/info/exclude; }
+  exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+  grep -qx '/.scaling/' "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo /.scaling/ >>"$exclude"; }
   bazel build //tests/bench:rdma_scaling_bench
   mkdir -p .scaling
   install -m 755 bazel-bin/tests/bench/rdma_scaling_bench "$bin"
@@ -28,7 +30,7 @@ build)
   echo "built $bin (static: the device machine's OS image differs)"
   ;;
 local)
-  for p in swnic shm; do
+  for p in swnic swnic-shared shm; do
     "$bin" --provider "$p" --threads 1,2 --seconds "$secs" --json ".scaling/local-$p.json"
   done
   { nproc; uname -r; grep -m1 'model name' /proc/cpuinfo; cat /proc/loadavg; } >.scaling/local-machine.txt
@@ -37,7 +39,7 @@ device)
   out=${OUT:?OUT is set by the run tool}
   { echo "nproc $(nproc)"; uname -a; grep -m1 'model name' /proc/cpuinfo; cat /proc/loadavg; lscpu 2>/dev/null | grep -E '^(Thread|Core|Socket|NUMA node\(s\))' || true; } >"$out/machine.txt"
   for r in $(seq 1 "$repeats"); do
-    for p in swnic shm; do
+    for p in swnic swnic-shared shm; do
       echo "== $p, round $r"
       timeout 130 "$bin" --provider "$p" --threads "$threads" --seconds "$secs" --json "$out/$p-$r.json" || echo "exit $? ($p round $r)"
       # The swnic links' segments are unlinked at close; list any left.
@@ -56,7 +58,7 @@ for f in sorted(glob.glob(os.path.join(d, "*-[0-9].json"))):
     j = json.load(open(f))
     runs.setdefault(j["provider"], []).append(j)
 local = {}
-for p in ("swnic", "shm"):
+for p in ("swnic", "swnic-shared", "shm"):
     f = os.path.join(".scaling", f"local-{p}.json")
     if os.path.exists(f):
         local[p] = json.load(open(f))
@@ -132,7 +134,7 @@ for n in allx:
     s.append(f'<text x="{X(n):.1f}" y="{H-B+16}" text-anchor="middle">{n}</text>')
 s.append(f'<text x="{(L+W-R)/2}" y="{H-12}" text-anchor="middle">threads (= QP pairs; each pair also has a receiver thread)</text>')
 s.append(f'<text x="16" y="{(T+H-B)/2}" text-anchor="middle" transform="rotate(-90 16 {(T+H-B)/2})">messages/s (all threads)</text>')
-colors = {"swnic": "#1f77b4", "shm": "#d62728"}
+colors = {"swnic": "#1f77b4", "swnic-shared": "#2ca02c", "shm": "#d62728"}
 ly = T + 10
 for p, rows in curve.items():
     c = colors.get(p, "black")

@@ -17,6 +17,8 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr uint32_t kClockEvery = 64;
+// How long a waiter busy-polls before it lets others have the core.
+constexpr int64_t kSpinNs = 50'000;
 
 // What a peer may do to our buffer and QPs in each test.
 rdma::AccessFlags remote_access(Verb verb) {
@@ -321,18 +323,24 @@ Result<std::optional<rdma::WorkCompletion>> Session::wait_completion(rdma::Compl
                                                                      const std::function<bool()>& stop) {
   rdma::WorkCompletion wc;
   const int64_t deadline = now_ns() + int64_t(cfg_.timeout.count()) * 1'000'000;
-  // The clock is read every kClockEvery empty polls: a clock read costs as
-  // much as a poll of a shared-memory CQ, and delays noticing a completion.
+  // Busy-poll for kSpinNs, then wait on the CQ (the provider spins a
+  // little more, then sleeps on the NIC), so two processes sharing a core
+  // (one VM, an oversubscribed host) take turns instead of each spinning
+  // out its time slice. The clock is read every kClockEvery empty polls: a
+  // clock read costs as much as a poll of a shared-memory CQ.
+  const int64_t spin_end = now_ns() + kSpinNs;
+  bool spinning = true;
   for (uint32_t polls = 0;; ++polls) {
-    auto n = cq.poll({&wc, 1});
+    auto n = spinning ? cq.poll({&wc, 1}) : cq.wait({&wc, 1}, std::chrono::milliseconds(1));
     if (!n) return std::unexpected(n.error().context(what));
     if (*n == 1) break;
     if (stop && stop()) return std::nullopt;
-    if (polls % kClockEvery == 0 && now_ns() > deadline) {
+    if ((!spinning || polls % kClockEvery == 0) && now_ns() > deadline) {
       return fail(ETIMEDOUT, "no completion for " + std::to_string(cfg_.timeout.count() / 1000) + " s while waiting for " +
                                  what + "; is the peer still running with the same test and options? (" +
                                  counters() + ")");
     }
+    if (spinning && polls % kClockEvery == 0 && now_ns() > spin_end) spinning = false;
   }
   if (wc.status != rdma::WcStatus::kSuccess) {
     return fail(EIO, std::string("completion with error ") + rdma::wc_status_name(wc.status) + " (" +
@@ -345,13 +353,19 @@ Result<std::optional<rdma::WorkCompletion>> Session::wait_completion(rdma::Compl
 Status Session::wait_byte(const uint8_t* byte, uint8_t value, const std::string& what,
                           const std::function<bool()>& stop) {
   const int64_t deadline = now_ns() + int64_t(cfg_.timeout.count()) * 1'000'000;
+  const int64_t spin_end = now_ns() + kSpinNs;
   // The transport writes this memory from dev.progress() on this thread.
   for (uint32_t polls = 0; *reinterpret_cast<const volatile uint8_t*>(byte) != value; ++polls) {
     if (stop && stop()) return {};
     // The deadline holds even while the transport is busy (retransmitting
     // to a peer that is gone, with retry_cnt 7 = forever).
     dev_->progress();
-    if (polls % kClockEvery == 0 && now_ns() > deadline) {
+    // Past the spin, yield now and then: no CQ says when a WRITE lands, so
+    // this is how a poller that shares its core lets the peer run.
+    if (polls % kClockEvery != 0) continue;
+    const int64_t now = now_ns();
+    if (now > spin_end) std::this_thread::yield();
+    if (now > deadline) {
       return fail(ETIMEDOUT, "nothing arrived for " + std::to_string(cfg_.timeout.count() / 1000) + " s while waiting for " +
                                  what + "; is the peer still running with the same -s and -n? (" + counters() + ")");
     }
