@@ -10,6 +10,10 @@
 // number is checked. A figure for comparing changes on one machine, not a
 // pass/fail test.
 //
+// --mode loop: one thread sends a burst on port 0 and receives it on port 1,
+// over and over; also reports CPU time per frame (CLOCK_THREAD_CPUTIME_ID),
+// which other load on a shared machine disturbs far less than wall time.
+//
 // --mode queues: for each count Q in --queues, a link with queues=Q whose
 // port 1 steers by RoCE QPN over Q queues, and Q threads: thread i sends
 // RoCEv2-shaped frames for QP i on port 0's TX queue i and receives them on
@@ -17,6 +21,7 @@
 // first thread's start to the last one's end. Sizes of at least 64 bytes
 // (the headers and sequence number take 62).
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -159,6 +164,48 @@ int run_processes(const Options& o, uint32_t size) {
   return r.frames == o.frames && r.errors == 0 ? 0 : 1;
 }
 
+int run_loop(const Options& o, uint32_t size) {
+  std::string link = unique_link("bench-loop");
+  auto a = Port::open(link + ":0", {{"ring", std::to_string(o.ring)}});
+  auto b = Port::open(link + ":1");
+  if (!a || !b) return 1;
+  std::vector<ufab_buf*> bufs(o.burst);
+  uint64_t sent = 0, got = 0, errors = 0;
+  struct timespec c0, c1;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+  auto t0 = Clock::now();
+  while (got < o.frames) {
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(o.burst, o.frames - sent));
+    int k = a->tx_pool().alloc(bufs.data(), n);
+    for (int i = 0; i < k; ++i) {
+      uint64_t seq = sent + static_cast<uint64_t>(i);
+      std::memset(bufs[i]->base + bufs[i]->offset, 0xab, 14);
+      std::memcpy(bufs[i]->base + bufs[i]->offset + 14, &seq, 8);
+      bufs[i]->len = size;
+    }
+    int r = a->drv()->tx_burst(a->dev(), 0, bufs.data(), static_cast<uint16_t>(k));
+    if (r < 0) return 1;
+    if (r < k) a->tx_pool().free(bufs.data() + r, static_cast<uint32_t>(k - r));
+    sent += static_cast<uint64_t>(r);
+    int m = b->drv()->rx_burst(b->dev(), 0, bufs.data(), static_cast<uint16_t>(o.burst));
+    if (m < 0) return 1;
+    for (int i = 0; i < m; ++i) {
+      uint64_t seq;
+      std::memcpy(&seq, bufs[i]->base + bufs[i]->offset + 14, 8);
+      if (seq != got + static_cast<uint64_t>(i)) ++errors;
+    }
+    if (m > 0) b->rx_pool().free(bufs.data(), static_cast<uint32_t>(m));
+    got += static_cast<uint64_t>(m);
+  }
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+  double cpu = (c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) / 1e9;
+  std::printf("loop       %6u B  %10llu frames  %7.3f s  %7.2f Mframes/s  %7.1f ns CPU/frame  %s\n", size,
+              static_cast<unsigned long long>(got), seconds, got / seconds / 1e6, cpu * 1e9 / got,
+              errors == 0 ? "ok" : "ERRORS");
+  return errors == 0 ? 0 : 1;
+}
+
 // Eth / IPv4 / UDP dport 4791 / BTH with destination QP `qp`, then the
 // sequence number at kQueueSeqOffset.
 constexpr uint32_t kQueueSeqOffset = 54;
@@ -288,6 +335,7 @@ int main(int argc, char** argv) {
   for (uint32_t size : o.sizes) {
     if (o.mode == "threads" || o.mode == "both") rc |= run_threads(o, size);
     if (o.mode == "processes" || o.mode == "both") rc |= run_processes(o, size);
+    if (o.mode == "loop") rc |= run_loop(o, size);
     if (o.mode == "queues") {
       for (uint32_t nq : o.queues) rc |= run_queues(o, size, nq);
     }
