@@ -310,6 +310,15 @@ struct ufab_device_stats {
   uint64_t rnr_naks_sent, rnr_naks_received;
   uint64_t duplicates; /* requests seen again (re-ACKed or replayed) */
   uint64_t tx_stalls;  /* sends put off because the NIC had no free buffer */
+  /* Appended (fields are only ever added here, at the end). Data
+   * packets are the RC request packets (SEND, WRITE, READ request, atomic)
+   * and the READ response packets this device put on the wire. Packets sent
+   * per packet needed: tx_data_packets / (tx_data_packets - tx_data_resent). */
+  uint64_t tx_data_packets; /* data packets sent, first sends and resends */
+  uint64_t tx_data_resent;  /* of those, sent again: go-backs, READ ranges asked for again, READ responses replayed */
+  uint64_t rx_read_responses;     /* READ response packets taken by this device's requesters */
+  uint64_t rx_read_response_dups; /* of those, for responses already received (the peer sent them twice) */
+  uint64_t window_cuts;           /* congestion window halvings (sequence NAK, RNR NAK, timeout) */
 };
 
 struct ufab_mr_attr {

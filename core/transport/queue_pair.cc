@@ -150,7 +150,12 @@ void QueuePairImpl::reset() {
   msn_ = 0;
   nak_sent_ = false;
   noack_pkts_ = 0;
-  read_retry_.reset();
+  read_asks_.clear();
+  cwnd_ = ssthresh_ = kMaxWindow;
+  cwnd_acked_ = 0;
+  recovering_ = false;
+  nak_rewound_.reset();
+  acked_through_.reset();
   timer_.reset();
   rnr_until_.reset();
   mac_.reset();
