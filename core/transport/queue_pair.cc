@@ -149,6 +149,11 @@ void QueuePairImpl::reset() {
   msg_offset_ = 0;
   msn_ = 0;
   nak_sent_ = false;
+  stash_valid_ = false;
+  undo_cwnd_ = 0;
+  srtt_ = {};
+  rtt_start_.reset();
+  backoff_ = 0;
   noack_pkts_ = 0;
   read_asks_.clear();
   cwnd_ = ssthresh_ = kMaxWindow;

@@ -261,6 +261,11 @@ class QueuePairImpl {
   uint32_t cwnd_ = kMaxWindow;      // packets in flight allowed now
   uint32_t ssthresh_ = kMaxWindow;  // below it the window doubles per window acknowledged, above it grows by one
   uint32_t cwnd_acked_ = 0;         // packets acknowledged toward the next +1
+  // The window before the last cut (NAK or timeout), restored when the next
+  // response acknowledges past the cursor while at most one packet was
+  // resent since the go-back to undo_psn_: the go-back was not needed (a
+  // late ACK, or packets that were only swapped). 0: none.
+  uint32_t undo_cwnd_ = 0, undo_ssthresh_ = 0, undo_psn_ = 0;
   bool recovering_ = false;     // a loss was answered; losses before recover_psn_ belong to it
   uint32_t recover_psn_ = 0;
   std::optional<uint32_t> nak_rewound_;     // PSN of the last go-back on a sequence NAK
@@ -279,6 +284,11 @@ class QueuePairImpl {
   std::vector<ReadAsk> read_asks_;
   uint8_t retry_left_ = 7, rnr_left_ = 7;
   std::optional<Clock::time_point> timer_;      // retransmission deadline
+  std::chrono::nanoseconds srtt_{0};            // smoothed round trip (0: not measured)
+  std::optional<Clock::time_point> rtt_start_;  // when rtt_psn_ was sent (a sample under way)
+  uint32_t rtt_psn_ = 0;
+  static constexpr uint8_t kMaxBackoff = 6;     // the timeout doubles at most this often in a row
+  uint8_t backoff_ = 0;
   std::optional<Clock::time_point> rnr_until_;  // no requests before this (RNR back-off)
 
   // Receive queue.
@@ -291,6 +301,14 @@ class QueuePairImpl {
   bool nak_sent_ = false;  // a sequence NAK went out; the requester will go back
   uint32_t ahead_first_ = 0;  // the PSN ahead of the gap that drew the NAK
   uint32_t ahead_max_ = 0;    // the highest PSN seen ahead of the gap since
+  // The packet one ahead of the expected PSN that drew the NAK, kept: when
+  // the expected one arrives next (the two were swapped), it runs right
+  // after it, and an ACK tells the requester that its go-back is not needed.
+  bool stash_valid_ = false;
+  roce::Packet stash_{};
+  std::vector<uint8_t> stash_payload_;
+  void stash(const roce::Packet& pkt);
+  void take_stash();
   InMessage in_message_ = InMessage::kNone;
   uint64_t msg_offset_ = 0;  // bytes of the current message so far
   uint64_t write_va_ = 0;

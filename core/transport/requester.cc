@@ -227,6 +227,10 @@ int QueuePairImpl::send_request_packet(SendWqe& w) {
     if (psn_diff(cursor_psn_, max_sent_psn_) < 0) {
       ++st.retransmits;
       ++st.tx_data_resent;
+    } else if (!rtt_start_ && p.spec.bth.ack_req) {
+      // One round trip measured at a time, on a packet sent once (Karn).
+      rtt_start_ = ctx_.now();
+      rtt_psn_ = cursor_psn_;
     }
   }
   cursor_psn_ = psn_add(cursor_psn_, p.psn_step);
@@ -242,12 +246,17 @@ int QueuePairImpl::send_request_packet(SendWqe& w) {
   return 1;
 }
 
+// The ACK timeout: the QP's (4.096 us * 2^timeout), or three smoothed round
+// trips when those are longer (a loaded machine, a slow peer: a timeout
+// that fires before the ACK could come back resends for nothing), doubled
+// per timeout in a row without progress.
 void QueuePairImpl::arm_timer() {
   if (attr_.timeout == 0) {
     timer_.reset();  // IBA: 0 means wait forever
     return;
   }
-  timer_ = ctx_.now() + std::chrono::nanoseconds(uint64_t{4096} << attr_.timeout);
+  const auto base = std::chrono::nanoseconds(uint64_t{4096} << attr_.timeout);
+  timer_ = ctx_.now() + std::max(base, 3 * srtt_) * (1u << backoff_);
 }
 
 int QueuePairImpl::transmit() {
@@ -285,6 +294,7 @@ int QueuePairImpl::transmit() {
 // Go back to `psn` (go-back-N): everything from there is sent again, but
 // of a READ only the responses still missing.
 void QueuePairImpl::rewind(uint32_t psn) {
+  rtt_start_.reset();  // an ACK after a resend says nothing about the round trip
   una_psn_ = psn;
   cursor_psn_ = psn;
   read_asks_.clear();  // the cursor asks for every hole it passes
@@ -320,6 +330,7 @@ int QueuePairImpl::on_timer() {
     return 0;
   }
   ++ctx_.stats().timeouts;
+  if (backoff_ < kMaxBackoff) ++backoff_;
   if (retry_exhausted(false)) {
     fail_head(WcStatus::kRetryExcErr, "no acknowledgement from " + net::Ipv4Address{attr_.av.dest_ip}.str() +
                                           " QP " + hex(attr_.dest_qpn) + " after " +
@@ -334,7 +345,11 @@ int QueuePairImpl::on_timer() {
     SendWqe& h = sq_at(sq_head_);
     if (h.started && h.wr.opcode == WrOpcode::kRdmaRead) from = psn_add(h.first_psn, h.rcv_pkts);
   }
+  const uint32_t cwnd = cwnd_, ssthresh = ssthresh_;
   window_loss(from, true);
+  undo_cwnd_ = cwnd;
+  undo_ssthresh_ = ssthresh;
+  undo_psn_ = from;
   rewind(from);
   arm_timer();
   return 1;
@@ -362,6 +377,11 @@ void QueuePairImpl::window_loss(uint32_t psn, bool timeout) {
 // (slow start, back to where the last loss halved it), above it by one per
 // window's worth (additive increase), up to kMaxWindow.
 void QueuePairImpl::window_acked(uint32_t packets) {
+  if (rtt_start_ && psn_diff(una_psn_, rtt_psn_) > 0) {
+    const auto sample = std::chrono::duration_cast<std::chrono::nanoseconds>(ctx_.now() - *rtt_start_);
+    srtt_ = srtt_.count() == 0 ? sample : (7 * srtt_ + sample) / 8;
+    rtt_start_.reset();
+  }
   if (recovering_ && psn_diff(una_psn_, recover_psn_) >= 0) recovering_ = false;
   if (nak_rewound_ && psn_diff(una_psn_, *nak_rewound_) > 0) nak_rewound_.reset();
   if (cwnd_ >= kMaxWindow) return;
@@ -426,8 +446,19 @@ void QueuePairImpl::handle_response(const roce::Packet& pkt) {
   }
   if (attr_.state != QpState::kRts) return;
   // Acknowledged beyond the cursor (answers to packets sent before a
-  // rewind): skip what the peer already has.
-  if (psn_diff(una_psn_, cursor_psn_) > 0) rewind(una_psn_);
+  // rewind): skip what the peer already has. If at most one packet was
+  // resent since the last go-back, the go-back was not needed (the ACKs
+  // were late, or the NAK was for packets that were only swapped and the
+  // responder ran both, responder.cc): its window cut is undone.
+  if (psn_diff(una_psn_, cursor_psn_) > 0) {
+    if (undo_cwnd_ != 0 && psn_diff(cursor_psn_, undo_psn_) <= 1) {
+      cwnd_ = std::max(cwnd_, undo_cwnd_);
+      ssthresh_ = std::max(ssthresh_, undo_ssthresh_);
+      recovering_ = false;
+    }
+    rewind(una_psn_);
+  }
+  undo_cwnd_ = 0;
   if (sq_head_ == sq_next_ && psn_diff(cursor_psn_, una_psn_) <= 0) {
     timer_.reset();
   } else {
@@ -487,6 +518,7 @@ void QueuePairImpl::complete_done() {
 
 // Progress: the peer is alive, retries start over.
 void QueuePairImpl::note_progress() {
+  backoff_ = 0;
   retry_left_ = attr_.retry_cnt;
   rnr_left_ = attr_.rnr_retry;
 }
@@ -533,7 +565,11 @@ bool QueuePairImpl::on_nak(const roce::Packet& pkt, SendWqe& w) {
       fail_head(WcStatus::kRetryExcErr, "PSN sequence errors beyond retry_cnt");
       return false;
     }
+    const uint32_t cwnd = cwnd_, ssthresh = ssthresh_;
     window_loss(psn, false);
+    undo_cwnd_ = cwnd;
+    undo_ssthresh_ = ssthresh;
+    undo_psn_ = psn;
     nak_rewound_ = psn;
     rewind(psn);
     arm_timer();

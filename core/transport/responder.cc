@@ -164,6 +164,34 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
   }
   if (!check_request(pkt, h)) return;
   (this->*h.execute)(pkt);
+  if (stash_valid_) take_stash();
+}
+
+// Keeps a copy of `pkt` (a request one PSN ahead of the expected one).
+void QueuePairImpl::stash(const roce::Packet& pkt) {
+  stash_ = pkt;
+  stash_payload_.assign(pkt.payload.begin(), pkt.payload.end());
+  stash_.payload = stash_payload_;
+  stash_valid_ = true;
+}
+
+// After a request at the expected PSN ran: the kept packet, if it is the
+// next one now, runs too, and an ACK for it goes out (the requester, which
+// got the NAK, skips the go-back when the ACK comes with it). A kept packet
+// left behind is dropped.
+void QueuePairImpl::take_stash() {
+  if (attr_.state != QpState::kRtr && attr_.state != QpState::kRts) {
+    stash_valid_ = false;
+    return;
+  }
+  const int32_t diff = psn_diff(stash_.bth.psn, epsn_);
+  if (diff > 0) return;
+  stash_valid_ = false;
+  if (diff < 0) return;
+  on_request(stash_);
+  if (psn_diff(epsn_, stash_.bth.psn) > 0 && (attr_.state == QpState::kRtr || attr_.state == QpState::kRts)) {
+    queue_ack(psn_add(epsn_, roce::kPsnMask));
+  }
 }
 
 // True for the expected PSN; one behind it is a duplicate, for the
@@ -188,6 +216,7 @@ bool QueuePairImpl::check_psn(const roce::Packet& pkt) {
       ahead_first_ = ahead_max_ = psn;
       ++ctx_.stats().naks_sent;
       replies_.push_back(Reply{.kind = Reply::kAck, .psn = epsn_, .msn = msn_, .syndrome = kNakSequence});
+      if (diff == 1 && pkt.payload.size() <= mtu_) stash(pkt);
     } else if (psn_diff(psn, ahead_max_) > 0) {
       ahead_max_ = psn;
     }
