@@ -74,7 +74,7 @@ class QueuePairImpl {
     uint32_t first_psn = 0;
     uint32_t npkts = 0;
     uint32_t rcv_pkts = 0;  // READ: response packets taken from index 0 on without a hole
-    uint32_t read_asked = 0;  // READ: holes below this index have been asked for again
+    uint32_t read_asked = 0;  // READ: where the answers stand (holes below were asked for again)
     uint32_t read_got = 0;    // READ: response packets taken in all (holes filled later included)
   };
   struct RecvWqe {

@@ -147,7 +147,9 @@ int QueuePairImpl::build_rc_request(SendWqe& w, RequestPacket& p) {
                          static_cast<uint32_t>(std::min<uint64_t>(w.length, uint64_t{end} * mtu_) - p.offset)};
       p.psn_step = end - first;
       p.last = end == w.npkts;
-      w.read_asked = std::max(w.read_asked, end);
+      // The answers come back in PSN order from `first`: a later one that
+      // skips an index shows a hole (take_read_response).
+      w.read_asked = first;
       break;
     }
     case WrOpcode::kAtomicCmpAndSwp:
