@@ -153,6 +153,7 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
     ++ctx_.stats().rx_dropped;
     return;
   }
+  ++ctx_.stats().rx_data_packets;
   if (!check_psn(pkt)) return;
   const OpcodeHandling& h = handling(pkt.bth.opcode);
   if (h.execute == nullptr) {
@@ -188,6 +189,9 @@ void QueuePairImpl::take_stash() {
   if (diff > 0) return;
   stash_valid_ = false;
   if (diff < 0) return;
+  // Counted when it arrived (as not taken); it is taken now.
+  --ctx_.stats().rx_data_packets;
+  --ctx_.stats().rx_data_unneeded;
   on_request(stash_);
   if (psn_diff(epsn_, stash_.bth.psn) > 0 && (attr_.state == QpState::kRtr || attr_.state == QpState::kRts)) {
     queue_ack(psn_add(epsn_, roce::kPsnMask));
@@ -211,6 +215,7 @@ bool QueuePairImpl::check_psn(const roce::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
   const int32_t diff = psn_diff(psn, epsn_);
   if (diff > 0) {
+    ++ctx_.stats().rx_data_unneeded;
     if (!nak_sent_) {
       nak_sent_ = true;
       ahead_first_ = ahead_max_ = psn;
@@ -227,6 +232,7 @@ bool QueuePairImpl::check_psn(const roce::Packet& pkt) {
     nak_sent_ = false;
   }
   if (diff < 0) {
+    ++ctx_.stats().rx_data_unneeded;
     ++ctx_.stats().duplicates;
     (this->*handling(pkt.bth.opcode).duplicate)(pkt);
     return false;
