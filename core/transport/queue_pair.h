@@ -62,6 +62,7 @@ class QueuePairImpl {
   bool lost_completion() const { return lost_completion_; }
 
  private:
+  static constexpr uint32_t kNoAsk = 0xFFFFFFFF;
   struct SendWqe {
     verbs::SendWr wr;  // wr.sgl is unused: the SGEs are copied into sge
     std::array<verbs::Sge, verbs::kMaxSge> sge{};
@@ -74,7 +75,8 @@ class QueuePairImpl {
     uint32_t first_psn = 0;
     uint32_t npkts = 0;
     uint32_t rcv_pkts = 0;  // READ: response packets taken from index 0 on without a hole
-    uint32_t read_asked = 0;  // READ: where the answers stand (holes below were asked for again)
+    uint32_t read_seen = 0;    // READ: one past the highest response seen (npkts once its tail is known lost)
+    uint32_t read_ask_at = kNoAsk;  // READ: the first missing response when it was last asked for again
     uint32_t read_got = 0;    // READ: response packets taken in all (holes filled later included)
   };
   struct RecvWqe {
@@ -179,7 +181,7 @@ class QueuePairImpl {
   bool read_has(uint64_t sq_index, const SendWqe& w, uint32_t index);
   void read_mark(uint64_t sq_index, SendWqe& w, uint32_t index);
   uint32_t read_missing_end(uint64_t sq_index, const SendWqe& w, uint32_t from, uint32_t end);
-  void ask_read_holes(uint64_t sq_index, SendWqe& w, uint32_t upto);
+  void ask_read_hole(uint64_t sq_index, SendWqe& w);
   void complete_done();
   int send_read_rerequest();  // 1 sent, 0 none or no buffer
   // Congestion window: halve on a NAK (once per window), one packet after a

@@ -128,28 +128,26 @@ int QueuePairImpl::build_rc_request(SendWqe& w, RequestPacket& p) {
   const uint32_t index = static_cast<uint32_t>(psn_diff(cursor_psn_, w.first_psn));
   switch (w.wr.opcode) {
     case WrOpcode::kRdmaRead: {
-      // One request per range of responses not received yet: the whole
-      // READ the first time; after a go-back only the holes (the responder
-      // answers a request from the middle, as rxe's req_retry asks).
-      uint32_t first = index;
-      while (first < w.npkts && read_has(sq_next_, w, first)) ++first;
+      // The whole READ the first time. After a go-back only its first
+      // missing range: rxe moves the start of a READ it is asked again for
+      // to the new request's, and drops later requests below it, so a READ
+      // is asked again only from its lowest missing response, and the next
+      // hole only once that one arrived (ask_read_hole).
+      const uint32_t first = std::min(w.rcv_pkts, w.npkts);
+      cursor_psn_ = psn_add(w.first_psn, first);
       if (first == w.npkts) {
         // Everything arrived: nothing to ask, on to the next request.
         cursor_psn_ = psn_add(w.first_psn, w.npkts);
         ++sq_next_;
         return 3;
       }
-      cursor_psn_ = psn_add(w.first_psn, first);
       const uint32_t end = read_missing_end(sq_next_, w, first, w.npkts);
       p.offset = uint64_t{first} * mtu_;
       p.spec = frame_spec(roce::op::kRcReadRequest, cursor_psn_, true);
       p.spec.ext.reth = {w.wr.remote_addr + p.offset, w.wr.rkey,
                          static_cast<uint32_t>(std::min<uint64_t>(w.length, uint64_t{end} * mtu_) - p.offset)};
-      p.psn_step = end - first;
-      p.last = end == w.npkts;
-      // The answers come back in PSN order from `first`: a later one that
-      // skips an index shows a hole (take_read_response).
-      w.read_asked = first;
+      p.psn_step = w.npkts - first;
+      if (first > 0 || w.read_got > 0) w.read_ask_at = first;
       break;
     }
     case WrOpcode::kAtomicCmpAndSwp:
@@ -479,7 +477,8 @@ bool QueuePairImpl::ack_earlier(uint32_t psn) {
     if (psn_diff(last_psn, psn) >= 0) break;
     if (w.wr.opcode == WrOpcode::kRdmaRead) {
       if (w.rcv_pkts < w.npkts) {
-        if (sq_head_ < sq_next_) ask_read_holes(sq_head_, w, w.npkts);
+        w.read_seen = w.npkts;  // its tail was lost
+        if (sq_head_ < sq_next_) ask_read_hole(sq_head_, w);
         return false;
       }
     } else if (is_read_or_atomic(w)) {
@@ -622,24 +621,21 @@ uint32_t QueuePairImpl::read_missing_end(uint64_t sq_index, const SendWqe& w, ui
   return i;
 }
 
-// Asks again for the responses of `w` missing below `upto` that were not
-// asked for yet: one READ request per range of holes, at the range's first
-// PSN, with the RETH va and length of that range (rxe answers a request
-// from the middle of a READ it executed). Bounded by kMaxReadAsks; what
-// does not fit is asked for by a later gap or the timeout.
-void QueuePairImpl::ask_read_holes(uint64_t sq_index, SendWqe& w, uint32_t upto) {
-  uint32_t i = std::max(w.read_asked, w.rcv_pkts);
-  while (i < upto) {
-    if (read_has(sq_index, w, i)) {
-      ++i;
-      continue;
-    }
-    if (read_asks_.size() >= kMaxReadAsks) break;
-    const uint32_t end = read_missing_end(sq_index, w, i, upto);
-    read_asks_.push_back(ReadAsk{sq_index, i, end - i});
-    i = end;
-  }
-  w.read_asked = std::max(w.read_asked, i);
+// Asks again for the lowest missing range of responses of `w` when a later
+// response shows it lost (one READ request at its PSN with the RETH va and
+// length of that range), unless that hole was asked for already and has
+// not arrived. Holes are asked for from the lowest up, one at a time: rxe
+// answers a request from the middle of a READ it executed, but moves the
+// READ's start there and drops later requests below it. What does not fit
+// in kMaxReadAsks waits for the next response or the timeout.
+void QueuePairImpl::ask_read_hole(uint64_t sq_index, SendWqe& w) {
+  if (w.rcv_pkts >= w.npkts || w.rcv_pkts >= w.read_seen) return;      // no hole known
+  if (w.read_ask_at != kNoAsk && w.rcv_pkts <= w.read_ask_at) return;  // asked, not answered yet
+  std::erase_if(read_asks_, [&](const ReadAsk& a) { return a.sq_index == sq_index; });
+  if (read_asks_.size() >= kMaxReadAsks) return;
+  const uint32_t end = read_missing_end(sq_index, w, w.rcv_pkts, w.npkts);
+  read_asks_.push_back(ReadAsk{sq_index, w.rcv_pkts, end - w.rcv_pkts});
+  w.read_ask_at = w.rcv_pkts;
 }
 
 // Sends the oldest READ range asked for again (what arrived meanwhile is
@@ -697,7 +693,10 @@ void QueuePairImpl::take_read_response(const roce::Packet& pkt) {
   for (; i < sq_tail_ && sq_at(i).started; ++i) {
     SendWqe& v = sq_at(i);
     if (psn_diff(psn, psn_add(v.first_psn, v.npkts)) < 0) break;  // psn lies in v
-    if (v.wr.opcode == WrOpcode::kRdmaRead && v.rcv_pkts < v.npkts && i < sq_next_) ask_read_holes(i, v, v.npkts);
+    if (v.wr.opcode == WrOpcode::kRdmaRead && v.rcv_pkts < v.npkts && i < sq_next_) {
+      v.read_seen = v.npkts;  // its tail was lost
+      ask_read_hole(i, v);
+    }
   }
   if (i == sq_tail_ || !sq_at(i).started) {
     ++st.rx_dropped;
@@ -733,14 +732,15 @@ void QueuePairImpl::take_read_response(const roce::Packet& pkt) {
     ++st.rx_dropped;  // beyond the tracked window: asked for again once the holes before it fill
     return;
   }
-  // The responder answers each request in PSN order: a jump left holes.
-  if (index > w.read_asked && i < sq_next_) ask_read_holes(i, w, index);
-  if (index >= w.read_asked) w.read_asked = index + 1;
   if (auto err = scatter(w.sge.data(), w.num_sge, offset, pkt.payload)) {
     fail_head(WcStatus::kLocProtErr, "RDMA_READ destination: " + err->message());
     return;
   }
   read_mark(i, w, index);
+  // The responder answers each request in PSN order: a response past the
+  // first missing one shows a hole.
+  if (index >= w.read_seen) w.read_seen = index + 1;
+  if (i < sq_next_) ask_read_hole(i, w);
   if (i == sq_head_) complete_done();
 }
 

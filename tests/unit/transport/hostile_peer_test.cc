@@ -1472,8 +1472,9 @@ class LossRecovery : public HostilePeer {
 };
 
 // READ responses 2 and 5 of 8 are lost: the others are taken where their
-// PSN puts them, and exactly two READ requests go out again, each at the
-// missing PSN with the RETH of that one packet (not the rest of the READ).
+// PSN puts them, and exactly two READ requests go out again, one after the
+// other, each at the missing PSN with the RETH of that one packet (not the
+// rest of the READ).
 TEST_F(LossRecovery, ReadAsksAgainOnlyForTheMissingResponses) {
   auto qp = make_sender(20);
   ASSERT_TRUE(qp);
@@ -1500,19 +1501,20 @@ TEST_F(LossRecovery, ReadAsksAgainOnlyForTheMissingResponses) {
     uint8_t op = i == 0 ? o::kRcReadResponseFirst : i + 1 == kPackets ? o::kRcReadResponseLast : o::kRcReadResponseMiddle;
     ASSERT_TRUE(peer_.send(peer_.build(response(i, op), qp->qp_num())));
   }
-  auto again = peer_.collect(*dev_, 2);
-  ASSERT_EQ(again.size(), 2u) << describe(again);
-  for (size_t k = 0; k < 2; ++k) {
-    const uint32_t i = k == 0 ? 2 : 5;
-    EXPECT_EQ(again[k].opcode(), o::kRcReadRequest) << again[k].str();
-    EXPECT_EQ(again[k].psn(), psn + i) << again[k].str();
-    EXPECT_EQ(again[k].p.ext.reth.va, remote + i * kMtu) << again[k].str();
-    EXPECT_EQ(again[k].p.ext.reth.dma_length, kMtu) << again[k].str();
-    EXPECT_EQ(again[k].p.ext.reth.rkey, 0x5151u) << again[k].str();
+  // One hole at a time, the lowest first (rxe moves a READ's start to a
+  // request from its middle and drops later ones below it); each answered
+  // as rxe answers a one-packet request: READ RESPONSE ONLY.
+  for (uint32_t i : {2u, 5u}) {
+    auto again = peer_.collect(*dev_, 1);
+    ASSERT_EQ(again.size(), 1u) << describe(again);
+    EXPECT_EQ(again[0].opcode(), o::kRcReadRequest) << again[0].str();
+    EXPECT_EQ(again[0].psn(), psn + i) << again[0].str();
+    EXPECT_EQ(again[0].p.ext.reth.va, remote + i * kMtu) << again[0].str();
+    EXPECT_EQ(again[0].p.ext.reth.dma_length, kMtu) << again[0].str();
+    EXPECT_EQ(again[0].p.ext.reth.rkey, 0x5151u) << again[0].str();
+    EXPECT_TRUE(poll_all().empty()) << "the READ completed with holes";
+    ASSERT_TRUE(peer_.send(peer_.build(response(i, o::kRcReadResponseOnly), qp->qp_num())));
   }
-  EXPECT_TRUE(poll_all().empty()) << "the READ completed with holes";
-  // Answered as rxe answers a one-packet request: READ RESPONSE ONLY.
-  for (uint32_t i : {5u, 2u}) ASSERT_TRUE(peer_.send(peer_.build(response(i, o::kRcReadResponseOnly), qp->qp_num())));
   auto rest = peer_.collect(*dev_, 0, 20ms);
   EXPECT_TRUE(rest.empty()) << describe(rest);
   arena_.expect_write(kRecv, 0, data);
