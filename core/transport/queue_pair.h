@@ -289,6 +289,8 @@ class QueuePairImpl {
   std::chrono::nanoseconds srtt_{0};            // smoothed round trip (0: not measured)
   std::optional<Clock::time_point> rtt_start_;  // when rtt_psn_ was sent (a sample under way)
   uint32_t rtt_psn_ = 0;
+  static constexpr uint8_t kRttEvery = 32;
+  uint8_t rtt_skip_ = kRttEvery - 1;  // the first AckReq packet starts a sample
   static constexpr uint8_t kMaxBackoff = 6;     // the timeout doubles at most this often in a row
   uint8_t backoff_ = 0;
   std::optional<Clock::time_point> rnr_until_;  // no requests before this (RNR back-off)

@@ -227,8 +227,10 @@ int QueuePairImpl::send_request_packet(SendWqe& w) {
     if (psn_diff(cursor_psn_, max_sent_psn_) < 0) {
       ++st.retransmits;
       ++st.tx_data_resent;
-    } else if (!rtt_start_ && p.spec.bth.ack_req) {
-      // One round trip measured at a time, on a packet sent once (Karn).
+    } else if (!rtt_start_ && p.spec.bth.ack_req && ++rtt_skip_ >= kRttEvery) {
+      // One round trip measured at a time, on a packet sent once (Karn),
+      // every kRttEvery-th AckReq: a clock read per sample.
+      rtt_skip_ = 0;
       rtt_start_ = ctx_.now();
       rtt_psn_ = cursor_psn_;
     }

@@ -422,8 +422,8 @@ TEST_P(RdmaFaults, EveryMessageExactlyOnceInOrder) {
 
 // Data packets sent per packet needed, at most, on each port: the
 // measured figure with margin (docs/transport.md has the measurements).
-constexpr double kLoss2Bound = 1.6;
-constexpr double kReorder5Bound = 1.6;
+constexpr double kLoss2Bound = 1.4;
+constexpr double kReorder5Bound = 1.25;
 
 INSTANTIATE_TEST_SUITE_P(
     Seeded, RdmaFaults,
