@@ -151,7 +151,7 @@ void QueuePairImpl::reset() {
   nak_sent_ = false;
   stash_valid_ = false;
   undo_cwnd_ = 0;
-  srtt_ = {};
+  srtt_ = rttvar_ = {};
   rtt_start_.reset();
   backoff_ = 0;
   noack_pkts_ = 0;

@@ -287,6 +287,7 @@ class QueuePairImpl {
   uint8_t retry_left_ = 7, rnr_left_ = 7;
   std::optional<Clock::time_point> timer_;      // retransmission deadline
   std::chrono::nanoseconds srtt_{0};            // smoothed round trip (0: not measured)
+  std::chrono::nanoseconds rttvar_{0};          // its mean deviation
   std::optional<Clock::time_point> rtt_start_;  // when rtt_psn_ was sent (a sample under way)
   uint32_t rtt_psn_ = 0;
   static constexpr uint8_t kRttEvery = 32;

@@ -248,17 +248,18 @@ int QueuePairImpl::send_request_packet(SendWqe& w) {
   return 1;
 }
 
-// The ACK timeout: the QP's (4.096 us * 2^timeout), or three smoothed round
-// trips when those are longer (a loaded machine, a slow peer: a timeout
-// that fires before the ACK could come back resends for nothing), doubled
-// per timeout in a row without progress.
+// The ACK timeout: the QP's (4.096 us * 2^timeout), or the measured round
+// trip with four times its variation (RFC 6298) when that is longer (a
+// loaded machine, a slow peer: a timeout that fires before the ACK could
+// come back resends for nothing), doubled per timeout in a row without
+// progress.
 void QueuePairImpl::arm_timer() {
   if (attr_.timeout == 0) {
     timer_.reset();  // IBA: 0 means wait forever
     return;
   }
   const auto base = std::chrono::nanoseconds(uint64_t{4096} << attr_.timeout);
-  timer_ = ctx_.now() + std::max(base, 3 * srtt_) * (1u << backoff_);
+  timer_ = ctx_.now() + std::max<std::chrono::nanoseconds>(base, srtt_ + 4 * rttvar_) * (1u << backoff_);
 }
 
 int QueuePairImpl::transmit() {
@@ -381,7 +382,14 @@ void QueuePairImpl::window_loss(uint32_t psn, bool timeout) {
 void QueuePairImpl::window_acked(uint32_t packets) {
   if (rtt_start_ && psn_diff(una_psn_, rtt_psn_) > 0) {
     const auto sample = std::chrono::duration_cast<std::chrono::nanoseconds>(ctx_.now() - *rtt_start_);
-    srtt_ = srtt_.count() == 0 ? sample : (7 * srtt_ + sample) / 8;
+    if (srtt_.count() == 0) {
+      srtt_ = sample;
+      rttvar_ = sample / 2;
+    } else {
+      // RFC 6298's estimator.
+      rttvar_ = (3 * rttvar_ + std::chrono::abs(srtt_ - sample)) / 4;
+      srtt_ = (7 * srtt_ + sample) / 8;
+    }
     rtt_start_.reset();
   }
   if (recovering_ && psn_diff(una_psn_, recover_psn_) >= 0) recovering_ = false;
