@@ -310,7 +310,28 @@ struct ufab_device_stats {
   uint64_t rnr_naks_sent, rnr_naks_received;
   uint64_t duplicates; /* requests seen again (re-ACKed or replayed) */
   uint64_t tx_stalls;  /* sends put off because the NIC had no free buffer */
+  /* Appended (fields are only ever added here, at the end). Data
+   * packets are the RC request packets (SEND, WRITE, READ request, atomic)
+   * and the READ response packets this device put on the wire. Packets sent
+   * per packet needed: tx_data_packets / (tx_data_packets - tx_data_resent). */
+  uint64_t tx_data_packets; /* data packets sent, first sends and resends */
+  uint64_t tx_data_resent;  /* of those, sent again: go-backs, READ ranges asked for again, READ responses replayed */
+  uint64_t rx_read_responses;     /* READ response packets taken by this device's requesters */
+  uint64_t rx_read_response_dups; /* of those, for responses already received (the peer sent them twice) */
+  uint64_t window_cuts;           /* congestion window halvings (sequence NAK, RNR NAK, timeout) */
+  uint64_t rx_data_packets;  /* RC request packets received by this device's responders */
+  uint64_t rx_data_unneeded; /* of those, not taken: duplicates and packets ahead of a gap */
 };
+/* Data packets per packet needed, as this device sees them: sent (with
+ * resends) plus received from a peer that sends (READ responses, requests),
+ * over the same without resends and without what arrived twice or ahead of
+ * a gap. 1.0: nothing sent twice. The receiving side cannot see packets the
+ * wire lost, so there it is a lower bound. */
+static inline double ufab_sent_per_needed(const struct ufab_device_stats* st) {
+  uint64_t sent = st->tx_data_packets + st->rx_data_packets + st->rx_read_responses;
+  uint64_t again = st->tx_data_resent + st->rx_data_unneeded + st->rx_read_response_dups;
+  return sent > again ? (double)sent / (double)(sent - again) : 1.0;
+}
 
 struct ufab_mr_attr {
   uint32_t size; /* sizeof(struct ufab_mr_attr) */

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -218,7 +219,12 @@ inline std::string to_string(const DeviceStats& st) {
          n(st.rx_arp) + "), parse errors " + n(st.rx_parse_errors) + ", dropped " + n(st.rx_dropped) +
          ", retransmits " + n(st.retransmits) + ", timeouts " + n(st.timeouts) + ", duplicates " +
          n(st.duplicates) + ", NAKs sent " + n(st.naks_sent) + " received " + n(st.naks_received) +
-         ", RNR NAKs sent " + n(st.rnr_naks_sent) + " received " + n(st.rnr_naks_received);
+         ", RNR NAKs sent " + n(st.rnr_naks_sent) + " received " + n(st.rnr_naks_received) + ", sent/needed " +
+         [&] {
+           char b[32];
+           std::snprintf(b, sizeof b, "%.2f", ufab_sent_per_needed(&st));
+           return std::string(b);
+         }();
 }
 
 struct DeviceOptions {

@@ -1,6 +1,7 @@
 // One queue pair of the software transport: the RC requester (segmentation,
 // PSNs, ACK/NAK handling, go-back-N retransmission on NAK and timeout, RNR
-// back-off, READ reassembly, atomics), the RC responder (PSN checks,
+// back-off, a congestion window, READ reassembly with selective re-requests,
+// atomics), the RC responder (PSN checks,
 // duplicate handling with an atomic replay cache, key and bound checks
 // before any byte lands, NAKs as rxe sends them) and UD datagrams.
 // docs/transport.md describes the design. Everything runs under the
@@ -61,6 +62,7 @@ class QueuePairImpl {
   bool lost_completion() const { return lost_completion_; }
 
  private:
+  static constexpr uint32_t kNoAsk = 0xFFFFFFFF;
   struct SendWqe {
     verbs::SendWr wr;  // wr.sgl is unused: the SGEs are copied into sge
     std::array<verbs::Sge, verbs::kMaxSge> sge{};
@@ -72,7 +74,10 @@ class QueuePairImpl {
     bool started = false;
     uint32_t first_psn = 0;
     uint32_t npkts = 0;
-    uint32_t rcv_pkts = 0;  // READ response packets taken
+    uint32_t rcv_pkts = 0;  // READ: response packets taken from index 0 on without a hole
+    uint32_t read_seen = 0;    // READ: one past the highest response seen (npkts once its tail is known lost)
+    uint32_t read_ask_at = kNoAsk;  // READ: the first missing response when it was last asked for again
+    uint32_t read_got = 0;    // READ: response packets taken in all (holes filled later included)
   };
   struct RecvWqe {
     uint64_t wr_id = 0;
@@ -168,6 +173,21 @@ class QueuePairImpl {
   bool on_read_response(const roce::Packet& pkt, SendWqe& w);
   bool on_atomic_ack(const roce::Packet& pkt, SendWqe& w);
   void complete_send(SendWqe& w, verbs::WcStatus status, std::string error = {});
+  void handle_response(const roce::Packet& pkt);
+  void take_read_response(const roce::Packet& pkt);
+  // READ responses: the bitmap of the READ in sq slot `slot`, what arrived,
+  // asking again for the holes, completing READs in order.
+  std::vector<uint64_t>& read_bits(uint64_t sq_index);
+  bool read_has(uint64_t sq_index, const SendWqe& w, uint32_t index);
+  void read_mark(uint64_t sq_index, SendWqe& w, uint32_t index);
+  uint32_t read_missing_end(uint64_t sq_index, const SendWqe& w, uint32_t from, uint32_t end);
+  void ask_read_hole(uint64_t sq_index, SendWqe& w);
+  void complete_done();
+  int send_read_rerequest();  // 1 sent, 0 none or no buffer
+  // Congestion window: halve on a NAK (once per window), one packet after a
+  // timeout; grow back (doubling up to ssthresh_, then one per window).
+  void window_loss(uint32_t psn, bool timeout);
+  void window_acked(uint32_t packets);
   void rewind(uint32_t psn);
   void arm_timer();
   bool retry_exhausted(bool rnr);
@@ -236,9 +256,44 @@ class QueuePairImpl {
   uint32_t max_sent_psn_ = 0;  // one past the highest PSN ever sent (retransmit accounting)
   uint32_t rd_atomic_outstanding_ = 0;
   uint32_t noack_pkts_ = 0;
-  std::optional<uint32_t> read_retry_;  // READ response PSN last asked for again
+  // Packets in flight at most: the largest window, and the smallest it
+  // shrinks to.
+  static constexpr uint32_t kMaxWindow = 256;
+  static constexpr uint32_t kMinWindow = 8;
+  uint32_t cwnd_ = kMaxWindow;      // packets in flight allowed now
+  uint32_t ssthresh_ = kMaxWindow;  // below it the window doubles per window acknowledged, above it grows by one
+  uint32_t cwnd_acked_ = 0;         // packets acknowledged toward the next +1
+  // The window before the last cut (NAK or timeout), restored when the next
+  // response acknowledges past the cursor while at most one packet was
+  // resent since the go-back to undo_psn_: the go-back was not needed (a
+  // late ACK, or packets that were only swapped). 0: none.
+  uint32_t undo_cwnd_ = 0, undo_ssthresh_ = 0, undo_psn_ = 0;
+  bool recovering_ = false;     // a loss was answered; losses before recover_psn_ belong to it
+  uint32_t recover_psn_ = 0;
+  std::optional<uint32_t> nak_rewound_;     // PSN of the last go-back on a sequence NAK
+  std::optional<uint32_t> acked_through_;   // highest PSN an ACK covered (SEND/WRITE)
+  // READ: per send-queue slot, which response packets arrived (bit i % kReadTrack
+  // for index i, from rcv_pkts on); storage kept between uses of the slot.
+  static constexpr uint32_t kReadTrack = 32768;
+  std::vector<std::vector<uint64_t>> read_bits_;
+  // READ ranges to ask for again, apart from the cursor (bounded).
+  struct ReadAsk {
+    uint64_t sq_index = 0;
+    uint32_t first = 0;  // response index
+    uint32_t count = 0;  // response packets
+  };
+  static constexpr size_t kMaxReadAsks = 8;
+  std::vector<ReadAsk> read_asks_;
   uint8_t retry_left_ = 7, rnr_left_ = 7;
   std::optional<Clock::time_point> timer_;      // retransmission deadline
+  std::chrono::nanoseconds srtt_{0};            // smoothed round trip (0: not measured)
+  std::chrono::nanoseconds rttvar_{0};          // its mean deviation
+  std::optional<Clock::time_point> rtt_start_;  // when rtt_psn_ was sent (a sample under way)
+  uint32_t rtt_psn_ = 0;
+  static constexpr uint8_t kRttEvery = 32;
+  uint8_t rtt_skip_ = kRttEvery - 1;  // the first AckReq packet starts a sample
+  static constexpr uint8_t kMaxBackoff = 6;     // the timeout doubles at most this often in a row
+  uint8_t backoff_ = 0;
   std::optional<Clock::time_point> rnr_until_;  // no requests before this (RNR back-off)
 
   // Receive queue.
@@ -248,7 +303,17 @@ class QueuePairImpl {
   // Responder.
   uint32_t epsn_ = 0;  // expected PSN
   uint32_t msn_ = 0;
-  bool nak_sent_ = false;  // a sequence NAK went out for the current gap
+  bool nak_sent_ = false;  // a sequence NAK went out; the requester will go back
+  uint32_t ahead_first_ = 0;  // the PSN ahead of the gap that drew the NAK
+  uint32_t ahead_max_ = 0;    // the highest PSN seen ahead of the gap since
+  // The packet one ahead of the expected PSN that drew the NAK, kept: when
+  // the expected one arrives next (the two were swapped), it runs right
+  // after it, and an ACK tells the requester that its go-back is not needed.
+  bool stash_valid_ = false;
+  roce::Packet stash_{};
+  std::vector<uint8_t> stash_payload_;
+  void stash(const roce::Packet& pkt);
+  void take_stash();
   InMessage in_message_ = InMessage::kNone;
   uint64_t msg_offset_ = 0;  // bytes of the current message so far
   uint64_t write_va_ = 0;

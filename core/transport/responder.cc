@@ -135,6 +135,8 @@ bool QueuePairImpl::send_reply_packet(Reply& r) {
     }
     if (!ctx_.send_frame_locked(spec, std::span(&piece, len > 0 ? 1 : 0))) return false;
     ++r.sent_pkts;
+    ++ctx_.stats().tx_data_packets;
+    if (r.replay) ++ctx_.stats().tx_data_resent;
   }
   return true;
 }
@@ -151,6 +153,7 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
     ++ctx_.stats().rx_dropped;
     return;
   }
+  ++ctx_.stats().rx_data_packets;
   if (!check_psn(pkt)) return;
   const OpcodeHandling& h = handling(pkt.bth.opcode);
   if (h.execute == nullptr) {
@@ -162,27 +165,78 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
   }
   if (!check_request(pkt, h)) return;
   (this->*h.execute)(pkt);
+  if (stash_valid_) take_stash();
 }
 
-// True for the expected PSN. A PSN ahead of it gets one sequence NAK per
-// gap (IBA 9.7.5.1.2), repeated only once the expected PSN has arrived; one
-// behind it is a duplicate, for the opcode's duplicate handler.
+// Keeps a copy of `pkt` (a request one PSN ahead of the expected one).
+void QueuePairImpl::stash(const roce::Packet& pkt) {
+  stash_ = pkt;
+  stash_payload_.assign(pkt.payload.begin(), pkt.payload.end());
+  stash_.payload = stash_payload_;
+  stash_valid_ = true;
+}
+
+// After a request at the expected PSN ran: the kept packet, if it is the
+// next one now, runs too, and an ACK for it goes out (the requester, which
+// got the NAK, skips the go-back when the ACK comes with it). A kept packet
+// left behind is dropped.
+void QueuePairImpl::take_stash() {
+  if (attr_.state != QpState::kRtr && attr_.state != QpState::kRts) {
+    stash_valid_ = false;
+    return;
+  }
+  const int32_t diff = psn_diff(stash_.bth.psn, epsn_);
+  if (diff > 0) return;
+  stash_valid_ = false;
+  if (diff < 0) return;
+  // Counted when it arrived (as not taken); it is taken now.
+  --ctx_.stats().rx_data_packets;
+  --ctx_.stats().rx_data_unneeded;
+  on_request(stash_);
+  if (psn_diff(epsn_, stash_.bth.psn) > 0 && (attr_.state == QpState::kRtr || attr_.state == QpState::kRts)) {
+    queue_ack(psn_add(epsn_, roce::kPsnMask));
+  }
+}
+
+// True for the expected PSN; one behind it is a duplicate, for the
+// opcode's duplicate handler. A PSN ahead of it gets one sequence NAK
+// (IBA 9.7.5.1.2) and is dropped. The requester then goes back to the
+// expected PSN and sends everything from there again, so no further NAK
+// goes out until that go-back shows:
+//  - a packet at or before the one that drew the NAK, after the requester
+//    had sent beyond it (the go-back itself), or
+//  - every PSN seen ahead of the gap taken.
+// The packet overtaken by one (the expected PSN arriving right after its
+// successor) is taken without ending the wait: the go-back is still coming,
+// and the old packets after it would otherwise draw a second NAK for the
+// successor and a second go-back for one gap, as rxe's responder does (the
+// requester ignores a repeated NAK of the same PSN, requester.cc).
 bool QueuePairImpl::check_psn(const roce::Packet& pkt) {
-  const int32_t diff = psn_diff(pkt.bth.psn, epsn_);
+  const uint32_t psn = pkt.bth.psn;
+  const int32_t diff = psn_diff(psn, epsn_);
   if (diff > 0) {
+    ++ctx_.stats().rx_data_unneeded;
     if (!nak_sent_) {
       nak_sent_ = true;
+      ahead_first_ = ahead_max_ = psn;
       ++ctx_.stats().naks_sent;
       replies_.push_back(Reply{.kind = Reply::kAck, .psn = epsn_, .msn = msn_, .syndrome = kNakSequence});
+      if (diff == 1 && pkt.payload.size() <= mtu_) stash(pkt);
+    } else if (psn_diff(psn, ahead_max_) > 0) {
+      ahead_max_ = psn;
     }
     return false;
   }
+  if (nak_sent_ && (psn_diff(psn, ahead_max_) >= 0 ||
+                    (psn_diff(psn, ahead_first_) <= 0 && psn_diff(ahead_max_, ahead_first_) > 0))) {
+    nak_sent_ = false;
+  }
   if (diff < 0) {
+    ++ctx_.stats().rx_data_unneeded;
     ++ctx_.stats().duplicates;
     (this->*handling(pkt.bth.opcode).duplicate)(pkt);
     return false;
   }
-  nak_sent_ = false;
   return true;
 }
 
@@ -396,7 +450,10 @@ void QueuePairImpl::duplicate_send_write(const roce::Packet& pkt) {
 }
 
 // READs are idempotent: answer again from memory, re-checking the key (rxe
-// does the same). Later queued READs restart after it.
+// does the same). The request may ask for part of a READ (a requester that
+// lost some responses asks again from the first missing one, for the
+// range it lacks): queued answers that start inside that range are
+// replaced by this one; others (earlier ranges, later READs) stay.
 void QueuePairImpl::duplicate_read(const roce::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
   const roce::Reth& reth = pkt.ext.reth;
@@ -404,7 +461,10 @@ void QueuePairImpl::duplicate_read(const roce::Packet& pkt) {
   if (reth.dma_length > 0 && !ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead)) {
     return;
   }
-  std::erase_if(replies_, [&](const Reply& r) { return r.kind == Reply::kRead && psn_diff(r.psn, psn) >= 0; });
+  const uint32_t end = psn_add(psn, roce::packets_for(reth.dma_length, mtu_));
+  std::erase_if(replies_, [&](const Reply& r) {
+    return r.kind == Reply::kRead && psn_diff(r.psn, psn) >= 0 && psn_diff(r.psn, end) < 0;
+  });
   if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) {
     ++ctx_.stats().rx_dropped;  // a flood of old READs must not queue unbounded responses
     return;

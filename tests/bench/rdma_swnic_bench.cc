@@ -68,6 +68,10 @@ struct Pair {
   }
 };
 
+// Data packets sent per packet needed by the last write_bw run's sender
+// (api/ufab/rdma.h ufab_sent_per_needed; 1.0 without resends).
+double last_sent_per_needed = 1.0;
+
 // Bytes/s and messages/s of RDMA WRITEs of `size`, 128 outstanding, every
 // 16th signaled; the peer thread only runs its transport.
 std::pair<double, double> write_bw(uint32_t size, double seconds) {
@@ -101,10 +105,13 @@ std::pair<double, double> write_bw(uint32_t size, double seconds) {
   double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   stop = true;
   responder.join();
+  const DeviceStats sender = p.a.dev->stats();
+  last_sent_per_needed = ufab_sent_per_needed(&sender);
   if (getenv("UFAB_BENCH_STATS")) {
     auto st = p.a.dev->stats();
-    std::fprintf(stderr, "a: tx %lu rx %lu retrans %lu timeouts %lu stalls %lu naks %lu\n", st.tx_frames, st.rx_frames,
-                 st.retransmits, st.timeouts, st.tx_stalls, st.naks_received);
+    std::fprintf(stderr, "a: tx %lu rx %lu retrans %lu timeouts %lu stalls %lu naks %lu window cuts %lu sent/needed %.3f\n",
+                 st.tx_frames, st.rx_frames, st.retransmits, st.timeouts, st.tx_stalls, st.naks_received, st.window_cuts,
+                 last_sent_per_needed);
     st = p.b.dev->stats();
     std::fprintf(stderr, "b: tx %lu rx %lu dup %lu naks sent %lu dropped %lu\n", st.tx_frames, st.rx_frames,
                  st.duplicates, st.naks_sent, st.rx_dropped);
@@ -167,11 +174,12 @@ int main(int argc, char** argv) {
   }
   JsonWriter json;
   json.begin_object().key("write_bw").begin_array();
-  std::printf("%-12s %10s %14s %12s\n", "test", "bytes", "MB/s", "msgs/s");
+  std::printf("%-12s %10s %14s %12s %12s\n", "test", "bytes", "MB/s", "msgs/s", "sent/needed");
   for (uint32_t size : {64u, 1024u, 4096u, 65536u, 1u << 20}) {
     auto [bps, mps] = write_bw(size, seconds);
-    std::printf("%-12s %10u %14.1f %12.0f\n", "write_bw", size, bps / 1e6, mps);
-    json.begin_object().field("bytes", size).field("mb_per_s", bps / 1e6).field("msgs_per_s", mps).end_object();
+    std::printf("%-12s %10u %14.1f %12.0f %12.3f\n", "write_bw", size, bps / 1e6, mps, last_sent_per_needed);
+    json.begin_object().field("bytes", size).field("mb_per_s", bps / 1e6).field("msgs_per_s", mps);
+    json.field("sent_per_needed", last_sent_per_needed).end_object();
   }
   json.end_array().key("send_lat").begin_array();
   std::printf("%-12s %10s %14s\n", "test", "bytes", "usec (one way)");

@@ -124,7 +124,10 @@ check() {
     ok=0; why+=("ufab counted parse errors")
   fi
   if [ "$ok" -eq 1 ]; then
-    pass "$name: $(grep ' usec/iter$' "$w/u.out") (ufab), $(grep ' usec/iter$' "$w/r.out") (ibv_rc_pingpong)"
+    # Data packets per packet needed as ufab saw them (its transport line).
+    local spn
+    spn=$(sed -n 's/^pingpong: transport: .*, sent\/needed \([0-9.]*\).*/\1/p' "$w/u.err" | tail -n 1)
+    pass "$name: $(grep ' usec/iter$' "$w/u.out") (ufab), $(grep ' usec/iter$' "$w/r.out") (ibv_rc_pingpong); sent/needed ${spn:--}"
   else
     local IFS=';'
     fail "$name: ${why[*]}"

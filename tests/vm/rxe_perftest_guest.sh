@@ -313,14 +313,14 @@ run() {
 
   # ufab's JSON: one object, ok, this test and role, the same results,
   # and every frame rxe sent passed ufab's parser (IPv4, UDP, BTH, ICRC).
-  local j_ok='' j_test='' j_role='' j_parse='' j_retx='' j_tmo='' j_msg='' ugot
+  local j_ok='' j_test='' j_role='' j_parse='' j_retx='' j_tmo='' j_spn='' j_msg='' ugot
   if ! jq -s -e 'length == 1 and (.[0] | type == "object")' "$W/u.out" >/dev/null 2>&1; then
     why+=("ufab's stdout is not one JSON object")
   else
     # (Here-strings, not <(...): the guest has no /dev/fd.)
-    IFS=$'\t' read -r j_ok j_test j_role j_parse j_retx j_tmo j_msg <<<"$(jq -r '[(.ok | tostring), .test, .role,
+    IFS=$'\t' read -r j_ok j_test j_role j_parse j_retx j_tmo j_spn j_msg <<<"$(jq -r '[(.ok | tostring), .test, .role,
       (.transport.rx_parse_errors // "none"), (.transport.retransmits // "-"), (.transport.timeouts // "-"),
-      (.message // "" | gsub("\t"; " "))] | map(tostring) | join("\t")' "$W/u.out")"
+      (.transport.sent_per_needed // "-"), (.message // "" | gsub("\t"; " "))] | map(tostring) | join("\t")' "$W/u.out")"
     if [ "$j_ok" != true ]; then
       why+=("ufab's JSON has ok: $j_ok${j_msg:+ ($j_msg)}")
     else
@@ -349,7 +349,12 @@ run() {
     n=$(grep -c . <<<"$want")
     local figs="$unit ufab ${uf:--}, $tool ${pf:--}"
     [ "$n" -le 1 ] || figs="$n sizes, the last: $figs"
-    pass "$name: $figs; ufab retransmits $j_retx, timeouts $j_tmo${dropped:+; tc dropped $dropped}; $secs s"
+    # Data packets per packet needed, as ufab saw them (api/ufab/rdma.h
+    # ufab_sent_per_needed: ufab's sends with resends, plus what rxe sent
+    # that ufab received twice or ahead of a gap).
+    local spn
+    spn=$(printf '%.2f' "$j_spn" 2>/dev/null) || spn=-
+    pass "$name: $figs; sent/needed $spn, ufab retransmits $j_retx, timeouts $j_tmo${dropped:+; tc dropped $dropped}; $secs s"
   else
     fail "$name: $(printf '%s; ' "${why[@]}")$secs s"
   fi

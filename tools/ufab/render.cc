@@ -113,6 +113,11 @@ void write_transport_stats(JsonWriter& w, const rdma::DeviceStats& st) {
   w.field("retransmits", st.retransmits).field("timeouts", st.timeouts).field("duplicates", st.duplicates);
   w.field("naks_sent", st.naks_sent).field("naks_received", st.naks_received);
   w.field("rnr_naks_sent", st.rnr_naks_sent).field("rnr_naks_received", st.rnr_naks_received);
+  w.field("tx_data_packets", st.tx_data_packets).field("tx_data_resent", st.tx_data_resent);
+  w.field("rx_data_packets", st.rx_data_packets).field("rx_data_unneeded", st.rx_data_unneeded);
+  w.field("rx_read_responses", st.rx_read_responses).field("rx_read_response_dups", st.rx_read_response_dups);
+  w.field("window_cuts", st.window_cuts);
+  w.field("sent_per_needed", ufab_sent_per_needed(&st));
   w.end_object();
 }
 

@@ -1422,6 +1422,251 @@ TEST_F(HostilePeer, HostileResponsesWriteNothingOutsideTheLocalBuffer) {
   }
 }
 
+// ------------------------------------------------- the Device as requester
+
+// Loss recovery of the requester, with this test as a responder that drops
+// chosen responses (docs/transport.md, "Loss recovery").
+class LossRecovery : public HostilePeer {
+ protected:
+  // An RC QP with a large send queue and the ACK timeout `timeout`.
+  std::unique_ptr<rdma::QueuePair> make_sender(uint8_t timeout) {
+    auto qp = pd_->create_qp({.type = rdma::QpType::kRc, .send_cq = cq_.get(), .recv_cq = cq_.get(),
+                              .caps = {.max_send_wr = 1024, .max_recv_wr = 4}});
+    EXPECT_TRUE(qp) << qp.error().message();
+    if (!qp) return nullptr;
+    rdma::QpAttr tuning;
+    tuning.path_mtu = kMtu;
+    tuning.timeout = timeout;
+    auto st = (*qp)->connect(rdma::ConnectionData{.ip = kPeerIp, .qpn = kPeerQpn, .psn = kPsn}, tuning);
+    EXPECT_TRUE(st) << st.error().message();
+    return std::move(*qp);
+  }
+  // n unsignaled 8-byte WRITEs (the peer only counts them).
+  void post_writes(rdma::QueuePair& qp, int n) {
+    rdma::Sge sge = mr_[kRw]->sge(0, 8);
+    for (int i = 0; i < n; ++i) {
+      auto st = qp.post_send(rdma::SendWr{.wr_id = uint64_t(i), .opcode = rdma::WrOpcode::kRdmaWrite, .sgl = {&sge, 1},
+                                          .remote_addr = 0x100000, .rkey = 0xABCDEF01});
+      ASSERT_TRUE(st) << st.error().message();
+    }
+  }
+  void ack(rdma::QueuePair& qp, uint32_t psn, uint8_t syndrome = roce::aeth::ack_syndrome()) {
+    roce::ExtHeaders e;
+    e.aeth = roce::Aeth{syndrome, 1};
+    ASSERT_TRUE(peer_.send(peer_.build(Req{.opcode = roce::op::kRcAck, .psn = psn, .ext = e}, qp.qp_num())));
+  }
+  // The PSNs of the request packets in `got`, checking they are WRITEs.
+  static std::vector<uint32_t> psns(const std::vector<Answer>& got) {
+    std::vector<uint32_t> out;
+    for (const auto& a : got) {
+      EXPECT_EQ(a.opcode(), roce::op::kRcWriteOnly) << a.str();
+      out.push_back(a.psn());
+    }
+    return out;
+  }
+  static std::vector<uint32_t> range(uint32_t first, uint32_t n) {
+    std::vector<uint32_t> v;
+    for (uint32_t i = 0; i < n; ++i) v.push_back((first + i) & roce::kPsnMask);
+    return v;
+  }
+};
+
+// READ responses 2 and 5 of 8 are lost: the others are taken where their
+// PSN puts them, and exactly two READ requests go out again, one after the
+// other, each at the missing PSN with the RETH of that one packet (not the
+// rest of the READ).
+TEST_F(LossRecovery, ReadAsksAgainOnlyForTheMissingResponses) {
+  auto qp = make_sender(20);
+  ASSERT_TRUE(qp);
+  constexpr uint32_t kPackets = 8, kLen = kPackets * kMtu;
+  rdma::Sge sge = mr_[kRecv]->sge(0, kLen);
+  const uint64_t remote = 0x200000;
+  ASSERT_TRUE(qp->post_send(rdma::SendWr{.wr_id = 9, .opcode = rdma::WrOpcode::kRdmaRead, .flags = rdma::kSendSignaled,
+                                         .sgl = {&sge, 1}, .remote_addr = remote, .rkey = 0x5151}));
+  auto req = peer_.collect(*dev_, 1);
+  ASSERT_EQ(req.size(), 1u) << describe(req);
+  ASSERT_EQ(req[0].opcode(), roce::op::kRcReadRequest);
+  const uint32_t psn = req[0].psn();
+  EXPECT_EQ(req[0].p.ext.reth.dma_length, kLen);
+  const auto data = pattern(kLen, 0x3D);
+  auto response = [&](uint32_t i, uint8_t opcode) {
+    roce::ExtHeaders e;
+    e.aeth = roce::aeth::ack(1);
+    return Req{.opcode = opcode, .psn = psn + i, .ext = e,
+               .payload = std::vector<uint8_t>(data.begin() + i * kMtu, data.begin() + (i + 1) * kMtu)};
+  };
+  namespace o = roce::op;
+  for (uint32_t i = 0; i < kPackets; ++i) {
+    if (i == 2 || i == 5) continue;  // lost
+    uint8_t op = i == 0 ? o::kRcReadResponseFirst : i + 1 == kPackets ? o::kRcReadResponseLast : o::kRcReadResponseMiddle;
+    ASSERT_TRUE(peer_.send(peer_.build(response(i, op), qp->qp_num())));
+  }
+  // One hole at a time, the lowest first (rxe moves a READ's start to a
+  // request from its middle and drops later ones below it); each answered
+  // as rxe answers a one-packet request: READ RESPONSE ONLY.
+  for (uint32_t i : {2u, 5u}) {
+    auto again = peer_.collect(*dev_, 1);
+    ASSERT_EQ(again.size(), 1u) << describe(again);
+    EXPECT_EQ(again[0].opcode(), o::kRcReadRequest) << again[0].str();
+    EXPECT_EQ(again[0].psn(), psn + i) << again[0].str();
+    EXPECT_EQ(again[0].p.ext.reth.va, remote + i * kMtu) << again[0].str();
+    EXPECT_EQ(again[0].p.ext.reth.dma_length, kMtu) << again[0].str();
+    EXPECT_EQ(again[0].p.ext.reth.rkey, 0x5151u) << again[0].str();
+    EXPECT_TRUE(poll_all().empty()) << "the READ completed with holes";
+    ASSERT_TRUE(peer_.send(peer_.build(response(i, o::kRcReadResponseOnly), qp->qp_num())));
+  }
+  auto rest = peer_.collect(*dev_, 0, 20ms);
+  EXPECT_TRUE(rest.empty()) << describe(rest);
+  arena_.expect_write(kRecv, 0, data);
+  auto wcs = poll_all();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, WcStatus::kSuccess) << wcs[0].error;
+  EXPECT_EQ(wcs[0].byte_len, kLen);
+  auto st = dev_->stats();
+  EXPECT_EQ(st.rx_read_responses, kPackets);
+  EXPECT_EQ(st.rx_read_response_dups, 0u);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// The tail of a READ is lost and the next READ's responses arrive: the
+// first READ's tail is asked for once (its PSN, the rest of its range), the
+// second READ's data is kept, and both complete in order.
+TEST_F(LossRecovery, ReadTailLostBeforeTheNextReadIsAskedForOnce) {
+  auto qp = make_sender(20);
+  ASSERT_TRUE(qp);
+  constexpr uint32_t kPackets = 3, kLen = kPackets * kMtu;
+  const auto data = pattern(2 * kLen, 0x4E);
+  for (uint32_t r = 0; r < 2; ++r) {
+    rdma::Sge sge = mr_[kRecv]->sge(r * kLen, kLen);
+    ASSERT_TRUE(qp->post_send(rdma::SendWr{.wr_id = 20 + r, .opcode = rdma::WrOpcode::kRdmaRead,
+                                           .flags = rdma::kSendSignaled, .sgl = {&sge, 1},
+                                           .remote_addr = 0x300000 + r * kLen, .rkey = 0x77}));
+  }
+  auto req = peer_.collect(*dev_, 2);
+  ASSERT_EQ(req.size(), 2u) << describe(req);
+  const uint32_t psn = req[0].psn();
+  ASSERT_EQ(req[1].psn(), psn + kPackets);
+  namespace o = roce::op;
+  auto response = [&](uint32_t i, uint8_t opcode) {  // i: over both READs
+    roce::ExtHeaders e;
+    e.aeth = roce::aeth::ack(1);
+    return Req{.opcode = opcode, .psn = psn + i, .ext = e,
+               .payload = std::vector<uint8_t>(data.begin() + i * kMtu, data.begin() + (i + 1) * kMtu)};
+  };
+  // READ 1: FIRST, MIDDLE, (LAST lost); READ 2: FIRST, MIDDLE, LAST.
+  for (uint32_t i : {0u, 1u}) ASSERT_TRUE(peer_.send(peer_.build(response(i, i == 0 ? o::kRcReadResponseFirst : o::kRcReadResponseMiddle), qp->qp_num())));
+  for (uint32_t i : {3u, 4u, 5u}) {
+    uint8_t op = i == 3 ? o::kRcReadResponseFirst : i == 5 ? o::kRcReadResponseLast : o::kRcReadResponseMiddle;
+    ASSERT_TRUE(peer_.send(peer_.build(response(i, op), qp->qp_num())));
+  }
+  auto again = peer_.collect(*dev_, 1);
+  ASSERT_EQ(again.size(), 1u) << describe(again);
+  EXPECT_EQ(again[0].opcode(), o::kRcReadRequest);
+  EXPECT_EQ(again[0].psn(), psn + 2);
+  EXPECT_EQ(again[0].p.ext.reth.va, 0x300000u + 2 * kMtu);
+  EXPECT_EQ(again[0].p.ext.reth.dma_length, kMtu);
+  EXPECT_TRUE(poll_all().empty()) << "completed out of order or with a hole";
+  ASSERT_TRUE(peer_.send(peer_.build(response(2, o::kRcReadResponseOnly), qp->qp_num())));
+  EXPECT_TRUE(peer_.collect(*dev_, 0, 20ms).empty());
+  arena_.expect_write(kRecv, 0, data);
+  auto wcs = poll_all();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 20u);
+  EXPECT_EQ(wcs[1].wr_id, 21u);
+  for (const auto& wc : wcs) EXPECT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+}
+
+// The window: 256 packets in flight at first; a sequence NAK halves it
+// (the go-back sends 128); an acknowledged window grows it by one (129);
+// a repeated NAK of the same PSN is not a second go-back.
+TEST_F(LossRecovery, WindowHalvesOnNakAndGrowsBack) {
+  auto qp = make_sender(20);
+  ASSERT_TRUE(qp);
+  post_writes(*qp, 600);
+  auto first = peer_.collect(*dev_, 256);
+  ASSERT_FALSE(first.empty());
+  const uint32_t p = first[0].psn();
+  ASSERT_EQ(psns(first), range(p, 256)) << "the first window";
+  ack(*qp, p + 10, kSynPsnSeq);  // lost: p + 10 (the NAK acknowledges what is before)
+  auto go_back = peer_.collect(*dev_, 128);
+  ASSERT_EQ(psns(go_back), range(p + 10, 128)) << "one go-back, the window halved";
+  ack(*qp, p + 10, kSynPsnSeq);  // the same NAK again: no second go-back
+  EXPECT_TRUE(peer_.collect(*dev_, 0, 10ms).empty());
+  ack(*qp, p + 137);
+  auto next = peer_.collect(*dev_, 129);
+  ASSERT_EQ(psns(next), range(p + 138, 129)) << "an acknowledged window adds one";
+  EXPECT_EQ(dev_->stats().window_cuts, 1u);
+}
+
+// A timeout leaves one packet in flight; each ACK then doubles the window
+// (slow start).
+TEST_F(LossRecovery, TimeoutResendsOnePacketThenTheWindowDoubles) {
+  auto qp = make_sender(14);  // 67 ms
+  ASSERT_TRUE(qp);
+  post_writes(*qp, 40);
+  auto first = peer_.collect(*dev_, 40, 5ms);
+  ASSERT_FALSE(first.empty());
+  const uint32_t p = first[0].psn();
+  ASSERT_EQ(psns(first), range(p, 40));
+  // No answer: the timeout resends the oldest packet only.
+  std::vector<Answer> resent;
+  auto t0 = std::chrono::steady_clock::now();
+  while (resent.empty() && std::chrono::steady_clock::now() - t0 < 2s) resent = peer_.collect(*dev_, 1, 1ms);
+  ASSERT_EQ(psns(resent), range(p, 1)) << "one packet after a timeout";
+  ack(*qp, p);
+  ASSERT_EQ(psns(peer_.collect(*dev_, 2, 5ms)), range(p + 1, 2));
+  ack(*qp, p + 2);
+  ASSERT_EQ(psns(peer_.collect(*dev_, 4, 5ms)), range(p + 3, 4));
+  ack(*qp, p + 6);
+  ASSERT_EQ(psns(peer_.collect(*dev_, 8, 5ms)), range(p + 7, 8));
+  EXPECT_EQ(dev_->stats().timeouts, 1u);
+}
+
+// The responder: a packet that overtook the one before it draws one NAK,
+// is kept, and runs right after the late one; an ACK then covers both (the
+// requester skips its go-back). The old packets that follow draw no second
+// NAK.
+TEST_F(HostilePeer, PacketSwappedWithTheNextOneRunsWithoutAGoBack) {
+  auto qp = make_qp();
+  ASSERT_TRUE(qp);
+  auto write = [&](uint32_t psn, size_t off, uint8_t seed) {
+    return Req{.opcode = roce::op::kRcWriteOnly, .psn = psn, .ext = reth(arena_.va(kRw, off), rkey(kRw), 16),
+               .payload = pattern(16, seed), .ack_req = false};
+  };
+  auto got = exchange(*qp, {write(kPsn + 1, 16, 2), write(kPsn, 0, 1)}, 2);
+  ASSERT_EQ(got.size(), 2u) << describe(got);
+  EXPECT_EQ(got[0].syndrome(), kSynPsnSeq) << got[0].str();
+  EXPECT_EQ(got[0].psn(), kPsn) << got[0].str();
+  EXPECT_EQ(got[1].syndrome(), roce::aeth::ack_syndrome()) << got[1].str();
+  EXPECT_EQ(got[1].psn(), kPsn + 1) << got[1].str();
+  arena_.expect_write(kRw, 0, pattern(16, 1));
+  arena_.expect_write(kRw, 16, pattern(16, 2));
+  // Overtaken again with more packets behind: one NAK, every packet taken.
+  got = exchange(*qp, {write(kPsn + 3, 48, 4), write(kPsn + 2, 32, 3), write(kPsn + 4, 64, 5), write(kPsn + 5, 80, 6)}, 2);
+  size_t naks = 0;
+  for (const auto& a : got) naks += a.syndrome() == kSynPsnSeq;
+  EXPECT_EQ(naks, 1u) << describe(got);
+  for (uint8_t k = 2; k <= 5; ++k) arena_.expect_write(kRw, 16 * k, pattern(16, k + 1));
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// A duplicate READ from the middle of a READ (a requester asking again for
+// what it lacks) is answered for that range only.
+TEST_F(HostilePeer, DuplicateReadFromTheMiddleAnswersThatRange) {
+  auto qp = make_qp();
+  ASSERT_TRUE(qp);
+  Req read{.opcode = roce::op::kRcReadRequest, .psn = kPsn, .ext = reth(arena_.va(kRo), rkey(kRo), 3 * kMtu)};
+  auto got = exchange(*qp, read, 3);
+  ASSERT_EQ(got.size(), 3u) << describe(got);
+  Req middle{.opcode = roce::op::kRcReadRequest, .psn = kPsn + 1, .ext = reth(arena_.va(kRo, kMtu), rkey(kRo), kMtu)};
+  got = exchange(*qp, middle, 1);
+  ASSERT_EQ(got.size(), 1u) << describe(got);
+  EXPECT_EQ(got[0].opcode(), roce::op::kRcReadResponseOnly);
+  EXPECT_EQ(got[0].psn(), kPsn + 1);
+  EXPECT_EQ(got[0].payload, std::vector<uint8_t>(arena_.at(kRo, kMtu), arena_.at(kRo, 2 * kMtu)));
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
 // ------------------------------------------------------------------ races
 
 class HostilePeerNoArp : public HostilePeer {

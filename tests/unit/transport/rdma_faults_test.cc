@@ -1,11 +1,13 @@
 // Reliability of the RDMA transport (api/rdma.h) under faults that swnic
 // injects on BOTH directions, with the two ends in two processes (fork):
-// loss 1 %, loss 5 %, reorder 5 %, dup 5 % and a mix with corruption, each
+// loss 1 %, 2 %, 5 %, reorder 5 %, dup 5 % and a mix with corruption, each
 // seeded. In each setting kDefaultMessages messages (half each way) - SENDs
 // of 1..3000 bytes carrying a sequence number and checksum, inline SENDs,
 // RDMA WRITEs announced by a SEND and RDMA WRITE_WITH_IMMs - must arrive
-// exactly once, in order, byte for byte. Also: retry exhaustion under
-// loss=1.0 ends in RETRY_EXC_ERR.
+// exactly once, in order, byte for byte; each port prints its data packets
+// sent per packet needed, bounded at 2 % loss and 5 % reorder. Also: a slow
+// receiver over rings of 16 slots (nothing lost, resends bounded), and
+// retry exhaustion under loss=1.0 ends in RETRY_EXC_ERR.
 //
 // The message count: kDefaultMessages below, or UFAB_FAULT_MESSAGES in the
 // environment (bazel test --test_env=UFAB_FAULT_MESSAGES=100000), or
@@ -22,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ufab/rdma.hpp"
@@ -150,6 +153,10 @@ struct Stream {
 
   uint64_t sent = 0, wr_posted = 0, wr_done = 0, received = 0;
   std::vector<uint8_t> expect = std::vector<uint8_t>(kSlot);
+  // A slow receiver: at most this many receives taken per pass, and a
+  // pause after each pass (0: as fast as it goes).
+  size_t recv_per_pass = 64;
+  std::chrono::microseconds pause{0};
 
   int peer() const { return 1 - s.role; }
   uint64_t stage_off(uint64_t wr) const { return kStageArea + (wr % kStageSlots) * kSlot; }
@@ -293,7 +300,7 @@ struct Stream {
         wr_done = wc.wr_id + 1;
       }
       size_t got = *n;
-      n = c.rcq->poll(wcs);
+      n = c.rcq->poll(std::span(wcs.data(), std::min(wcs.size(), recv_per_pass)));
       TREQUIRE_OK(n);
       for (size_t i = 0; i < *n; ++i) {
         if (received >= n_recv) {
@@ -307,7 +314,11 @@ struct Stream {
         TREQUIRE_OK(post_recv(*c.qp, wcs[i].wr_id, one(sge)));
       }
       got += *n;
-      if (got == 0) s.dev->progress();
+      if (pause.count() > 0) {
+        std::this_thread::sleep_for(pause);
+      } else if (got == 0) {
+        s.dev->progress();
+      }
     }
     return true;
   }
@@ -316,18 +327,31 @@ struct Stream {
 struct Setting {
   const char* name;
   std::map<std::string, std::string> faults;
+  // Most data packets sent per data packet needed on each port (0: not
+  // checked). Measured on this machine, 10^6 messages: see docs/transport.md.
+  double max_sent_per_needed = 0;
 };
 
 void PrintTo(const Setting& s, std::ostream* os) { *os << s.name; }
 
 class RdmaFaults : public ::testing::TestWithParam<Setting> {};
 
+// Data packets sent per data packet needed (resends included): 1.0 is a
+// transfer without any resend.
+double sent_per_needed(const rdma::DeviceStats& st) {
+  const uint64_t needed = st.tx_data_packets - st.tx_data_resent;
+  return needed == 0 ? 1.0 : static_cast<double>(st.tx_data_packets) / static_cast<double>(needed);
+}
+
 void print_stats(int role, const char* setting, const rdma::DeviceStats& st) {
   std::fprintf(stderr,
-               "[port %d] %s: tx %llu rx %llu frames; retransmits %llu, timeouts %llu, NAKs sent %llu received %llu, "
-               "RNR NAKs sent %llu received %llu, duplicates %llu, parse errors %llu, dropped %llu, tx stalls %llu\n",
+               "[port %d] %s: tx %llu rx %llu frames; data packets %llu, resent %llu: sent/needed %.3f; retransmits %llu, "
+               "timeouts %llu, window cuts %llu, NAKs sent %llu received %llu, RNR NAKs sent %llu received %llu, "
+               "duplicates %llu, parse errors %llu, dropped %llu, tx stalls %llu\n",
                role, setting, static_cast<unsigned long long>(st.tx_frames), static_cast<unsigned long long>(st.rx_frames),
-               static_cast<unsigned long long>(st.retransmits), static_cast<unsigned long long>(st.timeouts),
+               static_cast<unsigned long long>(st.tx_data_packets), static_cast<unsigned long long>(st.tx_data_resent),
+               sent_per_needed(st), static_cast<unsigned long long>(st.retransmits),
+               static_cast<unsigned long long>(st.timeouts), static_cast<unsigned long long>(st.window_cuts),
                static_cast<unsigned long long>(st.naks_sent), static_cast<unsigned long long>(st.naks_received),
                static_cast<unsigned long long>(st.rnr_naks_sent), static_cast<unsigned long long>(st.rnr_naks_received),
                static_cast<unsigned long long>(st.duplicates), static_cast<unsigned long long>(st.rx_parse_errors),
@@ -375,8 +399,14 @@ TEST_P(RdmaFaults, EveryMessageExactlyOnceInOrder) {
     std::fprintf(stderr, "[port %d] %s: sent %llu, received %llu messages in %.2f s (%.0f messages/s both ways)\n",
                  s.role, setting.name, static_cast<unsigned long long>(st.sent),
                  static_cast<unsigned long long>(st.received), secs, (st.sent + st.received) / secs);
-    print_stats(s.role, setting.name, s.dev->stats());
+    const rdma::DeviceStats stats = s.dev->stats();
+    print_stats(s.role, setting.name, stats);
     TREQUIRE(ok);
+    if (setting.max_sent_per_needed > 0) {
+      TCHECK_MSG(sent_per_needed(stats) <= setting.max_sent_per_needed,
+                 std::string(setting.name) + ": " + std::to_string(sent_per_needed(stats)) +
+                     " data packets sent per packet needed, bound " + std::to_string(setting.max_sent_per_needed));
+    }
     TREQUIRE(s.sync("stream done", 60s));
     // Exactly once: nothing more arrives.
     expect_none(*c.rcq, 100ms);
@@ -390,12 +420,83 @@ TEST_P(RdmaFaults, EveryMessageExactlyOnceInOrder) {
                static_cast<unsigned long long>(total), secs, total / secs);
 }
 
+// Data packets sent per packet needed, at most, on each port: the
+// measured figure with margin (docs/transport.md has the measurements).
+constexpr double kLoss2Bound = 1.4;
+constexpr double kReorder5Bound = 1.25;
+
 INSTANTIATE_TEST_SUITE_P(
     Seeded, RdmaFaults,
-    ::testing::Values(Setting{"loss1", {{"loss", "0.01"}}}, Setting{"loss5", {{"loss", "0.05"}}},
-                      Setting{"reorder5", {{"reorder", "0.05"}}}, Setting{"dup5", {{"dup", "0.05"}}},
+    ::testing::Values(Setting{"loss1", {{"loss", "0.01"}}}, Setting{"loss2", {{"loss", "0.02"}}, kLoss2Bound},
+                      Setting{"loss5", {{"loss", "0.05"}}}, Setting{"reorder5", {{"reorder", "0.05"}}, kReorder5Bound},
+                      Setting{"dup5", {{"dup", "0.05"}}},
                       Setting{"mix", {{"loss", "0.01"}, {"dup", "0.01"}, {"reorder", "0.02"}, {"corrupt", "0.005"}}}),
     [](const ::testing::TestParamInfo<Setting>& info) { return std::string(info.param.name); });
+
+// ===========================================================================
+// A slow receiver: swnic rings of 16 slots, and the receiving application
+// takes at most 4 receives per pass with a pause after each, so the sender
+// meets full rings (swnic holds it back, it never drops), late ACKs and RNR
+// NAKs once the peer's receive queue runs dry. Every message still arrives
+// exactly once and in order, and the resends stay bounded: the window
+// halves on each RNR NAK and timeout instead of resending 256 packets each
+// time.
+constexpr double kSlowReceiverBound = 1.5;  // data packets sent per packet needed, at most
+
+TEST(RdmaFaultsSlowReceiver, NothingLostResendsBounded) {
+  const uint64_t total = std::max<uint64_t>(2, std::min<uint64_t>(message_count() / 20, 50'000));
+  PairOptions o;
+  for (int p = 0; p < 2; ++p) o.params[p] = {{"ring", "16"}};
+  o.limit = std::chrono::seconds(200);
+  run_pair(o, [&](Side& s) {
+    Arena arena(kStreamArena);
+    auto mr = register_arena(s, arena, rdma::kLocalWrite | rdma::kRemoteWrite);
+    TREQUIRE(mr);
+    Conn c;
+    ConnOptions co;
+    co.tuning.timeout = 8;  // 1 ms
+    co.tuning.retry_cnt = 7;
+    co.tuning.rnr_retry = 7;
+    co.tuning.min_rnr_timer = 1;  // 0.01 ms: RNR NAKs come back quickly, and often
+    co.caps = {.max_send_wr = kStageSlots, .max_recv_wr = kRecvDepth, .max_send_sge = 1, .max_recv_sge = 1,
+               .max_inline_data = kInlineMax};
+    co.cq_depth = 4096;
+    co.advertise = advertise(*mr);
+    TREQUIRE(make_conn(s, c, co));
+    for (uint32_t b = 0; b < kRecvDepth; ++b) {
+      Sge sge = mr->sge(kRecvArea + uint64_t{b} * kSlot, kSlot);
+      TREQUIRE_OK(post_recv(*c.qp, b, one(sge)));
+    }
+    TREQUIRE(s.sync("receives posted"));
+    // End 0 sends everything; end 1 receives, slowly.
+    const uint64_t mine = s.parent() ? total : 0;
+    Stream st{s, arena, *mr, c, mine, total - mine, Clock::now() + std::chrono::seconds(180)};
+    if (!s.parent()) {
+      st.recv_per_pass = 4;
+      st.pause = std::chrono::microseconds(100);
+    }
+    auto start = Clock::now();
+    bool ok = st.run();
+    double secs = std::chrono::duration<double>(Clock::now() - start).count();
+    const rdma::DeviceStats stats = s.dev->stats();
+    std::fprintf(stderr, "[port %d] slow receiver: sent %llu, received %llu messages in %.2f s\n", s.role,
+                 static_cast<unsigned long long>(st.sent), static_cast<unsigned long long>(st.received), secs);
+    print_stats(s.role, "slow receiver", stats);
+    TREQUIRE(ok);
+    if (s.parent()) {
+      TCHECK(stats.rnr_naks_received + stats.tx_stalls > 0);  // the receiver was slow enough to matter
+      TCHECK_MSG(sent_per_needed(stats) <= kSlowReceiverBound,
+                 std::to_string(sent_per_needed(stats)) + " data packets sent per packet needed, bound " +
+                     std::to_string(kSlowReceiverBound));
+    }
+    TREQUIRE(s.sync("stream done", 60s));
+    expect_none(*c.rcq, 100ms);
+    expect_none(*c.scq, 10ms);
+    TCHECK_EQ(c.qp->state(), QpState::kRts);
+    TREQUIRE(s.sync("end"));
+    return true;
+  });
+}
 
 // ===========================================================================
 // Retry exhaustion under loss=1.0: RETRY_EXC_ERR, the QP in ERROR.
