@@ -99,7 +99,7 @@ void NicLink::tx_flush() {
     // A burst of no frames lets the NIC finish what it holds back: swnic's
     // reorder injection keeps a frame until the next burst, which a window
     // that waits for its ACKs would otherwise never send.
-    (void)nic_->tx_burst(0, nullptr, 0);
+    (void)nic_->tx_burst(queue_, nullptr, 0);
     return;
   }
   size_t sent = 0;
