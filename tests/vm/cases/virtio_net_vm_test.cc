@@ -264,6 +264,14 @@ TEST_F(VirtioSmoke, InterruptModeWakesTheReceiverPerBurst) {
 
   auto fd = rx.nic->enable_rx_irq(0);
   ASSERT_TRUE(fd) << fd.error().message();
+  // Frames an earlier test's sender left in QEMU's hub queue arrive when
+  // the queue starts, and enabling announces frames already waiting:
+  // take them and the announcement before checking that nothing wakes us.
+  drain();
+  if (pollfd stale{*fd, POLLIN, 0}; ::poll(&stale, 1, 0) > 0) {
+    uint64_t v;
+    [[maybe_unused]] ssize_t r = ::read(*fd, &v, sizeof v);
+  }
   // Nothing sent yet: the receiver sleeps through the timeout.
   pollfd idle{*fd, POLLIN, 0};
   EXPECT_EQ(::poll(&idle, 1, 200), 0) << "eventfd readable with no traffic";
