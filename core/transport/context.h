@@ -46,7 +46,6 @@ class Context {
   Lane& lane(uint16_t i) { return *lanes_[i]; }
   // The lane QP `qpn` lives on.
   Lane& lane_of(uint32_t qpn) { return *lanes_[qpn % lanes_.size()]; }
-  std::string name() const { return lanes_[0]->link().name(); }
   // Every lane's counters added up (takes each lane's lock in turn).
   verbs::DeviceStats stats();
 
