@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define UFAB_ABI_MAJOR 1
-#define UFAB_ABI_MINOR 2
+#define UFAB_ABI_MINOR 3
 #define UFAB_DRIVER_ENTRY_SYMBOL "ufab_driver_entry_v1"
 
 /* ---------------------------------------------------------------- matching */
@@ -69,6 +69,23 @@ struct ufab_buf {
 };
 
 #define UFAB_BUF_F_RX_CSUM_BAD (1u << 0) /* the device reported a bad checksum */
+
+/* ABI 1.3, gather transmit (tx_burst_gather): a frame made of segments. */
+#define UFAB_TX_SEGS_MAX 4
+
+struct ufab_tx_seg {
+  const uint8_t* va; /* CPU address (software devices read this) */
+  uint64_t iova;     /* device address (DMA devices read this) */
+  uint32_t len;      /* bytes, > 0 */
+  uint32_t reserved; /* 0 */
+};
+
+struct ufab_tx_frame {
+  struct ufab_buf* buf; /* the frame's own buffer: freed by the driver when sent */
+  uint32_t nsegs;       /* 1..UFAB_TX_SEGS_MAX */
+  uint32_t len;         /* sum of the segments' len */
+  struct ufab_tx_seg segs[UFAB_TX_SEGS_MAX];
+};
 
 /* ------------------------------------------------------------ host services */
 
@@ -211,6 +228,23 @@ struct ufab_driver {
    * in queue 0. A device that cannot steer by the rule returns -EOPNOTSUPP
    * and says why through set_error; the caller then steers in software. */
   int (*rx_steer)(struct ufab_dev* dev, uint32_t mode, uint16_t nqueues);
+
+  /* ABI 1.3. Gather transmit: like tx_burst, but each frame is the
+   * concatenation of frames[i].nsegs segments (1..UFAB_TX_SEGS_MAX, each
+   * len > 0), so a payload goes to the wire straight from where it lies
+   * (registered memory) without being copied into a frame buffer first.
+   * Returns how many frames were taken (0 when the ring is full), one
+   * doorbell for them all. For each frame taken, `buf` passes to the
+   * driver, which frees it once the device has read every segment (segments
+   * may point into it: headers, trailer). Memory outside `buf` is the
+   * caller's: a DMA device reads it through `iova`, which the caller has
+   * mapped for this device, after the call returns, until `buf` is freed; a
+   * software device (UFAB_DRIVER_F_SOFTWARE) reads it through `va` and has
+   * finished with every segment when the call returns. The frames' array
+   * is the caller's and only read during the call. A device that cannot
+   * gather leaves this out (the loader's -EOPNOTSUPP stub): the caller
+   * copies into one buffer and uses tx_burst. */
+  int (*tx_burst_gather)(struct ufab_dev* dev, uint16_t queue, const struct ufab_tx_frame* frames, uint16_t n);
 };
 
 /* Steering rules for rx_steer. */

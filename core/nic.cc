@@ -1,5 +1,6 @@
 #include "core/nic.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,11 @@ struct Nic::HostBridge {
 };
 
 namespace {
+
+bool implements(const ufab_driver& driver, const char* op) {
+  auto stubbed = stubbed_driver_ops(driver);
+  return std::find(stubbed.begin(), stubbed.end(), op) == stubbed.end();
+}
 
 int log_threshold() {
   static const int level = [] {
@@ -175,6 +181,7 @@ Result<std::unique_ptr<Nic>> Nic::open_pci(const ufab_driver& driver, const PciA
   nic->name_ = address.str();
   nic->params_ = std::move(params);
   nic->driver_ = complete_driver_ops(driver);
+  nic->can_gather_ = implements(driver, "tx_burst_gather");
   auto container = vfio::Container::open(env);
   if (!container) return std::unexpected(container.error().context("opening " + nic->name_));
   nic->iommu_ = *container;
@@ -197,6 +204,7 @@ Result<std::unique_ptr<Nic>> Nic::open_software(const ufab_driver& driver, const
   nic->name_ = name;
   nic->params_ = std::move(params);
   nic->driver_ = complete_driver_ops(driver);
+  nic->can_gather_ = implements(driver, "tx_burst_gather");
   auto dma = dma::DmaAllocator::create(nullptr);
   if (!dma) return std::unexpected(dma.error());
   nic->dma_ = *dma;

@@ -65,6 +65,13 @@ class Nic {
   // errno (last_error() explains it).
   int rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) { return driver_.rx_burst(dev_, queue, bufs, n); }
   int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) { return driver_.tx_burst(dev_, queue, bufs, n); }
+  // Gather transmit (abi/raw_frame.h tx_burst_gather); -EOPNOTSUPP when the
+  // plugin cannot gather (can_gather() is false).
+  int tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_t n) {
+    return driver_.tx_burst_gather(dev_, queue, frames, n);
+  }
+  // Whether the plugin implements tx_burst_gather.
+  bool can_gather() const { return can_gather_; }
 
   // Interrupt mode: the eventfd becomes readable when frames arrive on the
   // queue; read it (8 bytes) and rx_burst until empty before sleeping again.
@@ -105,6 +112,7 @@ class Nic {
   std::unique_ptr<HostBridge> host_;
   ufab_dev* dev_ = nullptr;
   ufab_dev_info info_{};
+  bool can_gather_ = false;
 };
 
 }  // namespace ufab::core

@@ -20,6 +20,7 @@ int stub_rx_irq(ufab_dev*, uint16_t, int, int*) { return -EOPNOTSUPP; }
 int stub_set_promiscuous(ufab_dev*, int) { return -EOPNOTSUPP; }
 int stub_rx_irq_arm(ufab_dev*, uint16_t) { return -EOPNOTSUPP; }
 int stub_rx_steer(ufab_dev*, uint32_t, uint16_t) { return -EOPNOTSUPP; }
+int stub_tx_burst_gather(ufab_dev*, uint16_t, const ufab_tx_frame*, uint16_t) { return -EOPNOTSUPP; }
 
 // True when the whole field [offset, offset + len) lies within the plugin's
 // `size` bytes: a field cut in half by a short table is as absent as one
@@ -47,11 +48,13 @@ void for_each_op(Visit&& visit) {
         &stub_set_promiscuous);
   visit(&ufab_driver::rx_irq_arm, offsetof(ufab_driver, rx_irq_arm), "rx_irq_arm", &stub_rx_irq_arm);
   visit(&ufab_driver::rx_steer, offsetof(ufab_driver, rx_steer), "rx_steer", &stub_rx_steer);
+  visit(&ufab_driver::tx_burst_gather, offsetof(ufab_driver, tx_burst_gather), "tx_burst_gather",
+        &stub_tx_burst_gather);
 }
 
 // Appending an operation to struct ufab_driver without adding it to
 // for_each_op would leave it NULL in completed tables; fail the build instead.
-static_assert(offsetof(ufab_driver, rx_steer) + sizeof(ufab_driver::rx_steer) == sizeof(ufab_driver),
+static_assert(offsetof(ufab_driver, tx_burst_gather) + sizeof(ufab_driver::tx_burst_gather) == sizeof(ufab_driver),
               "struct ufab_driver grew: add the new operation and its stub to for_each_op in core/plugin_ops.cc");
 
 // The part of the plugin's table we may read, copied into a zeroed

@@ -944,18 +944,10 @@ int E1000e::rx_irq(uint16_t queue, int enable, int* eventfd) {
 }  // namespace ufab::e1000e
 
 extern "C" const ufab_driver* ufab_e1000e_driver(void) {
-  static const ufab_driver driver = [] {
-    ufab_driver d = ufab::sdk::make_driver<ufab::e1000e::E1000e>(
-        "e1000e",
-        "Intel 82574L (QEMU e1000e): 2 RX + 2 TX queues (RX queue 1 idle: no RoCE steering), legacy descriptors, "
-        "polling or MSI-X",
-        ufab::e1000e::kMatch);
-    // ABI 1.2 rx_steer: set here because drivers/sdk/adapter.h does not
-    // generate it yet.
-    d.rx_steer = [](ufab_dev* dev, uint32_t mode, uint16_t nqueues) {
-      return ufab::sdk::guarded([&] { return ufab::sdk::self<ufab::e1000e::E1000e>(dev)->rx_steer(mode, nqueues); });
-    };
-    return d;
-  }();
+  static const ufab_driver driver = ufab::sdk::make_driver<ufab::e1000e::E1000e>(
+      "e1000e",
+      "Intel 82574L (QEMU e1000e): 2 RX + 2 TX queues (RX queue 1 idle: no RoCE steering), legacy descriptors, "
+      "polling or MSI-X",
+      ufab::e1000e::kMatch);
   return &driver;
 }

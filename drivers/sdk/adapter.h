@@ -119,6 +119,16 @@ constexpr ufab_driver make_driver(const char* name, const char* description, con
   if constexpr (requires(Dev& x) { x.rx_irq_arm(uint16_t{}); }) {
     d.rx_irq_arm = [](ufab_dev* dev, uint16_t q) { return guarded([&] { return self<Dev>(dev)->rx_irq_arm(q); }); };
   }
+  if constexpr (requires(Dev& x) { x.rx_steer(uint32_t{}, uint16_t{}); }) {
+    d.rx_steer = [](ufab_dev* dev, uint32_t mode, uint16_t nqueues) {
+      return guarded([&] { return self<Dev>(dev)->rx_steer(mode, nqueues); });
+    };
+  }
+  if constexpr (requires(Dev& x, const ufab_tx_frame* f) { x.tx_burst_gather(uint16_t{}, f, uint16_t{}); }) {
+    d.tx_burst_gather = [](ufab_dev* dev, uint16_t q, const ufab_tx_frame* frames, uint16_t n) {
+      return guarded([&] { return self<Dev>(dev)->tx_burst_gather(q, frames, n); });
+    };
+  }
   return d;
 }
 

@@ -1428,15 +1428,7 @@ void SwNic::stop_irq(RxQueue& r) {
 }  // namespace ufab::swnic
 
 const ufab_driver* ufab_swnic_driver() {
-  static const ufab_driver d = [] {
-    ufab_driver t = ufab::sdk::make_driver<ufab::swnic::SwNic>(
-        "swnic", "software NIC: two Ethernet ports joined over shared memory", nullptr, UFAB_DRIVER_F_SOFTWARE);
-    // ABI 1.2; the SDK adapter does not generate rx_steer (yet), so the
-    // entry is filled here, guarded the same way.
-    t.rx_steer = [](ufab_dev* dev, uint32_t mode, uint16_t nqueues) {
-      return ufab::sdk::guarded([&] { return ufab::sdk::self<ufab::swnic::SwNic>(dev)->rx_steer(mode, nqueues); });
-    };
-    return t;
-  }();
+  static const ufab_driver d = ufab::sdk::make_driver<ufab::swnic::SwNic>(
+      "swnic", "software NIC: two Ethernet ports joined over shared memory", nullptr, UFAB_DRIVER_F_SOFTWARE);
   return &d;
 }

@@ -964,16 +964,7 @@ int VirtioNet::set_promiscuous(int enable) {
 }  // namespace ufab::virtio
 
 const ufab_driver* ufab_virtio_net_driver() {
-  static const ufab_driver d = [] {
-    ufab_driver t = ufab::sdk::make_driver<ufab::virtio::VirtioNet>(
-        "virtio_net", "virtio-net, modern virtio-pci 1.x (split ring, polling or MSI-X)", ufab::virtio::kMatch);
-    // ABI 1.2 rx_steer: set here because drivers/sdk/adapter.h does not
-    // generate it yet.
-    t.rx_steer = [](ufab_dev* dev, uint32_t mode, uint16_t nqueues) {
-      return ufab::sdk::guarded(
-          [&] { return ufab::sdk::self<ufab::virtio::VirtioNet>(dev)->rx_steer(mode, nqueues); });
-    };
-    return t;
-  }();
+  static const ufab_driver d = ufab::sdk::make_driver<ufab::virtio::VirtioNet>(
+      "virtio_net", "virtio-net, modern virtio-pci 1.x (split ring, polling or MSI-X)", ufab::virtio::kMatch);
   return &d;
 }

@@ -115,7 +115,7 @@ TEST(PluginLoad, GoodPluginLoadsWithItsTableAndStubs) {
   EXPECT_STREQ(p.matches[0].model, "82574L");
   EXPECT_STREQ(p.matches[1].model, "Intel Ethernet");
   EXPECT_EQ(p.stubbed_ops, (std::vector<std::string>{"link", "rx_queue_setup", "tx_queue_setup", "tx_burst", "rx_irq",
-                                                     "set_promiscuous", "rx_irq_arm", "rx_steer"}));
+                                                     "set_promiscuous", "rx_irq_arm", "rx_steer", "tx_burst_gather"}));
   EXPECT_TRUE(reg.warnings().empty());
 
   // The table points into the loaded library and works.
