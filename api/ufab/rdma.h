@@ -321,6 +321,7 @@ struct ufab_device_stats {
   uint64_t window_cuts;           /* congestion window halvings (sequence NAK, RNR NAK, timeout) */
   uint64_t rx_data_packets;  /* RC request packets received by this device's responders */
   uint64_t rx_data_unneeded; /* of those, not taken: duplicates and packets ahead of a gap */
+  uint64_t tx_gather_frames; /* frames whose payload the NIC read from the memory region (zero copy) */
 };
 /* Data packets per packet needed, as this device sees them: sent (with
  * resends) plus received from a peer that sends (READ responses, requests),

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ using transport::Context;
 // what they point to (cast at the boundary, see h()).
 struct Dev {
   const ufab_rdma_host* host = nullptr;
+  // Mappings of deregistered regions that a NIC might still have been
+  // reading (quiesce_tx timed out): unmapped after the NIC stops, with
+  // ctx (declared after them, so destroyed first).
+  std::vector<std::unique_ptr<transport::Link::DeviceMapping>> late_mappings;
+  std::mutex late_mu;
   std::unique_ptr<Context> ctx;
   std::string name;
   bool temporary_thread = false;
@@ -43,6 +49,8 @@ struct Pd {
 struct Mr {
   Dev* dev;
   verbs::MemoryKeys keys;
+  // The region mapped for a NIC that gathers frames from it (zero copy).
+  std::unique_ptr<transport::Link::DeviceMapping> mapping;
 };
 struct Cq {
   Dev* dev;
@@ -182,8 +190,10 @@ Result<core::NicParams> parse_params(const char* const* params) {
 }
 
 // Takes the soft-RoCE parameters out of `params`: "lanes=N" (use at most N
-// of the NIC's queue pairs, 1..64) and "steering=nic|software" (software:
-// do not ask the NIC to steer; frames reach their lane through lane 0).
+// of the NIC's queue pairs, 1..64), "steering=nic|software" (software:
+// do not ask the NIC to steer; frames reach their lane through lane 0) and
+// "zerocopy=on|off" (off: copy every payload into a frame buffer even when
+// the NIC could read it from the memory region).
 Status take_link_params(core::NicParams& params, transport::NicLinkOptions& options) {
   if (auto it = params.find("lanes"); it != params.end()) {
     char* end = nullptr;
@@ -199,6 +209,13 @@ Status take_link_params(core::NicParams& params, transport::NicLinkOptions& opti
       return fail(EINVAL, "parameter steering=" + it->second + ": use steering=nic (the default) or steering=software");
     }
     options.nic_steering = it->second == "nic";
+    params.erase(it);
+  }
+  if (auto it = params.find("zerocopy"); it != params.end()) {
+    if (it->second != "on" && it->second != "off") {
+      return fail(EINVAL, "parameter zerocopy=" + it->second + ": use zerocopy=on (the default) or zerocopy=off");
+    }
+    options.gather = it->second == "on";
     params.erase(it);
   }
   return {};
@@ -314,9 +331,23 @@ int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uin
       return report(pd->dev->host, Error(EOPNOTSUPP, "registering memory of type " + std::to_string(attr->mem_type) +
                                                          ": soft-RoCE takes host memory only (UFAB_MEM_HOST)"));
     }
-    auto keys = pd->dev->ctx->memory().register_mr(pd->id, attr->addr, attr->length, attr->access);
+    // A NIC that reads frames from memory by DMA reads payloads straight
+    // from a region mapped for it. Mapping pins the pages; where it fails
+    // (a limit: RLIMIT_MEMLOCK, the IOMMU's mapping count) the region is
+    // still registered, and its payloads are copied.
+    std::unique_ptr<transport::Link::DeviceMapping> mapping;
+    uint64_t device_addr = 0;
+    transport::Link& link = pd->dev->ctx->lane(0).link();
+    if (link.gather() == transport::Link::Gather::kDevice && attr->length > 0 && attr->addr != nullptr) {
+      if (auto m = link.map_for_device(attr->addr, attr->length)) {
+        mapping = std::move(*m);
+        device_addr = mapping->device_addr();
+      }
+    }
+    auto keys = pd->dev->ctx->memory().register_mr(pd->id, attr->addr, attr->length, attr->access, std::nullopt,
+                                                   device_addr);
     if (!keys) return report(pd->dev->host, keys.error());
-    *result = out<ufab_rdma_mr>(new Mr{pd->dev, *keys});
+    *result = out<ufab_rdma_mr>(new Mr{pd->dev, *keys, std::move(mapping)});
     *lkey = keys->lkey;
     *rkey = keys->rkey;
     return 0;
@@ -328,6 +359,20 @@ int dereg_mr(ufab_rdma_mr* m) {
   // No lane lock: checks in flight hold pins, and deregister_mr waits for
   // them, which needs the transport to keep running.
   if (auto s = mr->dev->ctx->memory().deregister_mr(mr->keys.lkey); !s) return report(mr->dev->host, s.error());
+  if (mr->mapping) {
+    // Frames queued before the region went may still be read by the NIC:
+    // unmap once every lane's NIC queue has sent what it holds.
+    bool idle = true;
+    Context& ctx = *mr->dev->ctx;
+    for (uint16_t i = 0; i < ctx.lane_count(); ++i) {
+      std::lock_guard lock(ctx.lane(i).mutex());
+      idle = ctx.lane(i).link().quiesce_tx(std::chrono::milliseconds(100)) && idle;
+    }
+    if (!idle) {
+      std::lock_guard lock(mr->dev->late_mu);
+      mr->dev->late_mappings.push_back(std::move(mr->mapping));
+    }
+  }
   delete mr;
   return 0;
 }

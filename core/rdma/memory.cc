@@ -25,6 +25,7 @@ struct MemoryRegionTable::Slot {
   std::atomic<uint64_t> iova{0};
   std::atomic<uint64_t> length{0};
   std::atomic<uint64_t> host{0};
+  std::atomic<uint64_t> device{0};  // the device's address of host byte 0; 0: none
   // Live Access objects (successful checks not yet released). On a cache
   // line of its own: every check writes it, and the fields above, which
   // only change on (de)registration, stay shared in every reader's cache.
@@ -45,6 +46,7 @@ struct MemoryRegionTable::Snapshot {
   uint64_t iova;
   uint64_t length;
   uint64_t host;
+  uint64_t device;
 };
 
 namespace {
@@ -347,7 +349,7 @@ Result<uint32_t> MemoryRegionTable::draw(uint32_t bits, std::optional<uint32_t> 
 }
 
 Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
-                                                  std::optional<uint64_t> iova_opt) {
+                                                  std::optional<uint64_t> iova_opt, uint64_t device_addr) {
   uint64_t host = reinterpret_cast<uintptr_t>(addr);
   uint64_t iova = iova_opt.value_or(host);
   if (access & ~kSupportedAccess) {
@@ -407,6 +409,7 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   put(s.iova, iova);
   put(s.length, length);
   put(s.host, host);
+  put(s.device, device_addr);
   put(s.key, key);
   write_end(s);
 
@@ -529,6 +532,7 @@ bool MemoryRegionTable::read_snapshot(const Slot& s, Snapshot* out) const {
   out->iova = s.iova.load(std::memory_order_acquire);
   out->length = s.length.load(std::memory_order_acquire);
   out->host = s.host.load(std::memory_order_acquire);
+  out->device = s.device.load(std::memory_order_acquire);
   if (s.seq.load(std::memory_order_relaxed) != s1) return false;
   out->seq = s1;
   return true;
@@ -614,7 +618,8 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
       s->pins.fetch_sub(1, std::memory_order_release);
       continue;
     }
-    return Access(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(host)), length, key, &s->pins);
+    uint64_t device = snap.device ? snap.device + (host - snap.host) : 0;
+    return Access(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(host)), length, key, &s->pins, device);
   }
 }
 

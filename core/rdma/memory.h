@@ -130,7 +130,7 @@ class Access {
  public:
   Access() = default;
   Access(Access&& other) noexcept
-      : data_(other.data_), length_(other.length_), key_(other.key_), pin_(other.pin_) {
+      : data_(other.data_), length_(other.length_), key_(other.key_), pin_(other.pin_), device_(other.device_) {
     other.data_ = nullptr;
     other.length_ = 0;
     other.key_ = 0;
@@ -143,6 +143,7 @@ class Access {
       length_ = other.length_;
       key_ = other.key_;
       pin_ = other.pin_;
+      device_ = other.device_;
       other.data_ = nullptr;
       other.length_ = 0;
       other.key_ = 0;
@@ -157,6 +158,9 @@ class Access {
   uint8_t* data() const { return data_; }
   uint64_t length() const { return length_; }
   uint32_t key() const { return key_; }
+  // The device's address of data() when the region was registered with
+  // one (a DMA mapping for a NIC that gathers), else 0.
+  uint64_t device_addr() const { return device_; }
   // Gives the pin back early; data() must not be used afterwards. Inline:
   // it runs once per packet on the data path.
   void release() {
@@ -166,17 +170,19 @@ class Access {
     pin_ = nullptr;
     data_ = nullptr;
     length_ = 0;
+    device_ = 0;
   }
 
  private:
   friend class MemoryRegionTable;
-  Access(uint8_t* data, uint64_t length, uint32_t key, std::atomic<uint32_t>* pin)
-      : data_(data), length_(length), key_(key), pin_(pin) {}
+  Access(uint8_t* data, uint64_t length, uint32_t key, std::atomic<uint32_t>* pin, uint64_t device)
+      : data_(data), length_(length), key_(key), pin_(pin), device_(device) {}
 
   uint8_t* data_ = nullptr;
   uint64_t length_ = 0;
   uint32_t key_ = 0;
   std::atomic<uint32_t>* pin_ = nullptr;
+  uint64_t device_ = 0;
 };
 
 // Everything known about one live region (cold path: tools, tests).
@@ -222,10 +228,13 @@ class MemoryRegionTable {
   // ibv_reg_mr does (ibv_reg_mr_iova lets it differ). Verbs rules apply:
   // length > 0; flags within kSupportedAccess; REMOTE_WRITE or
   // REMOTE_ATOMIC require LOCAL_WRITE (EINVAL). ENOSPC when the table is
-  // full. The memory itself is the caller's: it must stay valid (and, for
-  // a NIC, DMA-mapped) until deregister_mr returns.
+  // full. The memory itself is the caller's: it must stay valid until
+  // deregister_mr returns. `device_addr`, when not 0, is where a device
+  // sees addr (the caller mapped the region for a NIC that gathers frames
+  // from memory, and keeps it mapped until deregister_mr returns); checks
+  // hand it out as Access::device_addr().
   Result<MemoryKeys> register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
-                                 std::optional<uint64_t> iova = std::nullopt);
+                                 std::optional<uint64_t> iova = std::nullopt, uint64_t device_addr = 0);
 
   // Removes a region. EBUSY while bind() holds it (a memory window or QP
   // still uses it), or when an Access stays alive past drain_timeout. On

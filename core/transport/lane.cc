@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "core/transport/context.h"
@@ -15,6 +16,7 @@ namespace ufab::transport {
 Lane::Lane(Context& device, uint16_t index, std::unique_ptr<Link> link)
     : device_(device), index_(index), link_(std::move(link)) {
   link_mac_ = link_->mac();
+  gather_ = link_->gather();
   inbox_slot_bytes_ = link_->mtu() + 64;  // Ethernet, VLAN and slack around the IP MTU
   inbox_.resize(size_t{kInboxSlots} * inbox_slot_bytes_);
   inbox_length_.resize(kInboxSlots);
@@ -52,11 +54,17 @@ void Lane::send_raw_locked(std::span<const uint8_t> frame) {
   ++stats_.tx_frames;
 }
 
-bool Lane::send_frame_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload) {
+bool Lane::send_frame_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload,
+                             const uint64_t* device) {
   auto buf = link_->tx_acquire();
   if (buf.empty()) {
     ++stats_.tx_stalls;
     return false;
+  }
+  if (gather_ != Link::Gather::kNone && device != nullptr && send_gathered_locked(spec, payload, device, buf)) {
+    ++stats_.tx_frames;
+    ++stats_.tx_gather_frames;
+    return true;
   }
   auto built = roce::build_frame_gather(spec, payload, buf);
   if (!built) {
@@ -67,6 +75,36 @@ bool Lane::send_frame_locked(const roce::FrameSpec& spec, std::span<const std::s
   }
   link_->tx_commit(std::max(built.length, roce::kEthMinFrame));
   ++stats_.tx_frames;
+  return true;
+}
+
+// Headers and trailer (pad, ICRC) go into the frame buffer, the payload
+// pieces stay where they are: headers | pieces | trailer, at most
+// Link::kMaxSegments segments.
+bool Lane::send_gathered_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload,
+                                const uint64_t* device, std::span<uint8_t> buf) {
+  if (payload.empty() || payload.size() > Link::kMaxSegments - 2) return false;
+  size_t bytes = 0;
+  for (size_t i = 0; i < payload.size(); ++i) {
+    if (payload[i].empty() || (gather_ == Link::Gather::kDevice && device[i] == 0)) return false;
+    bytes += payload[i].size();
+  }
+  if (bytes < kGatherMinPayload) return false;
+  const size_t header = roce::header_length(spec.bth.opcode);
+  if (header == 0 || buf.size() < header + roce::kMaxTrailerBytes) return false;
+  std::span<uint8_t, roce::kMaxTrailerBytes> trailer(buf.data() + header, roce::kMaxTrailerBytes);
+  auto built = roce::build_frame_split(spec, payload, buf.first(header), trailer);
+  if (!built) return false;
+  std::array<Link::Segment, Link::kMaxSegments> segs;
+  size_t n = 0;
+  segs[n++] = {buf.data(), static_cast<uint32_t>(built.header_length), 0};
+  for (size_t i = 0; i < payload.size(); ++i) {
+    // A software NIC reads by address (the link fills it in from data).
+    uint64_t addr = gather_ == Link::Gather::kDevice ? device[i] : reinterpret_cast<uintptr_t>(payload[i].data());
+    segs[n++] = {payload[i].data(), static_cast<uint32_t>(payload[i].size()), addr};
+  }
+  segs[n++] = {trailer.data(), static_cast<uint32_t>(built.trailer_length), 0};
+  link_->tx_commit_gather(std::span(segs.data(), n));
   return true;
 }
 

@@ -62,8 +62,15 @@ class Lane {
   // been sent when one was due), or an error when ARP gave up.
   Result<std::optional<net::MacAddress>> resolve_locked(net::Ipv4Address ip);
   // Builds a frame into the next TX buffer and queues it; false (nothing
-  // sent, tx_stalls counted) when the NIC has no free buffer.
-  bool send_frame_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload);
+  // sent, tx_stalls counted) when the NIC has no free buffer. `device`,
+  // when given, holds each payload piece's device address (0: none): a
+  // NIC that gathers then reads those pieces where they lie (zero copy,
+  // kGatherMinPayload bytes and up) instead of from a copy.
+  bool send_frame_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload,
+                         const uint64_t* device = nullptr);
+  // Payloads below this are copied: a copy of a few hundred bytes costs
+  // less than the NIC's extra segments (descriptors, for a DMA NIC).
+  static constexpr size_t kGatherMinPayload = 256;
   // Queues a prebuilt frame (ARP); a busy NIC gets one flush to free a buffer.
   void send_raw_locked(std::span<const uint8_t> frame);
   // The time, read at most once per round: the first call after a round
@@ -113,6 +120,10 @@ class Lane {
 
  private:
   void on_frame_locked(std::span<const uint8_t> frame);
+  // send_frame_locked's zero-copy form; false when this frame cannot go
+  // that way (then it is copied).
+  bool send_gathered_locked(const roce::FrameSpec& spec, std::span<const std::span<const uint8_t>> payload,
+                            const uint64_t* device, std::span<uint8_t> buf);
   // A frame another lane received for this one, under this lane's lock.
   void deliver_locked(std::span<const uint8_t> frame);
   int drain_inbox_locked();
@@ -127,6 +138,7 @@ class Lane {
   const uint16_t index_;
   std::unique_ptr<Link> link_;
   net::MacAddress link_mac_{};
+  Link::Gather gather_ = Link::Gather::kNone;
   verbs::DeviceStats stats_{};
   roce::Packet packet_;  // reused by every receive
   std::unordered_map<uint32_t, std::unique_ptr<QueuePairImpl>> qps_;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+
+#include "vfio/iommu.h"
 
 namespace ufab::transport {
 
@@ -23,11 +26,23 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
     link->queue_ = q;
     // RX ring full, TX ring full, frames committed but not yet taken, and
     // the buffers the transport holds while building: four rings' worth.
-    auto pool = nic->create_pool(ring * 4, options.buffer_size);
+    // RX: the ring full and a ring's worth being handed up. TX: the ring
+    // full, frames committed but not yet taken, and the one being built.
+    // Apart, so a TX buffer not free is one the NIC may still read
+    // (quiesce_tx).
+    auto pool = nic->create_pool(ring * 2, options.buffer_size);
     if (!pool) return std::unexpected(pool.error().context("frame buffers for " + nic->name()));
+    auto tx_pool = nic->create_pool(ring * 2 + 1, options.buffer_size);
+    if (!tx_pool) return std::unexpected(tx_pool.error().context("frame buffers for " + nic->name()));
     link->pool_ = *pool;
+    link->tx_pool_ = *tx_pool;
     link->max_pending_ = ring;
-    link->pending_.reserve(ring);
+    if (options.gather && nic->can_gather()) {
+      link->gather_ = nic->iommu() ? Link::Gather::kDevice : Link::Gather::kCpu;
+      link->pending_frames_.reserve(ring);
+    } else {
+      link->pending_.reserve(ring);
+    }
     if (auto s = nic->setup_rx_queue(q, ring, *link->pool_); !s) return std::unexpected(s.error());
     if (auto s = nic->setup_tx_queue(q, ring); !s) return std::unexpected(s.error());
     out.links.push_back(std::move(link));
@@ -53,8 +68,9 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
 }
 
 NicLink::~NicLink() {
-  if (acquired_ != nullptr) pool_->free(&acquired_, 1);
-  if (!pending_.empty()) pool_->free(pending_.data(), static_cast<uint32_t>(pending_.size()));
+  if (acquired_ != nullptr) tx_pool_->free(&acquired_, 1);
+  if (!pending_.empty()) tx_pool_->free(pending_.data(), static_cast<uint32_t>(pending_.size()));
+  for (const ufab_tx_frame& f : pending_frames_) tx_pool_->free(&f.buf, 1);
 }
 
 net::MacAddress NicLink::mac() const {
@@ -78,8 +94,8 @@ uint32_t NicLink::receive(uint32_t max, const std::function<void(std::span<const
 
 std::span<uint8_t> NicLink::tx_acquire() {
   if (acquired_ == nullptr) {
-    if (pending_.size() >= max_pending_) tx_flush();
-    if (pending_.size() >= max_pending_ || pool_->alloc(&acquired_, 1) != 1) {
+    if (pending_count() >= max_pending_) tx_flush();
+    if (pending_count() >= max_pending_ || tx_pool_->alloc(&acquired_, 1) != 1) {
       acquired_ = nullptr;
       return {};
     }
@@ -90,11 +106,46 @@ std::span<uint8_t> NicLink::tx_acquire() {
 void NicLink::tx_commit(size_t length) {
   if (acquired_ == nullptr) return;
   acquired_->len = static_cast<uint32_t>(length);
-  pending_.push_back(acquired_);
+  if (gather_ == Gather::kNone) {
+    pending_.push_back(acquired_);
+  } else {
+    // One queue in wire order: a frame from the buffer alone is a frame of
+    // one segment.
+    const uint8_t* data = acquired_->base + acquired_->offset;
+    Segment whole{data, acquired_->len, 0};
+    tx_commit_gather(std::span(&whole, 1));
+    return;
+  }
+  acquired_ = nullptr;
+}
+
+void NicLink::tx_commit_gather(std::span<const Segment> segments) {
+  if (acquired_ == nullptr || gather_ == Gather::kNone || segments.empty() || segments.size() > UFAB_TX_SEGS_MAX)
+    return;
+  ufab_tx_frame f{};
+  f.buf = acquired_;
+  f.nsegs = static_cast<uint32_t>(segments.size());
+  const uint8_t* base = acquired_->base;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    uint64_t addr = s.device_addr;
+    if (addr == 0) {
+      addr = gather_ == Gather::kCpu ? reinterpret_cast<uintptr_t>(s.data)
+                                     : acquired_->base_iova + static_cast<uint64_t>(s.data - base);
+    }
+    f.segs[i] = ufab_tx_seg{s.data, addr, s.length, 0};
+    f.len += s.length;
+  }
+  acquired_->len = f.len;
+  pending_frames_.push_back(f);
   acquired_ = nullptr;
 }
 
 void NicLink::tx_flush() {
+  if (gather_ != Gather::kNone) {
+    flush_frames();
+    return;
+  }
   if (pending_.empty()) {
     // A burst of no frames lets the NIC finish what it holds back: swnic's
     // reorder injection keeps a frame until the next burst, which a window
@@ -110,6 +161,64 @@ void NicLink::tx_flush() {
     sent += static_cast<size_t>(n);
   }
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(sent));
+}
+
+void NicLink::flush_frames() {
+  if (pending_frames_.empty()) {
+    (void)nic_->tx_burst(queue_, nullptr, 0);  // as in tx_flush
+    return;
+  }
+  size_t sent = 0;
+  while (sent < pending_frames_.size()) {
+    auto burst = static_cast<uint16_t>(std::min<size_t>(pending_frames_.size() - sent, 64));
+    int n = nic_->tx_burst_gather(queue_, pending_frames_.data() + sent, burst);
+    if (n <= 0) break;  // ring full: the rest waits for the next flush
+    sent += static_cast<size_t>(n);
+  }
+  pending_frames_.erase(pending_frames_.begin(), pending_frames_.begin() + static_cast<ptrdiff_t>(sent));
+}
+
+namespace {
+
+// A region pinned and mapped in the NIC's IOMMU for the NIC to read.
+class IommuMapping : public Link::DeviceMapping {
+ public:
+  IommuMapping(vfio::DmaMapping mapping, uint64_t device_addr)
+      : mapping_(std::move(mapping)), device_addr_(device_addr) {}
+  uint64_t device_addr() const override { return device_addr_; }
+
+ private:
+  vfio::DmaMapping mapping_;
+  uint64_t device_addr_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Link::DeviceMapping>> NicLink::map_for_device(void* addr, uint64_t length) {
+  auto iommu = nic_->iommu();
+  if (gather_ != Gather::kDevice || !iommu) return Link::map_for_device(addr, length);
+  // The IOMMU maps whole pages: the pages the region touches.
+  const uint64_t page = iommu->info().min_page_size();
+  const uint64_t start = reinterpret_cast<uintptr_t>(addr);
+  const uint64_t first = start & ~(page - 1);
+  if (length > UINT64_MAX - start - page) return fail(EINVAL, "region wraps around the address space");
+  const uint64_t end = (start + length + page - 1) & ~(page - 1);
+  auto mapping = iommu->map_dma(reinterpret_cast<void*>(first), end - first, vfio::DmaAccess::device_reads);
+  if (!mapping) return std::unexpected(mapping.error().context("mapping a memory region for " + nic_->name()));
+  uint64_t device_addr = mapping->iova() + (start - first);
+  return std::make_unique<IommuMapping>(std::move(*mapping), device_addr);
+}
+
+bool NicLink::quiesce_tx(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    tx_flush();  // also lets the driver reclaim what the NIC has sent
+    // Every TX buffer not free, queued or being built is on the NIC.
+    uint32_t held = (acquired_ ? 1 : 0) + pending_count();
+    if (tx_pool_->available() + held >= tx_pool_->capacity()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 }  // namespace ufab::transport

@@ -158,6 +158,7 @@ class QueuePairImpl {
   };
   struct Gather {
     std::array<std::span<const uint8_t>, verbs::kMaxSge> pieces;
+    std::array<uint64_t, verbs::kMaxSge> device;     // each piece's device address, 0: none (inline)
     std::array<verbs::Access, verbs::kMaxSge> pins;  // keep the regions pinned until the frame is built
     size_t n = 0;
   };

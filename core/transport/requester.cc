@@ -184,6 +184,7 @@ int QueuePairImpl::build_rc_request(SendWqe& w, RequestPacket& p) {
 // Returns as send_request_packet, 1 when the pieces are ready.
 int QueuePairImpl::gather_request(SendWqe& w, const RequestPacket& p, Gather& g) {
   if (p.payload > 0 && w.is_inline) {
+    g.device[g.n] = 0;
     g.pieces[g.n++] = std::span<const uint8_t>(w.inline_data).subspan(p.offset, p.payload);
     return 1;
   }
@@ -205,6 +206,7 @@ int QueuePairImpl::gather_request(SendWqe& w, const RequestPacket& p, Gather& g)
       complete_send(w, WcStatus::kLocProtErr, access.error().message());
       return 2;
     }
+    g.device[g.n] = access->device_addr();
     g.pieces[g.n++] = {access->data(), static_cast<size_t>(take)};
     g.pins[i] = std::move(*access);
     want -= take;
@@ -219,7 +221,7 @@ int QueuePairImpl::send_request_packet(SendWqe& w) {
   if (int r = is_rc() ? build_rc_request(w, p) : build_ud_request(w, p); r != 1) return r == 3 ? 2 : r;
   Gather g;
   if (int r = gather_request(w, p, g); r != 1) return r;
-  if (!ctx_.send_frame_locked(p.spec, std::span(g.pieces.data(), g.n))) return 0;
+  if (!ctx_.send_frame_locked(p.spec, std::span(g.pieces.data(), g.n), g.device.data())) return 0;
 
   if (is_rc()) {
     DeviceStats& st = ctx_.stats();

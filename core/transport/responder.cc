@@ -120,6 +120,7 @@ bool QueuePairImpl::send_reply_packet(Reply& r) {
     roce::FrameSpec spec = frame_spec(opcode, psn_add(r.psn, i), false);
     spec.ext.aeth = aeth::ack(r.msn);
     std::span<const uint8_t> piece;
+    uint64_t device = 0;
     Access access;
     if (len > 0) {
       // Checked again per packet: the region may have been deregistered
@@ -132,8 +133,9 @@ bool QueuePairImpl::send_reply_packet(Reply& r) {
       }
       access = std::move(*a);
       piece = {access.data(), len};
+      device = access.device_addr();
     }
-    if (!ctx_.send_frame_locked(spec, std::span(&piece, len > 0 ? 1 : 0))) return false;
+    if (!ctx_.send_frame_locked(spec, std::span(&piece, len > 0 ? 1 : 0), &device)) return false;
     ++r.sent_pkts;
     ++ctx_.stats().tx_data_packets;
     if (r.replay) ++ctx_.stats().tx_data_resent;

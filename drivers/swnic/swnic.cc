@@ -233,6 +233,7 @@ class alignas(kCacheLine) SwNic {
   int stop();
   int rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
   int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
+  int tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_t n);
   int stats(ufab_stats* out);
   int rx_irq(uint16_t queue, int enable, int* eventfd);
   int rx_irq_arm(uint16_t queue);
@@ -264,20 +265,28 @@ class alignas(kCacheLine) SwNic {
 
   uint8_t* tx_slot(uint32_t q, uint64_t index) { return tx_slots_[q] + (index & mask_) * stride_; }
   uint8_t* rx_slot(const RxQueue& r, uint64_t index) { return r.slots + (index & mask_) * stride_; }
-  void write_slot(uint32_t q, uint64_t index, const uint8_t* data, uint32_t len, bool flip, uint64_t bit_draw);
+  template <typename Frames>
+  void write_slot(uint32_t q, uint64_t index, const Frames& f, int i, bool flip, uint64_t bit_draw);
   uint32_t peer_steering() const;
-  uint32_t target_queue(uint32_t steer, const ufab_buf* b) const {
-    return steer_mode(steer) == UFAB_STEER_ROCE_QPN ? roce_qpn_queue(b->base + b->offset, b->len, steer_nqueues(steer))
+  template <typename Frames>
+  uint32_t target_queue(uint32_t steer, const Frames& f, int i) const {
+    return steer_mode(steer) == UFAB_STEER_ROCE_QPN ? roce_qpn_queue(f.head(i), f.head_len(i), steer_nqueues(steer))
                                                     : 0;
   }
-  bool frame_fits(const ufab_buf* b) const {
-    return b->len != 0 && b->len <= slot_size_ && b->offset <= b->capacity && b->len <= b->capacity - b->offset;
+  template <typename Frames>
+  bool frame_fits(const Frames& f, int i) const {
+    return f.valid(i) && f.len(i) <= slot_size_;
   }
   int reserve(TxQueue& t, uint32_t q, uint32_t want, uint64_t* first, uint32_t at_least);
   void commit(uint32_t q, uint64_t first, uint64_t end);
-  int tx_drop_link_down(TxQueue& t, ufab_buf** bufs, uint16_t n);
-  int tx_burst_faults(TxQueue& t, uint32_t steer, ufab_buf** bufs, uint16_t n, int* err);
-  int tx_burst_single(TxQueue& t, ufab_buf** bufs, uint16_t n, int* err);
+  template <typename Frames>
+  int tx_frames(uint16_t queue, const Frames& f, uint16_t n, const char* what);
+  template <typename Frames>
+  int tx_drop_link_down(TxQueue& t, const Frames& f, uint16_t n);
+  template <typename Frames>
+  int tx_burst_faults(TxQueue& t, uint32_t steer, const Frames& f, uint16_t n, int* err);
+  template <typename Frames>
+  int tx_burst_single(TxQueue& t, const Frames& f, uint16_t n, int* err);
   void stop_irq(RxQueue& r);
   void signal_irq(RxQueue& r);
   void irq_helper(RxQueue& r, uint32_t last_seq);
@@ -963,9 +972,70 @@ int SwNic::stats(ufab_stats* out) {
 // compare-and-swap and the turn are skipped: the path is the one-producer
 // ring it always was.
 
-void SwNic::write_slot(uint32_t q, uint64_t index, const uint8_t* data, uint32_t len, bool flip, uint64_t bit_draw) {
+// The frames of one TX call, as the TX paths below see them: a frame's
+// length, its first bytes (the headers steering reads), whether it is well
+// formed, a copy of it, and the release of the frames taken. tx_burst
+// brings buffers, tx_burst_gather segment lists (the payload read where it
+// lies: one copy, into the peer's ring), a held-back frame its bytes.
+struct BufFrames {
+  ufab_buf** bufs;
+  uint32_t len(int i) const { return bufs[i]->len; }
+  const uint8_t* head(int i) const { return bufs[i]->base + bufs[i]->offset; }
+  uint32_t head_len(int i) const { return bufs[i]->len; }
+  bool valid(int i) const {
+    const ufab_buf* b = bufs[i];
+    return b->len != 0 && b->offset <= b->capacity && b->len <= b->capacity - b->offset;
+  }
+  void copy(int i, uint8_t* to) const { std::memcpy(to, head(i), len(i)); }
+  void release(const ufab_host_ops* ops, ufab_host* host, int n) const {
+    if (n) ops->buf_free(host, bufs, static_cast<uint32_t>(n));
+  }
+};
+
+struct SegFrames {
+  const ufab_tx_frame* frames;
+  uint32_t len(int i) const { return frames[i].len; }
+  const uint8_t* head(int i) const { return frames[i].segs[0].va; }
+  uint32_t head_len(int i) const { return frames[i].segs[0].len; }
+  bool valid(int i) const {
+    const ufab_tx_frame& f = frames[i];
+    if (f.nsegs < 1 || f.nsegs > UFAB_TX_SEGS_MAX || f.buf == nullptr) return false;
+    uint64_t sum = 0;
+    for (uint32_t k = 0; k < f.nsegs; ++k) {
+      if (f.segs[k].len == 0 || f.segs[k].va == nullptr) return false;
+      sum += f.segs[k].len;
+    }
+    return sum == f.len;
+  }
+  void copy(int i, uint8_t* to) const {
+    const ufab_tx_frame& f = frames[i];
+    for (uint32_t k = 0; k < f.nsegs; ++k) {
+      std::memcpy(to, f.segs[k].va, f.segs[k].len);
+      to += f.segs[k].len;
+    }
+  }
+  void release(const ufab_host_ops* ops, ufab_host* host, int n) const {
+    ufab_buf* bufs[64];
+    for (int i = 0; i < n;) {
+      uint32_t k = 0;
+      while (k < 64 && i < n) bufs[k++] = frames[i++].buf;
+      ops->buf_free(host, bufs, k);
+    }
+  }
+};
+
+struct RawFrame {
+  const uint8_t* data;
+  uint32_t length;
+  uint32_t len(int) const { return length; }
+  void copy(int, uint8_t* to) const { std::memcpy(to, data, length); }
+};
+
+template <typename Frames>
+void SwNic::write_slot(uint32_t q, uint64_t index, const Frames& f, int i, bool flip, uint64_t bit_draw) {
   uint8_t* s = tx_slot(q, index);
-  std::memcpy(s + kSlotHeader, data, len);
+  const uint32_t len = f.len(i);
+  f.copy(i, s + kSlotHeader);
   if (flip) {
     uint32_t bit = corrupt_bit(len, bit_draw);
     s[kSlotHeader + bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
@@ -1040,42 +1110,54 @@ void SwNic::commit(uint32_t q, uint64_t first, uint64_t end) {
   }
 }
 
-int SwNic::tx_drop_link_down(TxQueue& t, ufab_buf** bufs, uint16_t n) {
+template <typename Frames>
+int SwNic::tx_drop_link_down(TxQueue& t, const Frames& f, uint16_t n) {
   // No receiver: frames go nowhere, as on a cable with no far end.
   bump(t.errors, n + (t.held_copies ? 1 : 0));
   t.held_copies = 0;
-  if (n) ops_->buf_free(host_, bufs, n);
+  f.release(ops_, host_, n);
   return n;
 }
 
 int SwNic::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
+  return tx_frames(queue, BufFrames{bufs}, n, "tx_burst");
+}
+
+// Gather transmit (abi/raw_frame.h, ABI 1.3): the segments are copied
+// straight into the peer's ring slot, so a payload is copied once on its
+// way from the sender's memory region to the receiver's RX buffer.
+int SwNic::tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_t n) {
+  return tx_frames(queue, SegFrames{frames}, n, "tx_burst_gather");
+}
+
+template <typename Frames>
+int SwNic::tx_frames(uint16_t queue, const Frames& f, uint16_t n, const char* what) {
   if (queue >= queues_) return no_queue("TX", queue);
   TxQueue& t = txq_[queue];
-  if (!started_.load(std::memory_order_relaxed)) return fail(ENETDOWN, "tx_burst before start()");
+  if (!started_.load(std::memory_order_relaxed)) return fail(ENETDOWN, std::string(what) + " before start()");
   if (!t.ready) return fail(EINVAL, "TX queue " + std::to_string(queue) + " is not set up: call tx_queue_setup first");
-  if (!hdr_->port[peer_].present.load(std::memory_order_relaxed)) return tx_drop_link_down(t, bufs, n);
+  if (!hdr_->port[peer_].present.load(std::memory_order_relaxed)) return tx_drop_link_down(t, f, n);
 
   const uint32_t steer = peer_steering();  // 0: every frame to the peer's RX queue 0
   int taken = 0;
   int err = 0;  // a corrupt consumer index seen mid-burst
   if (inject_) {
-    taken = tx_burst_faults(t, steer, bufs, n, &err);
+    taken = tx_burst_faults(t, steer, f, n, &err);
   } else if (steer == 0 && single_producer_.load(std::memory_order_relaxed)) {
-    taken = tx_burst_single(t, bufs, n, &err);
+    taken = tx_burst_single(t, f, n, &err);
   } else {
     uint64_t bytes = 0, sent = 0, errors = 0;
     while (taken < n) {
-      const ufab_buf* b = bufs[taken];
-      if (!frame_fits(b)) {
+      if (!frame_fits(f, taken)) {
         ++errors;  // cannot go on this wire: dropped, counted
         ++taken;
         continue;
       }
       // A run of frames bound for one RX queue: one reservation, one
       // publication (the whole burst when nothing steers).
-      uint32_t q = steer ? target_queue(steer, b) : 0;
+      uint32_t q = steer ? target_queue(steer, f, taken) : 0;
       int end = taken + 1;
-      while (end < n && frame_fits(bufs[end]) && (steer == 0 || target_queue(steer, bufs[end]) == q)) ++end;
+      while (end < n && frame_fits(f, end) && (steer == 0 || target_queue(steer, f, end) == q)) ++end;
       uint64_t first = 0;
       int got = reserve(t, q, static_cast<uint32_t>(end - taken), &first, 1);
       if (got < 0) {
@@ -1083,9 +1165,8 @@ int SwNic::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
         break;
       }
       for (int k = 0; k < got; ++k) {
-        b = bufs[taken + k];
-        write_slot(q, first + static_cast<uint64_t>(k), b->base + b->offset, b->len, false, 0);
-        bytes += b->len;
+        write_slot(q, first + static_cast<uint64_t>(k), f, taken + k, false, 0);
+        bytes += f.len(taken + k);
       }
       if (got) commit(q, first, first + static_cast<uint64_t>(got));
       sent += static_cast<uint64_t>(got);
@@ -1098,7 +1179,7 @@ int SwNic::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
     }
     if (errors) bump(t.errors, errors);
   }
-  if (taken) ops_->buf_free(host_, bufs, static_cast<uint32_t>(taken));
+  f.release(ops_, host_, taken);
   // Frames written before the error are published and reported as taken.
   return taken == 0 && err < 0 ? err : taken;
 }
@@ -1106,7 +1187,8 @@ int SwNic::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
 // The one-queue case (nothing steers, TX queue 0 alone): every frame to
 // the peer's RX ring 0 in one pass, checked and written as it comes, one
 // publication per burst.
-int SwNic::tx_burst_single(TxQueue& t, ufab_buf** bufs, uint16_t n, int* err) {
+template <typename Frames>
+int SwNic::tx_burst_single(TxQueue& t, const Frames& f, uint16_t n, int* err) {
   Producers& p = prod_[0];
   const uint64_t first = p.reserved.load(std::memory_order_relaxed);
   uint64_t head = first;
@@ -1115,8 +1197,7 @@ int SwNic::tx_burst_single(TxQueue& t, ufab_buf** bufs, uint16_t n, int* err) {
   uint64_t bytes = 0, errors = 0;
   int taken = 0;
   for (; taken < n; ++taken) {
-    const ufab_buf* b = bufs[taken];
-    if (!frame_fits(b)) {
+    if (!frame_fits(f, taken)) {
       ++errors;  // cannot go on this wire: dropped, counted
       continue;
     }
@@ -1135,9 +1216,9 @@ int SwNic::tx_burst_single(TxQueue& t, ufab_buf** bufs, uint16_t n, int* err) {
       free_slots = ring_ - used;
       if (free_slots == 0) break;  // ring full: the caller keeps the rest
     }
-    write_slot(0, head++, b->base + b->offset, b->len, false, 0);
+    write_slot(0, head++, f, taken, false, 0);
     --free_slots;
-    bytes += b->len;
+    bytes += f.len(taken);
   }
   if (head != first) {
     p.reserved.store(head, std::memory_order_relaxed);
@@ -1149,26 +1230,27 @@ int SwNic::tx_burst_single(TxQueue& t, ufab_buf** bufs, uint16_t n, int* err) {
   return taken;
 }
 
-int SwNic::tx_burst_faults(TxQueue& t, uint32_t steer, ufab_buf** bufs, uint16_t n, int* err) {
+template <typename Frames>
+int SwNic::tx_burst_faults(TxQueue& t, uint32_t steer, const Frames& f, uint16_t n, int* err) {
   uint64_t bytes = 0, sent = 0, errors = 0;
   uint64_t loss = 0, dup = 0, reorder = 0, corrupt = 0;
   int taken = 0;
   // All `copies` copies of a frame into RX ring q, or none: 1 done, 0 no
   // room, negative errno.
-  auto emit = [&](uint32_t q, const uint8_t* data, uint32_t len, uint32_t copies, bool flip, uint64_t draw) -> int {
+  auto emit = [&](uint32_t q, const auto& frames, int i, uint32_t copies, bool flip, uint64_t draw) -> int {
     uint64_t first = 0;
     int got = reserve(t, q, copies, &first, copies);
     if (got <= 0) return got;
-    for (uint32_t c = 0; c < copies; ++c) write_slot(q, first + c, data, len, flip, draw);
+    for (uint32_t c = 0; c < copies; ++c) write_slot(q, first + c, frames, i, flip, draw);
     commit(q, first, first + copies);
     sent += copies;
-    bytes += uint64_t{len} * copies;
+    bytes += uint64_t{frames.len(i)} * copies;
     return 1;
   };
   // The held copy is already corrupted if it was chosen to be. Without
   // room it stays held for a later burst.
   auto emit_held = [&]() -> int {
-    int ok = emit(t.held_queue, t.held.data(), t.held_len, t.held_copies, false, 0);
+    int ok = emit(t.held_queue, RawFrame{t.held.data(), t.held_len}, 0, t.held_copies, false, 0);
     if (ok > 0) t.held_copies = 0;
     return ok;
   };
@@ -1183,15 +1265,14 @@ int SwNic::tx_burst_faults(TxQueue& t, uint32_t steer, ufab_buf** bufs, uint16_t
     if (ok < 0) *err = ok;
   }
   for (; taken < n; ++taken) {
-    ufab_buf* b = bufs[taken];
-    if (!frame_fits(b)) {
+    if (!frame_fits(f, taken)) {
       ++errors;
       ++t.frame_index;
       continue;
     }
-    const uint8_t* data = b->base + b->offset;
+    const uint32_t len = f.len(taken);
     // Steered by the frame as sent (before any injected bit flip).
-    uint32_t q = steer ? target_queue(steer, b) : 0;
+    uint32_t q = steer ? target_queue(steer, f, taken) : 0;
     FaultDecision d = decide_fault(faults_, t.frame_index);
     if (d.lose) {
       ++loss;
@@ -1203,12 +1284,12 @@ int SwNic::tx_burst_faults(TxQueue& t, uint32_t steer, ufab_buf** bufs, uint16_t
     bool hold = d.hold && t.held_copies == 0;
     bool stop = false;
     if (hold) {
-      std::memcpy(t.held.data(), data, b->len);
+      f.copy(taken, t.held.data());
       if (d.corrupt) {
-        uint32_t bit = corrupt_bit(b->len, d.bit_draw);
+        uint32_t bit = corrupt_bit(len, d.bit_draw);
         t.held[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
       }
-      t.held_len = b->len;
+      t.held_len = len;
       t.held_copies = copies;
       t.held_queue = q;
       ++reorder;
@@ -1221,16 +1302,17 @@ int SwNic::tx_burst_faults(TxQueue& t, uint32_t steer, ufab_buf** bufs, uint16_t
       int got = reserve(t, q, all, &first, all);
       if (got < 0) *err = got;
       if (got <= 0) break;  // not taken: the same decision is drawn again next time
-      for (uint32_t c = 0; c < copies; ++c) write_slot(q, first + c, data, b->len, d.corrupt, d.bit_draw);
-      for (uint32_t c = 0; c < t.held_copies; ++c) write_slot(q, first + copies + c, t.held.data(), t.held_len, false, 0);
+      const RawFrame held{t.held.data(), t.held_len};
+      for (uint32_t c = 0; c < copies; ++c) write_slot(q, first + c, f, taken, d.corrupt, d.bit_draw);
+      for (uint32_t c = 0; c < t.held_copies; ++c) write_slot(q, first + copies + c, held, 0, false, 0);
       commit(q, first, first + all);
       sent += all;
-      bytes += uint64_t{b->len} * copies + uint64_t{t.held_len} * t.held_copies;
+      bytes += uint64_t{len} * copies + uint64_t{t.held_len} * t.held_copies;
       t.held_copies = 0;
     } else {
       // Held for another RX queue, if at all: order across queues means
       // nothing, so the held frame goes when its ring has room.
-      int ok = emit(q, data, b->len, copies, d.corrupt, d.bit_draw);
+      int ok = emit(q, f, taken, copies, d.corrupt, d.bit_draw);
       if (ok < 0) *err = ok;
       if (ok <= 0) break;  // not taken: the same decision is drawn again next time
       if (t.held_copies) {

@@ -116,7 +116,7 @@ void write_transport_stats(JsonWriter& w, const rdma::DeviceStats& st) {
   w.field("tx_data_packets", st.tx_data_packets).field("tx_data_resent", st.tx_data_resent);
   w.field("rx_data_packets", st.rx_data_packets).field("rx_data_unneeded", st.rx_data_unneeded);
   w.field("rx_read_responses", st.rx_read_responses).field("rx_read_response_dups", st.rx_read_response_dups);
-  w.field("window_cuts", st.window_cuts);
+  w.field("window_cuts", st.window_cuts).field("tx_gather_frames", st.tx_gather_frames);
   w.field("sent_per_needed", ufab_sent_per_needed(&st));
   w.end_object();
 }
