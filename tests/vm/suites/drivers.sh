@@ -19,6 +19,11 @@ trap 'rm -f "$out"' EXIT
 # namespace (unshare -n): nothing touches the host's network. Where that
 # namespace or /dev/net/tun is not available, they are left out and the
 # test skips (it says so).
+# The kernel and initramfs first, outside the namespace: a first fetch
+# downloads the kernel, and the namespace has no network.
+kdir=$(tests/vm/fetch-kernel.sh --quiet | tail -n1) && tests/vm/build-initramfs.sh --quiet "$kdir" >/dev/null ||
+  { echo "drivers: could not prepare the VM kernel (see above)"; echo "drivers: 0 passed, 1 failed"; exit 1; }
+
 mq_wrap=() mq_args=() mq_env=() mq_bdfs=
 if [ -c /dev/net/tun ] && command -v unshare >/dev/null && command -v ip >/dev/null &&
    unshare -n true 2>/dev/null; then
