@@ -188,13 +188,17 @@ Result<std::optional<net::MacAddress>> Context::resolve(Lane& via, net::Ipv4Addr
 }
 
 uint64_t Context::feeding(const CompletionQueueImpl& cq) const {
+  // A NIC that does not steer by QP puts a frame in whichever queue its
+  // own rule picks (queue 0 on e1000e; a flow hash on a multi-queue
+  // virtio-net tap): any lane may receive for this CQ's QPs.
+  if (!steered_) return lanes_.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << lanes_.size()) - 1;
   uint64_t mask = cq.lanes();
-  // Lane 0's queue receives what the NIC does not steer: every frame when
-  // it cannot; when it can, ARP: replies we wait for, and the peer's
-  // requests, which must be answered even when no QP of lane 0 is polled
-  // (every 64th round of each thread: a peer's ARP retry is a second).
+  // When it steers, lane 0's queue still receives ARP: replies we wait
+  // for, and the peer's requests, which must be answered even when no QP
+  // of lane 0 is polled (every 64th round of each thread: a peer's ARP
+  // retry is a second).
   thread_local uint32_t rounds = 0;
-  if (!steered_ || arp_pending_.load(std::memory_order_relaxed) || (++rounds & 63) == 0) mask |= 1;
+  if (arp_pending_.load(std::memory_order_relaxed) || (++rounds & 63) == 0) mask |= 1;
   return mask;
 }
 
