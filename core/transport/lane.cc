@@ -61,7 +61,9 @@ bool Lane::send_frame_locked(const roce::FrameSpec& spec, std::span<const std::s
     ++stats_.tx_stalls;
     return false;
   }
-  if (gather_ != Link::Gather::kNone && device != nullptr && send_gathered_locked(spec, payload, device, buf)) {
+  if (gather_ != Link::Gather::kNone && device != nullptr && !payload.empty() &&
+      payload[0].size() + (payload.size() > 1 ? payload[1].size() : 0) >= kGatherMinPayload &&
+      send_gathered_locked(spec, payload, device, buf)) {
     ++stats_.tx_frames;
     ++stats_.tx_gather_frames;
     return true;

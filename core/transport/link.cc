@@ -39,7 +39,7 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
     link->max_pending_ = ring;
     if (options.gather && nic->can_gather()) {
       link->gather_ = nic->iommu() ? Link::Gather::kDevice : Link::Gather::kCpu;
-      link->pending_frames_.reserve(ring);
+      link->frames_.reset(new ufab_tx_frame[ring]);  // filled as frames are committed
     } else {
       link->pending_.reserve(ring);
     }
@@ -70,7 +70,7 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
 NicLink::~NicLink() {
   if (acquired_ != nullptr) tx_pool_->free(&acquired_, 1);
   if (!pending_.empty()) tx_pool_->free(pending_.data(), static_cast<uint32_t>(pending_.size()));
-  for (const ufab_tx_frame& f : pending_frames_) tx_pool_->free(&f.buf, 1);
+  for (uint32_t i = 0; i < frames_n_; ++i) tx_pool_->free(&frames_[i].buf, 1);
 }
 
 net::MacAddress NicLink::mac() const {
@@ -110,11 +110,14 @@ void NicLink::tx_commit(size_t length) {
     pending_.push_back(acquired_);
   } else {
     // One queue in wire order: a frame from the buffer alone is a frame of
-    // one segment.
+    // one segment (filled field by field: this is every ACK's path).
+    ufab_tx_frame& f = frames_[frames_n_++];
     const uint8_t* data = acquired_->base + acquired_->offset;
-    Segment whole{data, acquired_->len, 0};
-    tx_commit_gather(std::span(&whole, 1));
-    return;
+    f.buf = acquired_;
+    f.nsegs = 1;
+    f.len = acquired_->len;
+    f.segs[0] = {data, gather_ == Gather::kCpu ? reinterpret_cast<uintptr_t>(data) : acquired_->base_iova + acquired_->offset,
+                 acquired_->len, 0};
   }
   acquired_ = nullptr;
 }
@@ -122,9 +125,10 @@ void NicLink::tx_commit(size_t length) {
 void NicLink::tx_commit_gather(std::span<const Segment> segments) {
   if (acquired_ == nullptr || gather_ == Gather::kNone || segments.empty() || segments.size() > UFAB_TX_SEGS_MAX)
     return;
-  ufab_tx_frame f{};
+  ufab_tx_frame& f = frames_[frames_n_++];
   f.buf = acquired_;
   f.nsegs = static_cast<uint32_t>(segments.size());
+  f.len = 0;
   const uint8_t* base = acquired_->base;
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
@@ -137,7 +141,6 @@ void NicLink::tx_commit_gather(std::span<const Segment> segments) {
     f.len += s.length;
   }
   acquired_->len = f.len;
-  pending_frames_.push_back(f);
   acquired_ = nullptr;
 }
 
@@ -164,18 +167,19 @@ void NicLink::tx_flush() {
 }
 
 void NicLink::flush_frames() {
-  if (pending_frames_.empty()) {
+  if (frames_n_ == 0) {
     (void)nic_->tx_burst(queue_, nullptr, 0);  // as in tx_flush
     return;
   }
-  size_t sent = 0;
-  while (sent < pending_frames_.size()) {
-    auto burst = static_cast<uint16_t>(std::min<size_t>(pending_frames_.size() - sent, 64));
-    int n = nic_->tx_burst_gather(queue_, pending_frames_.data() + sent, burst);
+  uint32_t sent = 0;
+  while (sent < frames_n_) {
+    auto burst = static_cast<uint16_t>(std::min<uint32_t>(frames_n_ - sent, 64));
+    int n = nic_->tx_burst_gather(queue_, frames_.get() + sent, burst);
     if (n <= 0) break;  // ring full: the rest waits for the next flush
-    sent += static_cast<size_t>(n);
+    sent += static_cast<uint32_t>(n);
   }
-  pending_frames_.erase(pending_frames_.begin(), pending_frames_.begin() + static_cast<ptrdiff_t>(sent));
+  if (sent < frames_n_) std::memmove(frames_.get(), frames_.get() + sent, (frames_n_ - sent) * sizeof(ufab_tx_frame));
+  frames_n_ -= sent;
 }
 
 namespace {

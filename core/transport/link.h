@@ -142,7 +142,7 @@ class NicLink : public Link {
   friend Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic>, const NicLinkOptions&);
   NicLink() = default;
   void flush_frames();
-  uint32_t pending_count() const { return static_cast<uint32_t>(pending_.size() + pending_frames_.size()); }
+  uint32_t pending_count() const { return static_cast<uint32_t>(pending_.size()) + frames_n_; }
 
   std::shared_ptr<core::Nic> nic_;  // stopped by its deleter, with the last link
   uint16_t queue_ = 0;
@@ -152,7 +152,8 @@ class NicLink : public Link {
   // Committed, not yet taken by the NIC: buffers for tx_burst, or (a NIC
   // that gathers) frames for tx_burst_gather, in wire order either way.
   std::vector<ufab_buf*> pending_;
-  std::vector<ufab_tx_frame> pending_frames_;
+  std::unique_ptr<ufab_tx_frame[]> frames_;  // max_pending_ of them; [0, frames_n_) queued
+  uint32_t frames_n_ = 0;
   uint32_t max_pending_ = 0;
   Gather gather_ = Gather::kNone;
   int rx_fd_ = -1;

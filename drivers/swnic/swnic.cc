@@ -999,6 +999,7 @@ struct SegFrames {
   uint32_t head_len(int i) const { return frames[i].segs[0].len; }
   bool valid(int i) const {
     const ufab_tx_frame& f = frames[i];
+    if (f.nsegs == 1) return f.buf != nullptr && f.len != 0 && f.segs[0].len == f.len && f.segs[0].va != nullptr;
     if (f.nsegs < 1 || f.nsegs > UFAB_TX_SEGS_MAX || f.buf == nullptr) return false;
     uint64_t sum = 0;
     for (uint32_t k = 0; k < f.nsegs; ++k) {
@@ -1009,6 +1010,10 @@ struct SegFrames {
   }
   void copy(int i, uint8_t* to) const {
     const ufab_tx_frame& f = frames[i];
+    if (f.nsegs == 1) {
+      std::memcpy(to, f.segs[0].va, f.len);  // a frame built in its buffer (every ACK)
+      return;
+    }
     for (uint32_t k = 0; k < f.nsegs; ++k) {
       std::memcpy(to, f.segs[k].va, f.segs[k].len);
       to += f.segs[k].len;

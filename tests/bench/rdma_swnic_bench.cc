@@ -2,8 +2,11 @@
 // own progress): RDMA WRITE bandwidth and message rate by size, and SEND
 // ping-pong latency. What the transport costs without any NIC in the way.
 //
-//   bazel-bin/tests/bench/rdma_swnic_bench [--seconds S] [--json FILE]
+//   bazel-bin/tests/bench/rdma_swnic_bench [--seconds S] [--json FILE] [--param K=V]...
 //
+// --param passes a device parameter to both ends (zerocopy=off: every
+// payload copied into a frame buffer, for comparing with the zero-copy
+// transmit that is the default).
 // Prints a table; --json writes the same figures. UFAB_BENCH_STATS=1 also
 // prints both devices' transport counters after each WRITE run.
 #include <optional>
@@ -14,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,7 +51,10 @@ T must(Result<T> r, const char* what) {
   return std::move(*r);
 }
 
+std::map<std::string, std::string> g_params;  // --param, for both ends
+
 void open_end(End& e, const std::string& spec, const std::string& ip, std::map<std::string, std::string> params) {
+  params.insert(g_params.begin(), g_params.end());
   e.dev = must(Device::open(spec, {.ip = ip, .params = params}), "open");
   e.pd.emplace(must(e.dev->alloc_pd(), "pd"));
   e.cq = must(e.dev->create_cq(4096), "cq");
@@ -167,8 +174,11 @@ int main(int argc, char** argv) {
       seconds = std::stod(argv[++i]);
     } else if (a == "--json" && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (a == "--param" && i + 1 < argc && std::strchr(argv[i + 1], '=') != nullptr) {
+      std::string kv = argv[++i];
+      g_params[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seconds S] [--json FILE] [--param K=V]...\n", argv[0]);
       return 2;
     }
   }
