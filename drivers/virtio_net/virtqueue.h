@@ -88,10 +88,11 @@ class SplitQueue {
     return true;
   }
 
-  // One buffer in `n` device-readable pieces, in order (2.6.5 "Message
-  // Framing": the device sees their concatenation): a descriptor each,
-  // every one but the last with VIRTQ_DESC_F_NEXT and `next` naming the
-  // following one (2.6.5.1, 2.6.13.1), one avail slot for the head. The
+  // One buffer in `n` device-readable pieces, in order (2.6.4 "Message
+  // Framing": the device sees their concatenation, however it is split): a
+  // descriptor each, every one but the last with VIRTQ_DESC_F_NEXT and
+  // `next` naming the following one (2.6.5, 2.6.13.1), one avail slot for
+  // the head. The
   // device returns the chain as one used entry naming the head; reap()
   // then frees all n descriptors. Writes nothing and returns false unless
   // n is 1..size and n descriptors are free (never part of a chain).

@@ -48,7 +48,7 @@ class FakeDevice {
     return std::make_pair(id, d);
   }
   // Next buffer as a chain: its head id and every descriptor, following
-  // VIRTQ_DESC_F_NEXT (at most `size` of them, as 2.6.5.3.1 bounds a chain).
+  // VIRTQ_DESC_F_NEXT (at most `size` of them: a longer chain would loop).
   std::optional<std::pair<uint16_t, std::vector<Desc>>> pop_chain() {
     auto first = pop();
     if (!first) return std::nullopt;
