@@ -2,6 +2,8 @@
 // QEMU's e1000e model. Two RX and two TX queues with legacy descriptors,
 // polling or MSI-X interrupt mode (one vector per RX queue). Each queue's
 // state is its own, so one thread per queue needs no lock between them.
+// Transmit takes one-buffer frames (tx_burst) or frames gathered from up
+// to four segments over several descriptors (tx_burst_gather).
 // RX queue 1 receives only what the device's RSS sends it, and this driver
 // has no steering mode the 82574L can do (rx_steer). docs/drivers/e1000e.md
 // explains the choices; drivers/e1000e/regs.h has the register map.
@@ -22,6 +24,7 @@
 #include "drivers/e1000e/ring.h"
 #include "abi/raw_frame.h"
 #include "drivers/sdk/adapter.h"
+#include "drivers/sdk/tx_frame.h"
 #include "vfio/mmio.h"
 
 namespace ufab::e1000e {
@@ -42,8 +45,9 @@ void sleep_us(long us) {
   }
 }
 
-// One ring's DMA block: descriptors first, then one ufab_buf* per slot (and
-// for RX a second such array, the refill scratch).
+// One ring's DMA block: descriptors first, then one ufab_buf* per slot, then
+// a second such array (RX: the refill scratch; TX: the buffers one reclaim
+// frees together).
 struct QueueMemory {
   ufab_dma_mem mem{};
   bool allocated = false;
@@ -86,7 +90,10 @@ struct TxQueue {
   Ring ring;
   QueueMemory block;
   volatile TxDesc* desc = nullptr;
+  // A frame's buffer sits in the slot of its last (EOP) descriptor; the
+  // slots of a gathered frame's other descriptors hold nullptr.
   ufab_buf** slots = nullptr;
+  ufab_buf** done = nullptr;  // reclaim collects finished buffers here
   uint32_t clean = 0;  // oldest slot not yet reclaimed
   uint32_t tail = 0;   // next slot to fill (TDT)
   Reg32 tdt;           // this queue's doorbell (TDT0 or TDT1)
@@ -106,6 +113,7 @@ class E1000e {
   int stop();
   int rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
   int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
+  int tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_t n);
   int stats(ufab_stats* out);
   int rx_irq(uint16_t queue, int enable, int* eventfd);
   int rx_irq_arm(uint16_t queue);
@@ -170,6 +178,10 @@ class E1000e {
   uint32_t harvest(RxQueue& q, ufab_buf** bufs, uint32_t n);
   void refill(RxQueue& q);
   void reclaim_tx(TxQueue& q);
+  void free_in_flight(TxQueue& q);
+  int running_tx(uint16_t queue, const char* what, TxQueue** out);
+  uint32_t fill_gathered(TxQueue& q, uint32_t at, const ufab_tx_frame& f);
+  void ring_tx(TxQueue& q, uint32_t tail, uint32_t frames, uint64_t bytes);
   static bool rx_pending(const RxQueue& q) {
     return q.configured && q.next != q.tail && (rx_status(&q.desc[q.next]) & kRxStaDd);
   }
@@ -472,12 +484,11 @@ void E1000e::release_rx(RxQueue& q) {
 
 void E1000e::release_tx(TxQueue& q) {
   if (!q.configured) return;
-  uint32_t in_flight = q.ring.distance(q.clean, q.tail);
-  if (in_flight) free_slots(q.slots, q.ring, q.clean, in_flight);
+  free_in_flight(q);
   free_queue_memory(q.block);
   q.configured = false;
   q.desc = nullptr;
-  q.slots = nullptr;
+  q.slots = q.done = nullptr;
   q.clean = q.tail = 0;
 }
 
@@ -561,6 +572,7 @@ int E1000e::tx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
   if (int rc = alloc_queue_memory(q.block, conf->size, "TX"); rc < 0) return rc;
   q.desc = static_cast<volatile TxDesc*>(q.block.mem.va);
   q.slots = reinterpret_cast<ufab_buf**>(static_cast<uint8_t*>(q.block.mem.va) + size_t{conf->size} * kDescBytes);
+  q.done = q.slots + conf->size;
   q.tdt = reg(queue_reg(kTdt, queue));
   q.configured = true;
   return 0;
@@ -640,13 +652,7 @@ int E1000e::stop() {
   wr(kTctl, rd(kTctl) & ~kTctlEn);
   started_ = false;
   // Frames still queued for transmit are abandoned; return their buffers.
-  for (auto& q : tx_) {
-    if (!q.configured) continue;
-    reclaim_tx(q);
-    uint32_t left = q.ring.distance(q.clean, q.tail);
-    if (left) free_slots(q.slots, q.ring, q.clean, left);
-    q.clean = q.tail;
-  }
+  for (auto& q : tx_) free_in_flight(q);
   return 0;
 }
 
@@ -793,23 +799,70 @@ int E1000e::rx_irq_arm(uint16_t queue) {
 
 // -------------------------------------------------------------- transmit
 
-// Returns the buffers of descriptors the device has written back (DD).
+// The slot of the last descriptor of the frame that starts at `first`: the
+// first slot from there that holds a buffer (at most UFAB_TX_SEGS_MAX - 1
+// steps; every frame in flight ends in a slot with its buffer).
+uint32_t frame_end(const TxQueue& q, uint32_t first) {
+  uint32_t i = first;
+  while (!q.slots[i]) i = q.ring.next(i);
+  return i;
+}
+
+// Returns the buffers of frames the device is done with, oldest first, in
+// one buf_free. Only a frame's last descriptor has RS, so only its DD is
+// written back (datasheet 7.2, ring.h tx_cmd): reclaim goes frame by frame.
 void E1000e::reclaim_tx(TxQueue& q) {
   if (!q.configured) return;
-  uint32_t c = q.clean;
-  while (c != q.tail && tx_done(&q.desc[c])) c = q.ring.next(c);
-  if (c == q.clean) return;
+  uint32_t c = q.clean, n = 0;
+  while (c != q.tail) {
+    uint32_t eop = frame_end(q, c);
+    if (!tx_done(&q.desc[eop])) break;
+    q.done[n++] = q.slots[eop];
+    c = q.ring.next(eop);
+  }
+  if (n == 0) return;
   barrier::device_status_before_descriptor_reads();
-  free_slots(q.slots, q.ring, q.clean, q.ring.distance(q.clean, c));
+  ops_->buf_free(host_, q.done, n);
   q.clean = c;
 }
 
-int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
-  TxQueue* qp = tx_queue(queue, "tx_burst");
+// Returns the buffers of every frame still in the ring, done or not (the
+// device has stopped or is about to lose the ring).
+void E1000e::free_in_flight(TxQueue& q) {
+  if (!q.configured) return;
+  uint32_t n = 0;
+  for (uint32_t i = q.clean; i != q.tail; i = q.ring.next(i))
+    if (q.slots[i]) q.done[n++] = q.slots[i];
+  if (n) ops_->buf_free(host_, q.done, n);
+  q.clean = q.tail;
+}
+
+// The checks tx_burst and tx_burst_gather share: the queue exists, is set
+// up, and the device is started. 0, or -errno after set_error.
+int E1000e::running_tx(uint16_t queue, const char* what, TxQueue** out) {
+  TxQueue* qp = tx_queue(queue, what);
   if (!qp) return -EINVAL;
+  if (!qp->configured)
+    return fail(EINVAL, std::string(what) + " on TX queue " + std::to_string(queue) + " before tx_queue_setup");
+  if (!started_) return fail(ENETDOWN, std::string(what) + " while the device is stopped; call start() first");
+  *out = qp;
+  return 0;
+}
+
+// Hands descriptors up to (not including) `tail` to the device: one
+// barrier, one TDT write for the whole burst.
+void E1000e::ring_tx(TxQueue& q, uint32_t tail, uint32_t frames, uint64_t bytes) {
+  q.tail = tail;
+  barrier::descriptors_before_doorbell();
+  q.tdt.write(tail);  // QEMU transmits the whole burst inside this write
+  q.count.packets += frames;
+  q.count.bytes += bytes;
+}
+
+int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
+  TxQueue* qp = nullptr;
+  if (int rc = running_tx(queue, "tx_burst", &qp); rc < 0) return rc;
   TxQueue& q = *qp;
-  if (!q.configured) return fail(EINVAL, "tx_burst on TX queue " + std::to_string(queue) + " before tx_queue_setup");
-  if (!started_) return fail(ENETDOWN, "tx_burst while the device is stopped; call start() first");
   reclaim_tx(q);
   uint32_t room = q.ring.free_after(q.ring.distance(q.clean, q.tail));
   uint32_t k = n < room ? n : room;
@@ -834,11 +887,52 @@ int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
                             "-byte buffer; the 82574L sends one-buffer frames of " + std::to_string(kMinTxFrame) +
                             ".." + std::to_string(kMaxTxFrame) + " bytes (no jumbo frames)");
   }
-  q.tail = t;
-  barrier::descriptors_before_doorbell();
-  q.tdt.write(t);  // QEMU transmits the whole burst inside this write
-  q.count.packets += i;
-  q.count.bytes += bytes;
+  ring_tx(q, t, i, bytes);
+  return static_cast<int>(i);
+}
+
+// Writes frame `f` as one legacy descriptor per segment from slot `at` on
+// (each at the segment's IOVA, which the caller mapped for this device),
+// EOP|IFCS|RS on the last only (ring.h tx_cmd, datasheet 7.2); the frame's
+// buffer goes to that last slot. Returns the slot after the frame.
+uint32_t E1000e::fill_gathered(TxQueue& q, uint32_t at, const ufab_tx_frame& f) {
+  for (uint32_t s = 0; s < f.nsegs; ++s) {
+    bool last = s + 1 == f.nsegs;
+    tx_fill(&q.desc[at], f.segs[s].iova, f.segs[s].len, last);
+    q.slots[at] = last ? f.buf : nullptr;
+    at = q.ring.next(at);
+  }
+  return at;
+}
+
+// Gather transmit (ABI 1.3): a frame takes nsegs descriptors and is taken
+// whole or not at all; the call stops at the first frame the ring has no
+// room for (0 when that is the first) or that is invalid (an error when
+// that is the first; the next call reports a later one).
+int E1000e::tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_t n) {
+  TxQueue* qp = nullptr;
+  if (int rc = running_tx(queue, "tx_burst_gather", &qp); rc < 0) return rc;
+  TxQueue& q = *qp;
+  reclaim_tx(q);
+  uint32_t room = q.ring.free_after(q.ring.distance(q.clean, q.tail));
+  uint32_t t = q.tail;
+  uint64_t bytes = 0;
+  uint32_t i = 0;
+  sdk::TxFrameCheck check;
+  for (; i < n; ++i) {
+    const ufab_tx_frame& f = frames[i];
+    check = sdk::check_tx_frame(f, kMinTxFrame, kMaxTxFrame);
+    if (check.fault != sdk::TxFrameFault::kNone || f.nsegs > room) break;
+    t = fill_gathered(q, t, f);
+    room -= f.nsegs;
+    bytes += f.len;
+  }
+  if (i == 0 && n > 0 && check.fault != sdk::TxFrameFault::kNone) {
+    ++q.count.rejected;
+    return fail(EINVAL, "tx_burst_gather: frame 0 " + sdk::describe(check, frames[0], kMinTxFrame, kMaxTxFrame));
+  }
+  if (i == 0) return 0;  // nothing asked, or no room for the first frame's descriptors
+  ring_tx(q, t, i, bytes);
   return static_cast<int>(i);
 }
 

@@ -60,17 +60,27 @@ struct RxDesc {
 };
 static_assert(sizeof(RxDesc) == kDescBytes);
 
-// The "lower" word of a one-descriptor frame: EOP (the whole frame is in
-// this descriptor), IFCS (append the CRC), RS (write DD back when done).
-constexpr uint32_t tx_lower(uint32_t len) {
-  return (len & 0xffffu) | uint32_t{kTxCmdEop | kTxCmdIfcs | kTxCmdRs} << 24;
+// The CMD byte of one of a frame's descriptors. Datasheet 7.2, "Legacy
+// Transmit Descriptor Format" (command field): a frame may span several
+// descriptors and EOP marks its last one; IFCS is read only where EOP is
+// set; the device writes DD back only to descriptors with RS. So a frame's
+// last descriptor carries EOP|IFCS|RS (append the CRC, report when done)
+// and the ones before it carry nothing: DD on the last one then means the
+// device has read every buffer of the frame (descriptors are processed in
+// ring order). QEMU follows the same rules (e1000e_txdesc_writeback).
+constexpr uint8_t tx_cmd(bool last) { return last ? uint8_t{kTxCmdEop | kTxCmdIfcs | kTxCmdRs} : uint8_t{0}; }
+
+// The "lower" word: length 15:0, CMD 31:24. By default the frame's only
+// (hence last) descriptor.
+constexpr uint32_t tx_lower(uint32_t len, bool last = true) {
+  return (len & 0xffffu) | uint32_t{tx_cmd(last)} << 24;
 }
 
 // Descriptors live in DMA memory the device writes behind the compiler's
 // back: every access is volatile and exactly as wide as the field.
-inline void tx_fill(volatile TxDesc* d, uint64_t iova, uint32_t len) {
+inline void tx_fill(volatile TxDesc* d, uint64_t iova, uint32_t len, bool last = true) {
   d->addr = htole64(iova);
-  d->lower = htole32(tx_lower(len));
+  d->lower = htole32(tx_lower(len, last));
   d->upper = 0;  // clears DD from the slot's previous use
 }
 inline bool tx_done(const volatile TxDesc* d) { return (le32toh(d->upper) & kTxStaDd) != 0; }

@@ -1,7 +1,8 @@
 // virtio-net over modern virtio-pci (virtio 1.1 sections 3.1, 4.1, 5.1), as a
 // ufab driver plugin. As many RX/TX queue pairs as the device has (up to 8;
 // VIRTIO_NET_F_MQ with the control virtqueue, 5.1.6.5.5), one descriptor per
-// frame, no offloads. QEMU's device has one pair on the test bed's hub
+// frame (tx_burst) or a descriptor chain per gathered frame (tx_burst_gather),
+// no offloads. QEMU's device has one pair on the test bed's hub
 // backend and N with a tap backend of N queues. Each queue's state is its
 // own, so one thread per queue needs no lock. See docs/drivers/virtio_net.md.
 #include "drivers/virtio_net/virtio_net.h"
@@ -21,6 +22,7 @@
 #include <string>
 
 #include "drivers/sdk/adapter.h"
+#include "drivers/sdk/tx_frame.h"
 #include "drivers/virtio_net/virtio_pci.h"
 #include "drivers/virtio_net/virtqueue.h"
 #include "vfio/mmio.h"
@@ -41,6 +43,7 @@ constexpr uint64_t kWantedFeatures =
 // one VLAN tag. 5.1.6.3.1: without MRG_RXBUF or GSO, RX buffers must hold at
 // least 1526 bytes (header + 1514).
 constexpr uint32_t kMaxFrame = 1518;
+constexpr uint32_t kMinFrame = 14;  // an Ethernet header
 constexpr uint32_t kMinRxBuffer = kNetHeaderSize + 1514;
 constexpr uint32_t kMinRing = 8;
 constexpr uint32_t kBatch = 64;  // completions handled per reap call
@@ -74,8 +77,15 @@ struct CommonRegs {
   Reg32 q_desc_lo, q_desc_hi, q_driver_lo, q_driver_hi, q_device_lo, q_device_hi;
 };
 
+// A queue's DMA block: the ring (RingLayout), then at header_offset() a
+// 12-byte virtio-net header that stays all zero (5.1.6.2: no checksum
+// offload, no GSO), the first descriptor of every gathered frame's chain.
+size_t header_offset(const RingLayout& l) { return (l.bytes + 63) & ~size_t{63}; }
+size_t block_bytes(const RingLayout& l) { return header_offset(l) + 64; }
+
 struct Queue {
   SplitQueue ring;
+  uint64_t header_iova = 0;  // the zero header in this queue's block (TX)
   ufab_dma_mem mem{};
   bool allocated = false;
   uint32_t size = 0;       // configured (0: not set up)
@@ -118,6 +128,7 @@ class VirtioNet {
   int stop();
   int rx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
   int tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n);
+  int tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_t n);
   int stats(ufab_stats* out);
   int rx_irq(uint16_t queue, int enable, int* eventfd);
   int rx_irq_arm(uint16_t queue);
@@ -159,6 +170,8 @@ class VirtioNet {
   void free_ring(Queue& q);
   int refill_rx(Queue& q);
   void reclaim_tx(Queue& q);
+  int running_tx(uint16_t queue, const char* what, Queue** out);
+  void post_tx(Queue& q, uint16_t frames, uint64_t bytes);
   void kick(Queue& q) {
     vfio::barrier::descriptors_before_doorbell();
     q.notify.write(q.vq);
@@ -478,15 +491,19 @@ int VirtioNet::setup_queue(Queue& q, uint32_t size, const char* what) {
                              std::to_string(kMinRing) + ".." + std::to_string(q.max_size) +
                              " (the device's maximum for virtqueue " + std::to_string(q.vq) + ")");
   RingLayout layout = RingLayout::for_size(size);
-  if (q.allocated && q.mem.size < layout.bytes) free_ring(q);
+  const size_t bytes = block_bytes(layout);
+  if (q.allocated && q.mem.size < bytes) free_ring(q);
   if (!q.allocated) {
-    if (int rc = ops_->dma_alloc(host_, layout.bytes, kRingBlockAlign, &q.mem); rc < 0)
-      return error(-rc, std::string("allocating ") + std::to_string(layout.bytes) + " bytes of DMA memory for the " +
+    if (int rc = ops_->dma_alloc(host_, bytes, kRingBlockAlign, &q.mem); rc < 0)
+      return error(-rc, std::string("allocating ") + std::to_string(bytes) + " bytes of DMA memory for the " +
                             what + " virtqueue failed: " + std::strerror(-rc));
     q.allocated = true;
   }
   if (auto st = q.ring.init(size, q.mem.va, q.mem.iova, q.mem.size); !st)
     return error(st.error().code(), st.error().message());
+  // A reused block may hold an old ring where the header now goes.
+  std::memset(static_cast<uint8_t*>(q.mem.va) + header_offset(layout), 0, kNetHeaderSize);
+  q.header_iova = q.mem.iova + header_offset(layout);
   q.size = size;
   return 0;
 }
@@ -799,15 +816,34 @@ void VirtioNet::reclaim_tx(Queue& q) {
   }
 }
 
-int VirtioNet::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
-  Queue* qp = tx_queue(queue, "tx_burst");
+// The checks tx_burst and tx_burst_gather share: the queue exists and its
+// pair is running. 0, or -errno after set_error.
+int VirtioNet::running_tx(uint16_t queue, const char* what, Queue** out) {
+  Queue* qp = tx_queue(queue, what);
   if (!qp) return -EINVAL;
-  Queue& q = *qp;
-  if (!started_) return error(ENETDOWN, "tx_burst on a device that is not started; call start() first");
+  if (!started_) return error(ENETDOWN, std::string(what) + " on a device that is not started; call start() first");
   if (queue >= active_pairs_)
-    return error(EINVAL, "tx_burst on TX queue " + std::to_string(queue) +
+    return error(EINVAL, std::string(what) + " on TX queue " + std::to_string(queue) +
                              ", which is not running: set up RX and TX queue " + std::to_string(queue) +
                              " before start()");
+  *out = qp;
+  return 0;
+}
+
+// Hands what was added to the device: one avail.idx store, and one doorbell
+// unless the device said it needs none (2.6.13.3, 2.6.13.4).
+void VirtioNet::post_tx(Queue& q, uint16_t frames, uint64_t bytes) {
+  if (frames == 0) return;
+  q.ring.publish();
+  if (q.ring.device_wants_notify()) kick(q);
+  q.packets += frames;
+  q.bytes += bytes;
+}
+
+int VirtioNet::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
+  Queue* qp = nullptr;
+  if (int rc = running_tx(queue, "tx_burst", &qp); rc < 0) return rc;
+  Queue& q = *qp;
   if (q.ring.used_pending()) reclaim_tx(q);
   uint16_t room = std::min<uint16_t>(n, q.ring.free_count());
   uint16_t i = 0;
@@ -815,7 +851,7 @@ int VirtioNet::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
   uint64_t bytes = 0;
   for (; i < room; ++i) {
     ufab_buf* b = bufs[i];
-    if (b->offset < kNetHeaderSize || b->len < 14 || b->len > kMaxFrame || b->offset > b->capacity ||
+    if (b->offset < kNetHeaderSize || b->len < kMinFrame || b->len > kMaxFrame || b->offset > b->capacity ||
         b->len > b->capacity - b->offset) {
       rc = error(EINVAL, "TX frame " + std::to_string(i) + " has offset " + std::to_string(b->offset) + ", length " +
                              std::to_string(b->len) + ", capacity " + std::to_string(b->capacity) +
@@ -828,15 +864,46 @@ int VirtioNet::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
     q.ring.add(b->base_iova + b->offset - kNetHeaderSize, b->len + kNetHeaderSize, false, b);
     bytes += b->len;
   }
-  if (i) {
-    q.ring.publish();
-    if (q.ring.device_wants_notify()) kick(q);
-    q.packets += i;
-    q.bytes += bytes;
-  }
+  post_tx(q, i, bytes);
   if (i == 0 && rc < 0) {
     ++q.errors;
     return rc;
+  }
+  return i;
+}
+
+// Gather transmit (ABI 1.3). Each frame goes out as one descriptor chain
+// (2.6.5, VIRTQ_DESC_F_NEXT): the queue's zero virtio-net header first
+// (5.1.6.2), in a descriptor of its own, a layout every device accepts
+// (2.6.4 "Message Framing"; legacy devices without ANY_LAYOUT even require
+// it), then one descriptor per segment at its IOVA (the device reads it
+// through the IOMMU: VIRTIO_F_ACCESS_PLATFORM). A frame is taken whole or
+// not at all: the call stops at the first frame the ring has no room for
+// (0 when that is the first) or that is invalid (an error when that is the
+// first; the next call reports a later one). The frame's buf is the
+// chain's cookie, freed when the device returns the chain.
+int VirtioNet::tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_t n) {
+  Queue* qp = nullptr;
+  if (int rc = running_tx(queue, "tx_burst_gather", &qp); rc < 0) return rc;
+  Queue& q = *qp;
+  if (q.ring.used_pending()) reclaim_tx(q);
+  uint16_t i = 0;
+  uint64_t bytes = 0;
+  sdk::TxFrameCheck check;
+  for (; i < n; ++i) {
+    const ufab_tx_frame& f = frames[i];
+    check = sdk::check_tx_frame(f, kMinFrame, kMaxFrame);
+    if (check.fault != sdk::TxFrameFault::kNone) break;
+    Piece chain[1 + UFAB_TX_SEGS_MAX];
+    chain[0] = Piece{q.header_iova, kNetHeaderSize};
+    for (uint32_t s = 0; s < f.nsegs; ++s) chain[1 + s] = Piece{f.segs[s].iova, f.segs[s].len};
+    if (!q.ring.add_chain(chain, static_cast<uint16_t>(1 + f.nsegs), f.buf)) break;  // no room
+    bytes += f.len;
+  }
+  post_tx(q, i, bytes);
+  if (i == 0 && n > 0 && check.fault != sdk::TxFrameFault::kNone) {
+    ++q.errors;
+    return error(EINVAL, "tx_burst_gather: frame 0 " + sdk::describe(check, frames[0], kMinFrame, kMaxFrame));
   }
   return i;
 }

@@ -53,6 +53,7 @@ Status SplitQueue::init(uint32_t size, void* va, uint64_t iova, size_t bytes) {
   used_idx_ = *ui;
   slots_.assign(size, Slot{});
   free_.assign(size, 0);
+  chain_next_.assign(size, 0);
   bad_used_ = 0;
   clear();
   return {};

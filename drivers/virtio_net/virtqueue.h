@@ -2,9 +2,11 @@
 // over any memory: DMA memory in the driver, plain memory in unit tests
 // (where the test plays the device).
 //
-// One descriptor per buffer, no chains, no indirect tables, no event index:
-// exactly what the virtio-net driver negotiates. The ring memory is one
-// block laid out by RingLayout:
+// One descriptor per buffer (add), or a chain of device-readable
+// descriptors linked by VIRTQ_DESC_F_NEXT for a buffer in several pieces
+// (add_chain: gather transmit); no indirect tables, no event index: exactly
+// what the virtio-net driver negotiates. The ring memory is one block laid
+// out by RingLayout:
 //
 //   desc  [size] x 16 bytes  {le64 addr; le32 len; le16 flags; le16 next}  align 16
 //   avail {le16 flags; le16 idx; le16 ring[size]; le16 used_event}         align 2
@@ -45,6 +47,12 @@ struct RingLayout {
   static RingLayout for_size(uint32_t size);
 };
 
+// One piece of a chained buffer: device address and length.
+struct Piece {
+  uint64_t addr;
+  uint32_t len;
+};
+
 // A buffer the device has finished with.
 struct Completion {
   void* cookie;  // what add() was given
@@ -63,6 +71,7 @@ class SplitQueue {
   Status init(uint32_t size, void* va, uint64_t iova, size_t bytes);
 
   uint16_t size() const { return size_; }
+  // Descriptors, not buffers: a chain of n pieces takes n.
   uint16_t free_count() const { return free_top_; }
   uint16_t in_flight() const { return size_ - free_top_; }
   uint64_t desc_iova() const { return iova_ + layout_.desc; }
@@ -74,14 +83,33 @@ class SplitQueue {
   bool add(uint64_t addr, uint32_t len, bool device_writes, void* cookie) {
     if (free_top_ == 0) return false;
     uint16_t id = free_[--free_top_];
-    volatile uint8_t* d = desc_ + size_t{id} * 16;
-    *reinterpret_cast<volatile uint64_t*>(d) = htole64(addr);
-    *reinterpret_cast<volatile uint32_t*>(d + 8) = htole32(len);
-    *reinterpret_cast<volatile uint16_t*>(d + 12) = htole16(device_writes ? kDescFlagWrite : 0);
-    *reinterpret_cast<volatile uint16_t*>(d + 14) = 0;
-    avail_ring_[avail_shadow_ & mask_] = htole16(id);
-    ++avail_shadow_;
-    slots_[id] = Slot{cookie, len, true};
+    write_desc(id, addr, len, device_writes ? kDescFlagWrite : 0, 0);
+    announce(id, cookie, 1);
+    return true;
+  }
+
+  // One buffer in `n` device-readable pieces, in order (2.6.4 "Message
+  // Framing": the device sees their concatenation, however it is split): a
+  // descriptor each, every one but the last with VIRTQ_DESC_F_NEXT and
+  // `next` naming the following one (2.6.5, 2.6.13.1), one avail slot for
+  // the head. The
+  // device returns the chain as one used entry naming the head; reap()
+  // then frees all n descriptors. Writes nothing and returns false unless
+  // n is 1..size and n descriptors are free (never part of a chain).
+  bool add_chain(const Piece* pieces, uint16_t n, void* cookie) {
+    if (n == 0 || n > free_top_) return false;
+    uint16_t head = free_[free_top_ - 1];
+    uint16_t id = head;
+    for (uint16_t k = 0; k < n; ++k) {
+      --free_top_;
+      bool more = k + 1 < n;
+      uint16_t next = more ? free_[free_top_ - 1] : 0;
+      write_desc(id, pieces[k].addr, pieces[k].len, more ? kDescFlagNext : 0, next);
+      chain_next_[id] = next;
+      slots_[id] = Slot{};  // a member is never in flight on its own
+      id = next;
+    }
+    announce(head, cookie, n);
     return true;
   }
 
@@ -124,13 +152,13 @@ class SplitQueue {
       uint32_t len = le32toh(*reinterpret_cast<const volatile uint32_t*>(e + 4));
       ++last_used_;
       if (id >= size_ || !slots_[id].busy) {
-        ++bad_used_;
+        ++bad_used_;  // out of range, not in flight, or a chain member (not its head)
         continue;
       }
       Slot& s = slots_[id];
       s.busy = false;
       out[n++] = Completion{s.cookie, len};
-      free_[free_top_++] = static_cast<uint16_t>(id);
+      release_chain(static_cast<uint16_t>(id), s.count);
     }
     return n;
   }
@@ -167,12 +195,37 @@ class SplitQueue {
   }
 
  private:
+  // Per descriptor id; only a buffer's head descriptor is busy.
   struct Slot {
     void* cookie = nullptr;
-    uint32_t len = 0;
+    uint16_t count = 0;  // descriptors in the buffer's chain (1 without one)
     bool busy = false;
   };
   void clear();
+
+  void write_desc(uint16_t id, uint64_t addr, uint32_t len, uint16_t flags, uint16_t next) {
+    volatile uint8_t* d = desc_ + size_t{id} * 16;
+    *reinterpret_cast<volatile uint64_t*>(d) = htole64(addr);
+    *reinterpret_cast<volatile uint32_t*>(d + 8) = htole32(len);
+    *reinterpret_cast<volatile uint16_t*>(d + 12) = htole16(flags);
+    *reinterpret_cast<volatile uint16_t*>(d + 14) = htole16(next);
+  }
+  // Puts the buffer whose chain starts at `head` into the next avail slot.
+  void announce(uint16_t head, void* cookie, uint16_t count) {
+    avail_ring_[avail_shadow_ & mask_] = htole16(head);
+    ++avail_shadow_;
+    slots_[head] = Slot{cookie, count, true};
+  }
+  // Returns the `count` descriptors of the chain starting at `head` to the
+  // free stack, following the driver's own copy of the links (chain_next_),
+  // never the table the device can reach.
+  void release_chain(uint16_t head, uint16_t count) {
+    uint16_t id = head;
+    for (uint16_t k = 0; k < count; ++k) {
+      free_[free_top_++] = id;
+      id = chain_next_[id];
+    }
+  }
 
   RingLayout layout_;
   uint8_t* base_ = nullptr;
@@ -188,6 +241,7 @@ class SplitQueue {
   uint16_t last_used_ = 0;        // next used entry to read
   std::vector<Slot> slots_;
   std::vector<uint16_t> free_;  // stack of free descriptor ids
+  std::vector<uint16_t> chain_next_;  // per id: the next descriptor of its chain
   uint16_t free_top_ = 0;
   uint64_t bad_used_ = 0;
 };

@@ -3,7 +3,10 @@
 // test plays the device: it writes descriptors back and checks what the
 // driver programmed.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -212,16 +215,23 @@ class E1000eTest : public ::testing::Test {
     d->status = status;
     host_.set(queue_reg(kRdh0, q), (head + 1) % (host_.reg(queue_reg(kRdlen0, q)) / 16));
   }
-  // The "device" transmits everything up to TDT of queue q and writes DD back.
-  std::vector<std::vector<uint8_t>> device_transmit(uint16_t q = 0) {
+  // The "device" transmits up to `max_desc` descriptors from TDH (all up to
+  // TDT by default) of queue q, as the datasheet's 7.2 says: a frame is the
+  // buffers of its descriptors up to the one with EOP; DD is written back
+  // only where RS is set. Returns the frames whose EOP it reached.
+  std::vector<std::vector<uint8_t>> device_transmit(uint16_t q = 0, uint32_t max_desc = ~0u) {
     std::vector<std::vector<uint8_t>> sent;
+    std::vector<uint8_t> frame;
     uint32_t n = host_.reg(queue_reg(kTdlen, q)) / 16;
-    for (uint32_t h = host_.reg(queue_reg(kTdh, q)); h != host_.reg(queue_reg(kTdt, q)); h = (h + 1) % n) {
+    for (uint32_t h = host_.reg(queue_reg(kTdh, q)); h != host_.reg(queue_reg(kTdt, q)) && max_desc;
+         h = (h + 1) % n, --max_desc) {
       TxDesc* d = &tx_ring(q)[h];
       auto* p = reinterpret_cast<uint8_t*>(d->addr);
-      sent.emplace_back(p, p + (d->lower & 0xffff));
-      EXPECT_EQ(d->lower >> 24, uint32_t{kTxCmdEop | kTxCmdIfcs | kTxCmdRs});
-      d->upper |= kTxStaDd;
+      frame.insert(frame.end(), p, p + (d->lower & 0xffff));
+      uint32_t cmd = d->lower >> 24;
+      EXPECT_TRUE(cmd == 0 || cmd == uint32_t{kTxCmdEop | kTxCmdIfcs | kTxCmdRs}) << "CMD " << cmd << " at " << h;
+      if (cmd & kTxCmdRs) d->upper |= kTxStaDd;
+      if (cmd & kTxCmdEop) sent.push_back(std::move(frame)), frame.clear();
       host_.set(queue_reg(kTdh, q), (h + 1) % n);
     }
     return sent;
@@ -251,6 +261,7 @@ TEST_F(E1000eTest, TableHeaderAndMatch) {
   EXPECT_EQ(drv_->pci_match[0].subsystem_vendor_id, UFAB_PCI_ANY);
   EXPECT_EQ(drv_->pci_match[1].vendor_id, 0);
   EXPECT_EQ(drv_->flags & UFAB_DRIVER_F_SOFTWARE, 0u);
+  EXPECT_NE(drv_->tx_burst_gather, nullptr) << "ABI 1.3 gather transmit";
 }
 
 TEST_F(E1000eTest, OpenResetsAndZeroesWhatItUses) {
@@ -791,6 +802,262 @@ TEST_F(E1000eTest, EachRxQueueHasItsOwnVector) {
   ASSERT_EQ(drv_->rx_irq(dev_, 1, 0, &fd1), 0);
   EXPECT_EQ(host_.reg(kImc), kIntRxq1);
   EXPECT_EQ(fd1, -1);
+}
+
+
+// ------------------------------------------------------- gather transmit
+
+// Counts the CPU's stores to one 32-bit register of the fake BAR: its page
+// is made read-only, each store into the page faults (SIGSEGV), the handler
+// notes the address, opens the page and single-steps the store (x86
+// EFLAGS.TF); the SIGTRAP after it closes the page again. Reads are free.
+class StoreCounter {
+ public:
+  explicit StoreCounter(uint8_t* reg) {
+    target_ = reg;
+    page_ = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(reg) & ~uintptr_t{4095});
+    count_ = 0;
+    struct sigaction sa {};
+    sa.sa_flags = SA_SIGINFO;
+    sa.sa_sigaction = on_segv;
+    sigaction(SIGSEGV, &sa, &old_segv_);
+    sa.sa_sigaction = on_trap;
+    sigaction(SIGTRAP, &sa, &old_trap_);
+    mprotect(page_, 4096, PROT_READ);
+  }
+  ~StoreCounter() {
+    mprotect(page_, 4096, PROT_READ | PROT_WRITE);
+    sigaction(SIGSEGV, &old_segv_, nullptr);
+    sigaction(SIGTRAP, &old_trap_, nullptr);
+  }
+  int stores() const { return count_; }
+
+ private:
+  static void on_segv(int, siginfo_t* si, void* ctx) {
+    auto* addr = static_cast<uint8_t*>(si->si_addr);
+    if (addr < page_ || addr >= page_ + 4096) std::abort();  // a real crash, not ours
+    if (addr == target_) count_ = count_ + 1;
+    mprotect(page_, 4096, PROT_READ | PROT_WRITE);
+    static_cast<ucontext_t*>(ctx)->uc_mcontext.gregs[REG_EFL] |= 0x100;  // trap after the store
+  }
+  static void on_trap(int, siginfo_t*, void* ctx) {
+    static_cast<ucontext_t*>(ctx)->uc_mcontext.gregs[REG_EFL] &= ~0x100;
+    mprotect(page_, 4096, PROT_READ);
+  }
+  static inline uint8_t* target_ = nullptr;
+  static inline uint8_t* page_ = nullptr;
+  static inline volatile int count_ = 0;
+  struct sigaction old_segv_ {}, old_trap_ {};
+};
+
+class E1000eGatherTest : public E1000eTest {
+ protected:
+  // Payload memory outside any frame buffer (a registered region, say);
+  // the fake host's IOVA is the address itself.
+  void SetUp() override {
+    E1000eTest::SetUp();
+    payload_ = static_cast<uint8_t*>(std::aligned_alloc(4096, kPayload));
+    for (uint32_t i = 0; i < kPayload; ++i) payload_[i] = static_cast<uint8_t>(i * 7 + 3);
+  }
+  void TearDown() override {
+    E1000eTest::TearDown();
+    std::free(payload_);
+  }
+  // A frame of `nsegs` segments: a header of `head` bytes in its own
+  // buffer, then nsegs - 1 pieces of the payload at odd offsets and lengths.
+  ufab_tx_frame frame(uint32_t nsegs, uint32_t head = 31, uint8_t fill = 0x5a) {
+    ufab_tx_frame f{};
+    f.buf = tx_frame(head, fill);
+    f.nsegs = nsegs;
+    f.segs[0] = seg(f.buf->base + f.buf->offset, head);
+    for (uint32_t s = 1; s < nsegs; ++s) f.segs[s] = seg(payload_ + 101 * s + nsegs, 17 + 40 * s);
+    for (uint32_t s = 0; s < nsegs; ++s) f.len += f.segs[s].len;
+    return f;
+  }
+  static ufab_tx_seg seg(const uint8_t* p, uint32_t len) {
+    return ufab_tx_seg{p, reinterpret_cast<uint64_t>(p), len, 0};
+  }
+  static std::vector<uint8_t> bytes_of(const ufab_tx_frame& f) {
+    std::vector<uint8_t> v;
+    for (uint32_t s = 0; s < f.nsegs; ++s) v.insert(v.end(), f.segs[s].va, f.segs[s].va + f.segs[s].len);
+    return v;
+  }
+  uint32_t tdt() const { return host_.reg(kTdt); }
+
+  static constexpr uint32_t kPayload = 8192;
+  uint8_t* payload_ = nullptr;
+};
+
+TEST_F(E1000eGatherTest, OneDescriptorPerSegmentEopOnlyOnTheLastOneTailWrite) {
+  setup();
+  ufab_tx_frame f[3] = {frame(1, 60, 0xa1), frame(3, 20, 0xa2), frame(4, 14, 0xa3)};
+  int taken;
+  int stores;
+  {
+    StoreCounter tail(FakeHost::bar + kTdt);
+    taken = drv_->tx_burst_gather(dev_, 0, f, 3);
+    stores = tail.stores();
+  }
+  ASSERT_EQ(taken, 3) << host_.error;
+  EXPECT_EQ(stores, 1) << "one TDT write for the whole call";
+  EXPECT_EQ(tdt(), 8u);
+  TxDesc* d = tx_ring();
+  uint32_t slot = 0;
+  for (const auto& fr : f) {
+    for (uint32_t s = 0; s < fr.nsegs; ++s, ++slot) {
+      bool last = s + 1 == fr.nsegs;
+      EXPECT_EQ(d[slot].addr, fr.segs[s].iova) << "slot " << slot;
+      EXPECT_EQ(d[slot].lower & 0xffff, fr.segs[s].len) << "slot " << slot;
+      EXPECT_EQ(d[slot].lower >> 24, last ? uint32_t{kTxCmdEop | kTxCmdIfcs | kTxCmdRs} : 0u)
+          << "slot " << slot << ": EOP, IFCS and RS belong on a frame's last descriptor only";
+      EXPECT_EQ(d[slot].upper, 0u);
+    }
+  }
+  auto sent = device_transmit();
+  ASSERT_EQ(sent.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(sent[i], bytes_of(f[i])) << "frame " << i;
+  EXPECT_EQ(tx_pool_.out.size(), 3u) << "buffers stay with the driver until the next reclaim";
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, f, 0), 0);
+  EXPECT_EQ(tx_pool_.out.size(), 0u);
+  // The counter sees every store: two calls, two TDT writes.
+  ufab_tx_frame g[2] = {frame(2), frame(3)};
+  {
+    StoreCounter tail(FakeHost::bar + kTdt);
+    ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, g, 1), 1);
+    ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, g + 1, 1), 1);
+    EXPECT_EQ(tail.stores(), 2);
+  }
+  EXPECT_EQ(tdt(), 13u);
+  device_transmit();
+}
+
+TEST_F(E1000eGatherTest, BufferFreedOnlyWhenTheDeviceIsPastTheEopDescriptor) {
+  setup();
+  ufab_tx_frame f[2] = {frame(4, 40, 1), frame(2, 40, 2)};
+  ufab_buf* b0 = f[0].buf;
+  ufab_buf* b1 = f[1].buf;
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, f, 2), 2) << host_.error;
+  // The device has read the first three descriptors of frame 0: no DD
+  // anywhere yet (no RS on them), so nothing may be freed.
+  EXPECT_TRUE(device_transmit(0, 3).empty());
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, f, 0), 0);
+  EXPECT_EQ(tx_pool_.out.count(b0), 1u) << "freed before the device read its last segment";
+  EXPECT_EQ(tx_pool_.out.count(b1), 1u);
+  // A stray DD on a middle descriptor does not count either.
+  tx_ring()[1].upper |= kTxStaDd;
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, f, 0), 0);
+  EXPECT_EQ(tx_pool_.out.count(b0), 1u);
+  // Frame 0's EOP descriptor done: its buffer comes back, frame 1's stays.
+  ASSERT_EQ(device_transmit(0, 2).size(), 1u);
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, f, 0), 0);
+  EXPECT_EQ(tx_pool_.out.count(b0), 0u);
+  EXPECT_EQ(tx_pool_.out.count(b1), 1u);
+  ASSERT_EQ(device_transmit().size(), 1u);
+  ufab_buf* none[1];
+  ASSERT_EQ(drv_->tx_burst(dev_, 0, none, 0), 0);  // tx_burst reclaims gathered frames too
+  EXPECT_EQ(tx_pool_.out.size(), 0u);
+}
+
+TEST_F(E1000eGatherTest, FullRingTakesWholeFramesOnly) {
+  setup(64, 64);  // 63 descriptors usable
+  std::vector<ufab_tx_frame> f;
+  for (int i = 0; i < 16; ++i) f.push_back(frame(4, 30, static_cast<uint8_t>(i)));
+  // 15 frames use 60 descriptors; the 16th needs 4 and 3 are left.
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 0, f.data(), 16), 15) << host_.error;
+  EXPECT_EQ(tdt(), 60u);
+  uint32_t out = static_cast<uint32_t>(tx_pool_.out.size());
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 0, &f[15], 1), 0) << "no room for a whole frame: nothing taken";
+  EXPECT_EQ(tdt(), 60u) << "no partial frame handed to the device";
+  EXPECT_EQ(tx_ring()[60].addr, 0u) << "not even written";
+  EXPECT_EQ(tx_pool_.out.size(), out);
+  ufab_tx_frame three = frame(3, 30, 0xee);
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 0, &three, 1), 1) << "a 3-descriptor frame still fits";
+  EXPECT_EQ(tdt(), 63u);
+  auto sent = device_transmit();
+  ASSERT_EQ(sent.size(), 16u);
+  EXPECT_EQ(sent[15], bytes_of(three));
+  // Room again: the frame left out goes now, its descriptors wrapping from
+  // slot 63 to slots 0..2.
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, &f[15], 1), 1) << host_.error;
+  EXPECT_EQ(tdt(), 3u);
+  EXPECT_EQ(tx_ring()[63].lower >> 24, 0u);
+  EXPECT_EQ(tx_ring()[2].lower >> 24, uint32_t{kTxCmdEop | kTxCmdIfcs | kTxCmdRs});
+  sent = device_transmit();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0], bytes_of(f[15]));
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, f.data(), 0), 0);
+  EXPECT_EQ(tx_pool_.out.size(), 0u);
+}
+
+TEST_F(E1000eGatherTest, BadFramesAreRefusedWithTheReason) {
+  setup();
+  struct Case {
+    const char* what;
+    void (*spoil)(ufab_tx_frame&);
+    const char* says;
+  };
+  const Case cases[] = {
+      {"no segments", [](ufab_tx_frame& f) { f.nsegs = 0; }, "1..4"},
+      {"five segments", [](ufab_tx_frame& f) { f.nsegs = 5; }, "UFAB_TX_SEGS_MAX"},
+      {"empty segment", [](ufab_tx_frame& f) { f.len -= f.segs[1].len; f.segs[1].len = 0; }, "segment 1"},
+      {"len != sum", [](ufab_tx_frame& f) { f.len += 1; }, "add up to"},
+      {"too long", [](ufab_tx_frame& f) { f.segs[0].len += 1500; f.len += 1500; }, "14..1522"},
+      {"too short", [](ufab_tx_frame& f) { f.nsegs = 1; f.segs[0].len = 10; f.len = 10; }, "14..1522"},
+      {"no buffer", [](ufab_tx_frame& f) { f.buf = nullptr; }, "no buffer"},
+  };
+  for (const Case& c : cases) {
+    ufab_tx_frame f = frame(3, 40, 1);
+    ufab_buf* b = f.buf;
+    c.spoil(f);
+    host_.error.clear();
+    EXPECT_EQ(drv_->tx_burst_gather(dev_, 0, &f, 1), -EINVAL) << c.what;
+    EXPECT_NE(host_.error.find("tx_burst_gather: frame 0"), std::string::npos) << c.what << ": " << host_.error;
+    EXPECT_NE(host_.error.find(c.says), std::string::npos) << c.what << ": " << host_.error;
+    EXPECT_EQ(tdt(), 0u) << c.what;
+    EXPECT_EQ(tx_pool_.out.count(b), 1u) << c.what << ": a refused frame stays the caller's";
+    kOps.buf_free(host_.handle(), &b, 1);
+  }
+  // A good frame before a bad one is taken; the bad one is reported next.
+  ufab_tx_frame two[2] = {frame(2, 40, 1), frame(2, 40, 2)};
+  two[1].nsegs = 9;
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 0, two, 2), 1);
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 0, two + 1, 1), -EINVAL);
+  kOps.buf_free(host_.handle(), &two[1].buf, 1);
+  device_transmit();
+}
+
+TEST_F(E1000eGatherTest, StoppedOrMissingQueueIsAnError) {
+  setup();
+  ufab_tx_frame f = frame(2);
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 2, &f, 1), -EINVAL);
+  EXPECT_NE(host_.error.find("TX queue 2 does not exist"), std::string::npos) << host_.error;
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 1, &f, 1), -EINVAL);
+  EXPECT_NE(host_.error.find("before tx_queue_setup"), std::string::npos) << host_.error;
+  ASSERT_EQ(drv_->stop(dev_), 0);
+  EXPECT_EQ(drv_->tx_burst_gather(dev_, 0, &f, 1), -ENETDOWN);
+  EXPECT_NE(host_.error.find("start()"), std::string::npos) << host_.error;
+  kOps.buf_free(host_.handle(), &f.buf, 1);
+}
+
+TEST_F(E1000eGatherTest, MixedWithTxBurstAndReturnedOnStopAndClose) {
+  setup();
+  ufab_tx_frame g[2] = {frame(4, 22, 1), frame(2, 50, 2)};
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, g, 1), 1);
+  ufab_buf* b = tx_frame(100, 0x33);
+  ASSERT_EQ(drv_->tx_burst(dev_, 0, &b, 1), 1);
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, g + 1, 1), 1);
+  EXPECT_EQ(tdt(), 7u);
+  auto sent = device_transmit(0, 5);  // frame 0 and the one-buffer frame
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0], bytes_of(g[0]));
+  EXPECT_EQ(sent[1], std::vector<uint8_t>(100, 0x33));
+  // stop() returns the buffer of the gathered frame still queued, once.
+  ASSERT_EQ(drv_->stop(dev_), 0);
+  EXPECT_EQ(tx_pool_.out.size(), 0u);
+  ASSERT_EQ(drv_->start(dev_), 0);
+  ufab_tx_frame h = frame(3);
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, &h, 1), 1);
+  // close() returns one that never completed (TearDown checks for leaks).
 }
 
 }  // namespace

@@ -69,6 +69,22 @@ TEST(TxDescriptor, OneFramePerDescriptorWithEopIfcsRs) {
   EXPECT_TRUE(tx_done(&d));
 }
 
+TEST(TxDescriptor, OnlyTheLastDescriptorOfAFrameCarriesEopIfcsRs) {
+  EXPECT_EQ(tx_cmd(true), kTxCmdEop | kTxCmdIfcs | kTxCmdRs);
+  EXPECT_EQ(tx_cmd(false), 0);
+  EXPECT_EQ(tx_lower(17, false), 17u) << "a middle descriptor: length only";
+  EXPECT_EQ(tx_lower(17, true), tx_lower(17));
+  alignas(16) TxDesc d;
+  std::memset(&d, 0xff, sizeof d);
+  tx_fill(&d, 0x2001, 33, false);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(&d);
+  EXPECT_EQ(b[0], 0x01);
+  EXPECT_EQ(b[1], 0x20);
+  EXPECT_EQ(b[8], 33);
+  EXPECT_EQ(b[11], 0);   // no EOP, no IFCS, no RS: the device writes no DD here
+  EXPECT_EQ(b[12], 0);   // stale DD cleared all the same
+}
+
 TEST(RxDescriptor, PostClearsTheWriteBackHalf) {
   alignas(16) RxDesc d;
   std::memset(&d, 0xff, sizeof d);

@@ -11,6 +11,7 @@
 #include <deque>
 #include <optional>
 #include <random>
+#include <set>
 #include <vector>
 
 namespace ufab::virtio {
@@ -45,6 +46,24 @@ class FakeDevice {
     d.flags = le16toh(d.flags);
     d.next = le16toh(d.next);
     return std::make_pair(id, d);
+  }
+  // Next buffer as a chain: its head id and every descriptor, following
+  // VIRTQ_DESC_F_NEXT (at most `size` of them: a longer chain would loop).
+  std::optional<std::pair<uint16_t, std::vector<Desc>>> pop_chain() {
+    auto first = pop();
+    if (!first) return std::nullopt;
+    std::vector<Desc> chain{first->second};
+    while ((chain.back().flags & kDescFlagNext) && chain.size() <= l_.size) chain.push_back(desc(chain.back().next));
+    return std::make_pair(first->first, chain);
+  }
+  Desc desc(uint16_t id) const {
+    Desc d;
+    std::memcpy(&d, mem_ + l_.desc + 16 * size_t{id}, 16);
+    d.addr = le64toh(d.addr);
+    d.len = le32toh(d.len);
+    d.flags = le16toh(d.flags);
+    d.next = le16toh(d.next);
+    return d;
   }
   // Writes one used element and publishes it (the device's own order).
   void push_used(uint32_t id, uint32_t len) {
@@ -363,6 +382,191 @@ TEST(SplitQueue, ResetReturnsEveryOutstandingBuffer) {
   auto f = fresh.pop();
   ASSERT_TRUE(f);
   EXPECT_EQ(f->second.addr, 0x5000u);
+}
+
+
+// ------------------------------------------------------------- chains
+
+TEST(SplitQueueChain, LinksItsDescriptorsInOrderBehindOneAvailSlot) {
+  Block b(8);
+  SplitQueue q;
+  ASSERT_TRUE(q.init(8, b.mem, 0x2000, b.layout.bytes));
+  FakeDevice dev(b.mem, 8);
+  const Piece pieces[3] = {{0x1000, 12}, {0x20001, 33}, {0x30003, 1455}};
+  ASSERT_TRUE(q.add_chain(pieces, 3, cookie(7)));
+  EXPECT_EQ(q.free_count(), 5) << "a chain of 3 takes 3 descriptors";
+  EXPECT_EQ(q.in_flight(), 3);
+  EXPECT_EQ(q.avail_idx(), 1) << "one avail slot per chain";
+  EXPECT_EQ(dev.avail_idx(), 0) << "invisible before publish()";
+  q.publish();
+  auto c = dev.pop_chain();
+  ASSERT_TRUE(c);
+  ASSERT_EQ(c->second.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c->second[i].addr, pieces[i].addr) << i;
+    EXPECT_EQ(c->second[i].len, pieces[i].len) << i;
+    EXPECT_EQ(c->second[i].flags, i < 2 ? kDescFlagNext : 0) << i << ": NEXT on all but the last, never WRITE";
+  }
+  EXPECT_EQ(c->second[2].next, 0) << "the last descriptor links nowhere";
+  EXPECT_FALSE(dev.pop()) << "one buffer announced, not three";
+  dev.push_used(c->first, 0);
+  Completion done[4];
+  ASSERT_EQ(q.reap(done, 4), 1);
+  EXPECT_EQ(value(done[0].cookie), 7u);
+  EXPECT_EQ(q.free_count(), 8) << "the whole chain is free again";
+}
+
+TEST(SplitQueueChain, NeedsRoomForEveryDescriptorOrWritesNothing) {
+  Block b(8);
+  SplitQueue q;
+  ASSERT_TRUE(q.init(8, b.mem, 0x2000, b.layout.bytes));
+  FakeDevice dev(b.mem, 8);
+  const Piece five[5] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}};
+  ASSERT_TRUE(q.add(0x100, 60, false, cookie(1)));
+  ASSERT_TRUE(q.add(0x200, 60, false, cookie(2)));
+  ASSERT_TRUE(q.add_chain(five, 5, cookie(3)));
+  EXPECT_EQ(q.free_count(), 1);
+  std::vector<uint8_t> before(b.mem, b.mem + b.layout.bytes);
+  EXPECT_FALSE(q.add_chain(five, 2, cookie(4))) << "two descriptors needed, one free";
+  EXPECT_FALSE(q.add_chain(five, 0, cookie(5))) << "an empty chain is no buffer";
+  EXPECT_EQ(q.free_count(), 1);
+  EXPECT_EQ(q.avail_idx(), 3);
+  EXPECT_EQ(std::vector<uint8_t>(b.mem, b.mem + b.layout.bytes), before) << "a refused chain wrote to the ring";
+  ASSERT_TRUE(q.add_chain(five, 1, cookie(6))) << "a chain of one is a plain buffer";
+  EXPECT_EQ(q.free_count(), 0);
+  q.publish();
+  std::vector<std::pair<uint16_t, std::vector<Desc>>> got;
+  while (auto c = dev.pop_chain()) got.push_back(*c);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[2].second.size(), 5u);
+  EXPECT_EQ(got[3].second.size(), 1u);
+  EXPECT_EQ(got[3].second[0].flags, 0);
+  // Too long for the ring at all.
+  Block big(4);
+  SplitQueue small;
+  ASSERT_TRUE(small.init(4, big.mem, 0x2000, big.layout.bytes));
+  EXPECT_FALSE(small.add_chain(five, 5, cookie(9)));
+  EXPECT_EQ(small.free_count(), 4);
+}
+
+TEST(SplitQueueChain, UsedHeadFreesTheChainWholeAndMembersAreNotBuffers) {
+  Block b(8);
+  SplitQueue q;
+  ASSERT_TRUE(q.init(8, b.mem, 0x2000, b.layout.bytes));
+  FakeDevice dev(b.mem, 8);
+  const Piece four[4] = {{0x10, 12}, {0x20, 20}, {0x30, 30}, {0x40, 40}};
+  ASSERT_TRUE(q.add_chain(four, 4, cookie(1)));
+  ASSERT_TRUE(q.add(0x500, 60, false, cookie(2)));
+  q.publish();
+  auto chain = dev.pop_chain();
+  auto single = dev.pop_chain();
+  ASSERT_TRUE(chain && single);
+  // The device names a chain member instead of the head: a device bug,
+  // counted, and nothing freed.
+  dev.push_used(chain->second[0].next, 0);
+  Completion done[4];
+  EXPECT_EQ(q.reap(done, 4), 0);
+  EXPECT_EQ(q.bad_used(), 1u);
+  EXPECT_EQ(q.free_count(), 3);
+  // The single completes first, then the chain.
+  dev.push_used(single->first, 0);
+  dev.push_used(chain->first, 0);
+  ASSERT_EQ(q.reap(done, 4), 2);
+  EXPECT_EQ(value(done[0].cookie), 2u);
+  EXPECT_EQ(value(done[1].cookie), 1u);
+  EXPECT_EQ(q.free_count(), 8);
+  // Naming the head a second time: not in flight any more.
+  dev.push_used(chain->first, 0);
+  EXPECT_EQ(q.reap(done, 4), 0);
+  EXPECT_EQ(q.bad_used(), 2u);
+  // Every descriptor is usable again: two chains of four fill the ring.
+  ASSERT_TRUE(q.add_chain(four, 4, cookie(3)));
+  ASSERT_TRUE(q.add_chain(four, 4, cookie(4)));
+  EXPECT_FALSE(q.add(0x600, 60, false, cookie(5)));
+  q.publish();
+  std::set<uint16_t> ids;
+  while (auto c = dev.pop_chain()) {
+    ids.insert(c->first);
+    for (const Desc& d : c->second)
+      if (d.flags & kDescFlagNext) ids.insert(d.next);
+  }
+  EXPECT_EQ(ids.size(), 8u) << "the two chains share no descriptor";
+}
+
+TEST(SplitQueueChain, ChainsAndSinglesAcrossTheIndexWrap) {
+  // 70,000 buffers of 1 to 5 pieces through a 16-entry ring: the device
+  // completes random prefixes, the driver reaps random amounts; every
+  // descriptor the device reads is the right piece of the right buffer and
+  // free_count always equals size minus the descriptors in flight.
+  constexpr uint32_t kSize = 16;
+  Block b(kSize);
+  SplitQueue q;
+  ASSERT_TRUE(q.init(kSize, b.mem, 0x2000, b.layout.bytes));
+  FakeDevice dev(b.mem, kSize);
+  std::mt19937 rng(11);
+  uint64_t next_post = 0, next_expect = 0, device_seen = 0;
+  uint32_t descs_in_flight = 0;
+  std::deque<std::pair<uint16_t, std::vector<Desc>>> device_holds;
+  std::deque<uint32_t> lengths;  // chain length of each buffer not yet reaped
+  Completion c[kSize];
+  auto pieces_of = [](uint64_t seq) { return static_cast<uint16_t>(1 + seq % 5); };
+  while (next_expect < 70000) {
+    for (uint32_t tries = rng() % 4; tries > 0; --tries) {
+      uint16_t n = pieces_of(next_post);
+      Piece p[5];
+      for (uint16_t k = 0; k < n; ++k) p[k] = Piece{next_post << 8 | k, static_cast<uint32_t>(1 + k)};
+      bool fits = n <= q.free_count();
+      ASSERT_EQ(q.add_chain(p, n, cookie(next_post + 1)), fits);
+      if (!fits) break;
+      descs_in_flight += n;
+      lengths.push_back(n);
+      ++next_post;
+    }
+    ASSERT_EQ(q.free_count() + descs_in_flight, kSize);
+    q.publish();
+    while (auto e = dev.pop_chain()) {
+      ASSERT_EQ(e->second.size(), pieces_of(device_seen));
+      for (uint16_t k = 0; k < e->second.size(); ++k) {
+        ASSERT_EQ(e->second[k].addr, device_seen << 8 | k) << "device read a stale descriptor";
+        ASSERT_EQ(e->second[k].len, uint32_t{1} + k);
+      }
+      ++device_seen;
+      device_holds.push_back(*e);
+    }
+    for (uint32_t k = device_holds.empty() ? 0 : rng() % (device_holds.size() + 1); k > 0; --k) {
+      dev.push_used(device_holds.front().first, 0);
+      device_holds.pop_front();
+    }
+    uint16_t got = q.reap(c, static_cast<uint16_t>(1 + rng() % kSize));
+    for (uint16_t i = 0; i < got; ++i, ++next_expect) {
+      ASSERT_EQ(value(c[i].cookie), next_expect + 1);
+      descs_in_flight -= lengths.front();
+      lengths.pop_front();
+    }
+    ASSERT_EQ(q.free_count() + descs_in_flight, kSize);
+  }
+  EXPECT_EQ(q.bad_used(), 0u);
+  EXPECT_GT(next_post, 65536u) << "the 16-bit avail index wrapped";
+  EXPECT_EQ(q.avail_idx(), static_cast<uint16_t>(next_post));
+  EXPECT_EQ(q.last_used(), static_cast<uint16_t>(70000));
+}
+
+TEST(SplitQueueChain, ResetReturnsEachChainOnce) {
+  Block b(8);
+  SplitQueue q;
+  ASSERT_TRUE(q.init(8, b.mem, 0x2000, b.layout.bytes));
+  const Piece three[3] = {{1, 1}, {2, 2}, {3, 3}};
+  ASSERT_TRUE(q.add_chain(three, 3, cookie(1)));
+  ASSERT_TRUE(q.add_chain(three, 3, cookie(2)));
+  ASSERT_TRUE(q.add(0x10, 1, false, cookie(3)));
+  q.publish();
+  std::vector<uintptr_t> back;
+  q.reset([&](void* ck) { back.push_back(value(ck)); });
+  std::sort(back.begin(), back.end());
+  EXPECT_EQ(back, (std::vector<uintptr_t>{1, 2, 3}));
+  EXPECT_EQ(q.free_count(), 8);
+  ASSERT_TRUE(q.add_chain(three, 3, cookie(4)));
+  EXPECT_EQ(q.free_count(), 5);
 }
 
 }  // namespace
