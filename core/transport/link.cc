@@ -160,7 +160,11 @@ void NicLink::tx_flush() {
   while (sent < pending_.size()) {
     auto burst = static_cast<uint16_t>(std::min<size_t>(pending_.size() - sent, 64));
     int n = nic_->tx_burst(queue_, pending_.data() + sent, burst);
-    if (n <= 0) break;  // ring full: the rest waits for the next flush
+    if (n == 0) break;  // ring full: the rest waits for the next flush
+    if (n < 0) {
+      tx_pool_->free(&pending_[sent], 1);  // refused: dropped, as in flush_frames
+      n = 1;
+    }
     sent += static_cast<size_t>(n);
   }
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(sent));
@@ -175,7 +179,13 @@ void NicLink::flush_frames() {
   while (sent < frames_n_) {
     auto burst = static_cast<uint16_t>(std::min<uint32_t>(frames_n_ - sent, 64));
     int n = nic_->tx_burst_gather(queue_, frames_.get() + sent, burst);
-    if (n <= 0) break;  // ring full: the rest waits for the next flush
+    if (n == 0) break;  // ring full: the rest waits for the next flush
+    if (n < 0) {
+      // The NIC refused the first frame (stopped, or a frame it cannot
+      // send): drop it rather than let it block the queue for good.
+      tx_pool_->free(&frames_[sent].buf, 1);
+      n = 1;
+    }
     sent += static_cast<uint32_t>(n);
   }
   if (sent < frames_n_) std::memmove(frames_.get(), frames_.get() + sent, (frames_n_ - sent) * sizeof(ufab_tx_frame));

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
@@ -891,16 +892,41 @@ int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
   return static_cast<int>(i);
 }
 
-// Writes frame `f` as one legacy descriptor per segment from slot `at` on
-// (each at the segment's IOVA, which the caller mapped for this device),
-// EOP|IFCS|RS on the last only (ring.h tx_cmd, datasheet 7.2); the frame's
-// buffer goes to that last slot. Returns the slot after the frame.
+// A descriptor's buffer never crosses a 4 KiB page of IOVA space: the
+// pages behind a mapped range need not be contiguous in memory, and QEMU's
+// e1000e maps each descriptor's buffer as one piece (pci_dma_map), dropping
+// the whole frame when the mapping comes back short. The 82574L itself
+// takes any length (datasheet 7.2.2); the split costs a descriptor.
+constexpr uint64_t kTxPage = 4096;
+
+uint32_t descriptors_for(const ufab_tx_seg& s) {
+  return static_cast<uint32_t>(((s.iova + s.len - 1) / kTxPage) - (s.iova / kTxPage) + 1);
+}
+
+uint32_t descriptors_for(const ufab_tx_frame& f) {
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < f.nsegs; ++s) n += descriptors_for(f.segs[s]);
+  return n;
+}
+
+// Writes frame `f` as legacy descriptors from slot `at` on: one per
+// segment, or per page piece of it (above), each at its IOVA (the caller
+// mapped the segments for this device), EOP|IFCS|RS on the last only
+// (ring.h tx_cmd, datasheet 7.2); the frame's buffer goes to that last
+// slot. Returns the slot after the frame.
 uint32_t E1000e::fill_gathered(TxQueue& q, uint32_t at, const ufab_tx_frame& f) {
   for (uint32_t s = 0; s < f.nsegs; ++s) {
-    bool last = s + 1 == f.nsegs;
-    tx_fill(&q.desc[at], f.segs[s].iova, f.segs[s].len, last);
-    q.slots[at] = last ? f.buf : nullptr;
-    at = q.ring.next(at);
+    uint64_t iova = f.segs[s].iova;
+    uint32_t left = f.segs[s].len;
+    while (left > 0) {
+      uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(left, kTxPage - iova % kTxPage));
+      bool last = s + 1 == f.nsegs && piece == left;
+      tx_fill(&q.desc[at], iova, piece, last);
+      q.slots[at] = last ? f.buf : nullptr;
+      at = q.ring.next(at);
+      iova += piece;
+      left -= piece;
+    }
   }
   return at;
 }
@@ -922,9 +948,11 @@ int E1000e::tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_
   for (; i < n; ++i) {
     const ufab_tx_frame& f = frames[i];
     check = sdk::check_tx_frame(f, kMinTxFrame, kMaxTxFrame);
-    if (check.fault != sdk::TxFrameFault::kNone || f.nsegs > room) break;
+    if (check.fault != sdk::TxFrameFault::kNone) break;
+    uint32_t need = descriptors_for(f);
+    if (need > room) break;
     t = fill_gathered(q, t, f);
-    room -= f.nsegs;
+    room -= need;
     bytes += f.len;
   }
   if (i == 0 && n > 0 && check.fault != sdk::TxFrameFault::kNone) {

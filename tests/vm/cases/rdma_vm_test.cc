@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -167,14 +168,15 @@ class RdmaVm : public ::testing::Test {
         std::printf(
             "  %s: rx %llu frames (%llu RoCE, %llu ARP, %llu other), tx %llu, parse errors %llu, unknown QP %llu, "
             "dropped %llu, retransmits %llu, timeouts %llu, NAKs %llu/%llu, RNR NAKs %llu/%llu, duplicates %llu, "
-            "tx stalls %llu\n",
+            "tx stalls %llu, gathered %llu\n",
             s.spec.c_str(), (unsigned long long)st.rx_frames, (unsigned long long)st.rx_roce,
             (unsigned long long)st.rx_arp, (unsigned long long)st.rx_other, (unsigned long long)st.tx_frames,
             (unsigned long long)st.rx_parse_errors, (unsigned long long)st.rx_unknown_qp,
             (unsigned long long)st.rx_dropped, (unsigned long long)st.retransmits, (unsigned long long)st.timeouts,
             (unsigned long long)st.naks_sent, (unsigned long long)st.naks_received,
             (unsigned long long)st.rnr_naks_sent, (unsigned long long)st.rnr_naks_received,
-            (unsigned long long)st.duplicates, (unsigned long long)st.tx_stalls);
+            (unsigned long long)st.duplicates, (unsigned long long)st.tx_stalls,
+            (unsigned long long)st.tx_gather_frames);
       }
       s.reset();
     }
@@ -309,6 +311,13 @@ TEST_F(RdmaVm, WriteBothWays) {
       EXPECT_EQ(wcs[0].wr_id, seed);
       EXPECT_EQ(wcs[0].opcode, WcOpcode::kRdmaWrite);
       expect_data(to, size, seed, what);
+    }
+    // Full packets went out as gathered frames, the NIC reading the payload
+    // from the memory region through the IOMMU (zero copy), unless the
+    // ports were opened with zerocopy=off.
+    const char* params = std::getenv("UFAB_RDMA_PARAMS");
+    if (layout_.max >= 1024 && (params == nullptr || std::string(params).find("zerocopy=off") == std::string::npos)) {
+      EXPECT_GT(from.dev->stats().tx_gather_frames, 0u) << from.spec << " gathered no frame";
     }
   }
 }

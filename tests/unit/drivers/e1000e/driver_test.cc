@@ -931,6 +931,33 @@ TEST_F(E1000eGatherTest, OneDescriptorPerSegmentEopOnlyOnTheLastOneTailWrite) {
   device_transmit();
 }
 
+TEST_F(E1000eGatherTest, SegmentCrossingAPageTakesADescriptorPerPage) {
+  // QEMU's e1000e maps each descriptor's buffer as one piece and drops the
+  // frame when the pages behind an IOVA range are not contiguous: a
+  // segment is split where it crosses a 4 KiB page.
+  setup();
+  ufab_tx_frame f{};
+  f.buf = tx_frame(40, 0x77);
+  f.nsegs = 3;
+  f.segs[0] = seg(f.buf->base + f.buf->offset, 40);
+  f.segs[1] = seg(payload_ + 4096 - 300, 1000);  // 300 bytes before the page boundary, 700 after
+  f.segs[2] = seg(payload_ + 7000, 4);
+  f.len = 1044;
+  ASSERT_EQ(drv_->tx_burst_gather(dev_, 0, &f, 1), 1) << host_.error;
+  EXPECT_EQ(tdt(), 4u) << "4 descriptors: header, two page pieces, trailer";
+  TxDesc* d = tx_ring();
+  const uint64_t base = reinterpret_cast<uint64_t>(payload_);
+  EXPECT_EQ(d[1].addr, base + 4096 - 300);
+  EXPECT_EQ(d[1].lower & 0xffff, 300u);
+  EXPECT_EQ(d[2].addr, base + 4096);
+  EXPECT_EQ(d[2].lower & 0xffff, 700u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(d[i].lower >> 24, 0u) << "slot " << i;
+  EXPECT_EQ(d[3].lower >> 24, uint32_t{kTxCmdEop | kTxCmdIfcs | kTxCmdRs});
+  auto sent = device_transmit();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0], bytes_of(f));
+}
+
 TEST_F(E1000eGatherTest, BufferFreedOnlyWhenTheDeviceIsPastTheEopDescriptor) {
   setup();
   ufab_tx_frame f[2] = {frame(4, 40, 1), frame(2, 40, 2)};
