@@ -24,8 +24,6 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
     std::unique_ptr<NicLink> link(new NicLink());
     link->nic_ = nic;
     link->queue_ = q;
-    // RX ring full, TX ring full, frames committed but not yet taken, and
-    // the buffers the transport holds while building: four rings' worth.
     // RX: the ring full and a ring's worth being handed up. TX: the ring
     // full, frames committed but not yet taken, and the one being built.
     // Apart, so a TX buffer not free is one the NIC may still read

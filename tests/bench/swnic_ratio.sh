@@ -12,7 +12,11 @@
 #
 # A round: swnic_bench (sender and receiver threads, 64 B frames, burst
 # 32), rdma_swnic_bench (two threads, one device each), and
-# rdma_swnic_bench --param zerocopy=off. Env: ROUNDS (3), SECONDS_PER_TEST (2).
+# rdma_swnic_bench --param zerocopy=off; then, where .bench/ufab runs (it
+# links libpci and the host's libstdc++ dynamically, so not on the device
+# machine), `ufab perf write-bw` over swnic between two processes at 64 KiB,
+# which is to be as fast as the transport under it.
+# Env: ROUNDS (3), SECONDS_PER_TEST (2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${ROUNDS:-3}
@@ -25,8 +29,10 @@ build)
   grep -qx '/.bench/' "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo /.bench/ >>"$exclude"; }
   bazel build //tests/bench:rdma_swnic_bench //tests/unit/drivers/swnic:swnic_bench
   mkdir -p "$dir"
-  install -m 755 bazel-bin/tests/bench/rdma_swnic_bench bazel-bin/tests/unit/drivers/swnic/swnic_bench "$dir/"
-  echo "built $dir/rdma_swnic_bench $dir/swnic_bench"
+  bazel build //tools/ufab
+  install -m 755 bazel-bin/tests/bench/rdma_swnic_bench bazel-bin/tests/unit/drivers/swnic/swnic_bench \
+    bazel-bin/tools/ufab/ufab "$dir/"
+  echo "built $dir/rdma_swnic_bench $dir/swnic_bench $dir/ufab"
   ;;
 run)
   out=${2:?run DIR}
@@ -39,6 +45,17 @@ run)
     timeout 120 "$dir/rdma_swnic_bench" --seconds "$secs" --json "$out/rdma-$r.json"
     echo "== round $r: soft-RoCE over swnic, zerocopy=off"
     timeout 120 "$dir/rdma_swnic_bench" --seconds "$secs" --param zerocopy=off --json "$out/rdma-copy-$r.json"
+    if "$dir/ufab" plugins >/dev/null 2>&1; then
+      echo "== round $r: ufab perf write-bw over swnic, two processes, 64 KiB"
+      link="ratio$$r$r" port=$((20000 + $$ % 10000 + r))
+      timeout 60 "$dir/ufab" perf write-bw "swnic:$link:0" --ip 10.0.0.1 -s 65536 -D "$secs" -p "$port" \
+        --param stale=reset --json >"$out/perf-$r.json" 2>"$out/perf-server-$r.log" &
+      server=$!
+      sleep 1
+      timeout 60 "$dir/ufab" perf write-bw "swnic:$link:1" --ip 10.0.0.2 -s 65536 -D "$secs" -p "$port" 127.0.0.1 \
+        >/dev/null 2>"$out/perf-client-$r.log" || echo "ufab perf client failed (see $out/perf-client-$r.log)"
+      wait "$server" || echo "ufab perf server failed (see $out/perf-server-$r.log)"
+    fi
   done
   echo "load after $(cat /proc/loadavg)" >>"$out/machine.txt"
   ;;
@@ -60,6 +77,12 @@ def rows(pattern):
     return ({b: {"mb_per_s": med([x["mb_per_s"] for x in v]), "msgs_per_s": med([x["msgs_per_s"] for x in v])} for b, v in bw.items()},
             {b: med(v) for b, v in lat.items()}, len(runs))
 zc, zc_lat, n = rows("rdma-[0-9]*.json")
+perf = []
+for f in sorted(glob.glob(f"{d}/perf-*.json")):
+    try:
+        perf.append(json.load(open(f)))
+    except ValueError:
+        pass
 cp, cp_lat, _ = rows("rdma-copy-*.json")
 machine = open(f"{d}/machine.txt").read().strip()
 ratio = zc[64]["msgs_per_s"] / med(raw)
@@ -67,7 +90,7 @@ res = {"description": "soft-RoCE over swnic vs swnic's raw frame rate, zero-copy
        "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine, "rounds": n,
        "raw_64b_frames_per_s": med(raw), "raw_runs": raw,
        "write_bw": {str(b): v for b, v in zc.items()}, "write_bw_zerocopy_off": {str(b): v for b, v in cp.items()},
-       "send_lat_usec": {str(b): v for b, v in zc_lat.items()}, "write64_over_raw": ratio}
+       "send_lat_usec": {str(b): v for b, v in zc_lat.items()}, "write64_over_raw": ratio, "ufab_perf_write_bw_64k": perf}
 json.dump(res, open(out, "w"), indent=1)
 print(f"machine: {machine.splitlines()[0]}, {n} rounds, medians")
 print(f"| metric | value | goal | met |\n|---|---|---|---|")
@@ -78,6 +101,8 @@ print(f"| 8 B SEND latency, one way (us) | {zc_lat[8]:.2f} | <= 1.1 (1/3 of 3.2-
 print("\n| WRITE bytes | zero-copy MB/s | copy MB/s | ratio |\n|---:|---:|---:|---:|")
 for b in sorted(zc):
     print(f"| {b} | {zc[b]['mb_per_s']:,.0f} | {cp[b]['mb_per_s']:,.0f} | {zc[b]['mb_per_s'] / cp[b]['mb_per_s']:.2f} |")
+if perf:
+    print(f"\nufab perf write-bw, 64 KiB, two processes: {len(perf)} runs (perf-*.json)")
 print(f"written to {out}")
 PY
   ;;
