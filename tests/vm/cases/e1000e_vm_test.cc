@@ -270,6 +270,7 @@ TEST_F(E1000eSmoke, GatheredFramesArriveByteForByte) {
   spec.frames = vmtest::env_count("UFAB_E1000E_FRAMES", 10000) / 2;
   spec.burst = 32;
   spec.ring_room = 63;
+  spec.page_split = true;
   auto r = vmtest::gather_transfer(a, b, spec, "A -> B gathered, 64-entry TX ring");
   EXPECT_EQ(r.segments[1] + r.segments[2] + r.segments[3] + r.segments[4], r.sent);
   for (int s = 1; s <= 4; ++s) EXPECT_GT(r.segments[s], 0u) << s << " segments";

@@ -111,7 +111,14 @@ class Gatherer {
   std::map<uint64_t, std::vector<uint8_t>> expected_;
 };
 
-uint32_t descs(const ufab_tx_frame& f, const GatherSpec& spec) { return f.nsegs + spec.extra_descs; }
+uint32_t descs(const ufab_tx_frame& f, const GatherSpec& spec) {
+  uint32_t n = spec.extra_descs;
+  for (uint32_t i = 0; i < f.nsegs; ++i) {
+    const ufab_tx_seg& sg = f.segs[i];
+    n += spec.page_split ? static_cast<uint32_t>((sg.iova + sg.len - 1) / 4096 - sg.iova / 4096 + 1) : 1;
+  }
+  return n;
+}
 
 }  // namespace
 
@@ -147,20 +154,18 @@ GatherReport gather_transfer(Port& a, Port& b, const GatherSpec& spec, const cha
     // More than the ring holds, in one call.
     uint32_t offered_descs = 0;
     size_t offer = 0;
+    std::vector<uint32_t> offered;  // descriptors of each frame offered
     while (offered_descs <= spec.ring_room) {
       top_up(offer + 1);
       if (pending.size() <= offer) break;
-      offered_descs += descs(pending[offer++], spec);
+      offered.push_back(descs(pending[offer++], spec));
+      offered_descs += offered.back();
     }
     int n = send(offer);
     if (n > 0) {
       r.first_call_frames = static_cast<uint32_t>(n);
-      r.first_left_descs = pending.empty() ? 0 : descs(pending[0], spec);
-      for (uint64_t seq = 0; seq < static_cast<uint64_t>(n); ++seq) {
-        ufab_tx_frame f{};
-        f.nsegs = layout_of(seq).nsegs;
-        r.first_call_descs += descs(f, spec);
-      }
+      r.first_left_descs = static_cast<size_t>(n) < offered.size() ? offered[static_cast<size_t>(n)] : 0;
+      for (int i = 0; i < n; ++i) r.first_call_descs += offered[static_cast<size_t>(i)];
     }
     if (n >= 0) {
       EXPECT_LT(static_cast<size_t>(n), offer) << label << ": the ring took a burst larger than itself";

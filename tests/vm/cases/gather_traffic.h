@@ -27,6 +27,9 @@ struct GatherSpec {
   // segments takes n + `extra_descs` descriptors (virtio-net: 1, the header).
   uint32_t ring_room = 0;  // 0: no such check
   uint32_t extra_descs = 0;
+  // e1000e: a segment takes a descriptor per 4 KiB IOVA page it touches
+  // (docs/drivers/e1000e.md, "Gather transmit").
+  bool page_split = false;
   uint64_t window = 192;  // frames in flight at most (QEMU's hub reorders past a full receiver)
   double timeout_s = 240;
 };
