@@ -277,38 +277,16 @@ void Lane::stop_thread() {
 }
 
 void Lane::thread_main() {
-  // Idle, the thread spins for kThreadSpin before it sleeps: a peer that
-  // streams (a WRITE window, a passive perftest server answering it) keeps
-  // it awake instead of paying an interrupt and a wake-up per burst; an
-  // idle lane sleeps, so a shared core is given away.
-  // Only after a round that had work: a lane that wakes to nothing (the
-  // sleep's 1 ms bound) goes back to sleep at once.
-  bool spinning = false;
-  Clock::time_point idle_since{};  // first idle round of this spin; {}: none yet
   while (!stop_.load(std::memory_order_relaxed)) {
     int work;
     int fds[2];
     int nfds = 0;
-    bool sleep = !spinning || (idle_since != Clock::time_point{} && Clock::now() - idle_since >= kThreadSpin);
     {
       std::lock_guard lock(mu_);
       work = progress_locked();
-      if (work == 0 && sleep) nfds = prepare_sleep_locked(fds);  // about to sleep on the NIC and the inbox
+      if (work == 0) nfds = prepare_sleep_locked(fds);  // about to sleep on the NIC and the inbox
     }
-    if (work > 0) {
-      spinning = true;
-      idle_since = {};
-      continue;
-    }
-    if (!sleep) {
-      if (idle_since == Clock::time_point{}) idle_since = Clock::now();
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-      continue;
-    }
-    spinning = false;
-    idle_since = {};
+    if (work > 0) continue;
     // Frames that came in after the round and before arming wake the
     // interrupt at once (rx_irq_arm), and the inbox is checked below.
     if (!inbox_waiting() && nfds > 0) {

@@ -113,9 +113,7 @@ class Lane {
   // then no hand-over is missed).
   bool inbox_waiting() const;
 
-  // This lane's progress thread (Context starts one per lane). It spins
-  // this long with nothing to do before it sleeps.
-  static constexpr std::chrono::microseconds kThreadSpin{50};
+  // This lane's progress thread (Context starts one per lane).
   void start_thread();
   void stop_thread();
   bool has_thread() const { return thread_.joinable(); }
