@@ -19,33 +19,15 @@ trap 'rm -f "$out"' EXIT
 # namespace (unshare -n): nothing touches the host's network. Where that
 # namespace or /dev/net/tun is not available, they are left out and the
 # test skips (it says so).
-# The kernel and initramfs first, outside the namespace: a first fetch
-# downloads the kernel, and the namespace has no network.
-kdir=$(tests/vm/fetch-kernel.sh --quiet | tail -n1) && tests/vm/build-initramfs.sh --quiet "$kdir" >/dev/null ||
-  { echo "drivers: could not prepare the VM kernel (see above)"; echo "drivers: 0 passed, 1 failed"; exit 1; }
-
-mq_wrap=() mq_args=() mq_env=() mq_bdfs=
-if [ -c /dev/net/tun ] && command -v unshare >/dev/null && command -v ip >/dev/null &&
-   unshare -n true 2>/dev/null; then
-  mq_wrap=(unshare -n sh -c 'set -e
-    ip link add ufabmqbr type bridge
-    for t in ufabmq0 ufabmq1; do
-      ip tuntap add dev $t mode tap multi_queue
-      ip link set $t master ufabmqbr
-      ip link set $t up
-    done
-    ip link set ufabmqbr up
-    exec "$@"' mq)
-  for i in 0 1; do
-    mq_args+=(--qemu-arg -netdev --qemu-arg "tap,id=mq$i,ifname=ufabmq$i,script=no,downscript=no,vhost=off,queues=2"
-              --qemu-arg -device
-              --qemu-arg "virtio-net-pci,disable-legacy=on,iommu_platform=on,mq=on,vectors=6,netdev=mq$i,mac=52:54:00:00:01:0$i,bus=pcie.0,addr=0x$(printf "%x" $((10 + i))),romfile=")
-  done
-  mq_bdfs="0000:00:0a.0 0000:00:0b.0"
+. tests/vm/mq_taps.sh
+vm_kernel_ready drivers || exit 1
+mq_env=()
+if mq_taps drivers ufabmq 01; then
   mq_env=(--env UFAB_VIRTIO_MQ=0000:00:0a.0,0000:00:0b.0)
 else
-  echo "drivers: no private network namespace with taps here (needs root, unshare, ip, /dev/net/tun): the virtio multiqueue test will skip"
+  echo "drivers: no private network namespace with taps here (needs root, unshare, ip, tc, /dev/net/tun): the virtio multiqueue test will skip"
 fi
+
 guest=$(cat <<GUEST
 modprobe vfio-pci || exit 1
 for d in 0000:00:02.0 0000:00:03.0 0000:00:04.0 0000:00:05.0 $mq_bdfs; do $bin/tools/ufab/ufab bind \$d >/dev/null || exit 1; done

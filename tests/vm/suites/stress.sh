@@ -26,38 +26,10 @@ trap 'rm -f "$out"' EXIT
 # queue i): both queues of both NICs must have carried traffic. Where the
 # namespace or /dev/net/tun is not available, the virtio case skips (it says
 # so).
-# The kernel and initramfs first, outside the namespace: a first fetch
-# downloads the kernel, and the namespace has no network.
-kdir=$(tests/vm/fetch-kernel.sh --quiet | tail -n1) && tests/vm/build-initramfs.sh --quiet "$kdir" >/dev/null ||
-  { echo "stress: could not prepare the VM kernel (see above)"; echo "stress: 0 passed, 1 failed"; exit 1; }
-
-mq_wrap=() mq_args=() mq_env=() mq_bdfs=
-if [ -c /dev/net/tun ] && command -v unshare >/dev/null && command -v ip >/dev/null &&
-   command -v tc >/dev/null && unshare -n true 2>/dev/null; then
-  mq_wrap=(unshare -n sh -c 'set -e
-    ip link add ufabstbr type bridge
-    for t in ufabst0 ufabst1; do
-      ip tuntap add dev $t mode tap multi_queue
-      ip link set $t master ufabstbr
-      ip link set $t up
-    done
-    ip link set ufabstbr up
-    set +e
-    "$@"
-    rc=$?
-    for t in ufabst0 ufabst1; do
-      for q in 0 1; do
-        n=$(tc -s class show dev $t classid :$((q + 1)) | sed -n "s/.*Sent [0-9]* bytes \([0-9]*\) pkt.*/\1/p")
-        echo "stress: tap $t queue $q delivered ${n:-0} frames"
-      done
-    done
-    exit $rc' st)
-  for i in 0 1; do
-    mq_args+=(--qemu-arg -netdev --qemu-arg "tap,id=st$i,ifname=ufabst$i,script=no,downscript=no,vhost=off,queues=2"
-              --qemu-arg -device
-              --qemu-arg "virtio-net-pci,disable-legacy=on,iommu_platform=on,mq=on,vectors=6,netdev=st$i,mac=52:54:00:00:02:0$i,bus=pcie.0,addr=0x$(printf "%x" $((10 + i))),romfile=")
-  done
-  mq_bdfs="0000:00:0a.0 0000:00:0b.0"
+. tests/vm/mq_taps.sh
+vm_kernel_ready stress || exit 1
+mq_env=()
+if mq_taps stress ufabst 02; then
   mq_env=(--env UFAB_STRESS_VIRTIO=0000:00:0a.0,0000:00:0b.0)
 else
   echo "stress: no private network namespace with taps here (needs root, unshare, ip, tc, /dev/net/tun): the virtio-net case will skip"
