@@ -123,7 +123,7 @@ for t in "${targets[@]}"; do
       fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root"/lib/builtins_static.cc \
         "$root"/core/provider/{c_api,providers,registries,softroce}.cc "$root"/drivers/builtin_providers.cc \
         "$root"/drivers/shm/{device,provider,qp}.cc \
-        "$root"/core/transport/{completion_queue,context,link,qp_transition,queue_pair,requester,responder,verbs}.cc \
+        "$root"/core/transport/{completion_queue,context,lane,link,qp_transition,queue_pair,requester,responder,verbs}.cc \
         "$root"/core/rdma/memory.cc "$root"/core/roce/{builder,gid,headers,icrc,opcodes,parser}.cc \
         "$root"/core/net/{arp,addresses}.cc "$root"/core/{nic,nic_open,plugin_registry,plugin_ops}.cc \
         "$root"/drivers/builtin.cc "$root"/drivers/swnic/swnic.cc "$root"/drivers/e1000e/e1000e.cc \
