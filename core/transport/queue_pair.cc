@@ -52,22 +52,6 @@ QueuePairImpl::QueuePairImpl(Lane& ctx, uint32_t qpn, PdId pd, QpType type, Comp
   udp_sport_ = roce::rxe_sport_at_create(qpn);
 }
 
-bool QueuePairImpl::is_read_or_atomic(const SendWqe& w) const {
-  return answered_by_read_response(w) || is_atomic(w);
-}
-
-bool QueuePairImpl::is_atomic(const SendWqe& w) {
-  return w.wr.opcode == WrOpcode::kAtomicCmpAndSwp || w.wr.opcode == WrOpcode::kAtomicFetchAndAdd;
-}
-
-bool QueuePairImpl::answered_by_read_response(const SendWqe& w) {
-  return w.wr.opcode == WrOpcode::kRdmaRead || is_placement(w);
-}
-
-bool QueuePairImpl::is_placement(const SendWqe& w) {
-  return w.wr.opcode == WrOpcode::kFlush || w.wr.opcode == WrOpcode::kAtomicWrite;
-}
-
 // ------------------------------------------------------------- opcode table
 
 const QueuePairImpl::OpcodeHandling& QueuePairImpl::handling(uint8_t opcode) {

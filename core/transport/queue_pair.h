@@ -150,14 +150,21 @@ class QueuePairImpl {
   bool is_rc() const { return type_ == verbs::QpType::kRc; }
   // Work that takes a responder resource (counted against max_rd_atomic,
   // waited for by kSendFence): READ, atomics, FLUSH, ATOMIC_WRITE.
-  bool is_read_or_atomic(const SendWqe& w) const;
+  // (Inline: the requester asks these per packet and per completion.)
+  bool is_read_or_atomic(const SendWqe& w) const { return answered_by_read_response(w) || is_atomic(w); }
   // CMP_AND_SWP and FETCH_AND_ADD, answered by an atomic ACK.
-  static bool is_atomic(const SendWqe& w);
+  static bool is_atomic(const SendWqe& w) {
+    return w.wr.opcode == verbs::WrOpcode::kAtomicCmpAndSwp || w.wr.opcode == verbs::WrOpcode::kAtomicFetchAndAdd;
+  }
   // READ, FLUSH and ATOMIC_WRITE, answered by READ responses; for these
   // rcv_pkts counts the responses taken.
-  static bool answered_by_read_response(const SendWqe& w);
+  static bool answered_by_read_response(const SendWqe& w) {
+    return w.wr.opcode == verbs::WrOpcode::kRdmaRead || is_placement(w);
+  }
   // FLUSH and ATOMIC_WRITE: one request, one empty READ Response Only.
-  static bool is_placement(const SendWqe& w);
+  static bool is_placement(const SendWqe& w) {
+    return w.wr.opcode == verbs::WrOpcode::kFlush || w.wr.opcode == verbs::WrOpcode::kAtomicWrite;
+  }
   SendWqe& sq_at(uint64_t index) { return sq_[index % sq_.size()]; }
   RecvWqe& rq_at(uint64_t index) { return rq_[index % rq_.size()]; }
 
