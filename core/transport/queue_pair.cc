@@ -275,7 +275,7 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   ++sq_tail_;
   if (attr_.state == QpState::kError) {
     // Verbs: work posted to a QP in ERROR completes, flushed.
-    complete_send(w, WcStatus::kWrFlushErr, "posted while the QP is in ERROR");
+    complete_send(w, WcStatus::kWrFlushErr, "posted while the QP is in ERROR (" + error_why_ + ")");
   }
   return {};
 }
@@ -330,7 +330,7 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
     ++rq_head_;
     push_completion(recv_cq_, WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::kWrFlushErr,
                                              .opcode = WcOpcode::kRecv, .qp_num = qpn_,
-                                             .error = "posted while the QP is in ERROR"});
+                                             .error = "posted while the QP is in ERROR (" + error_why_ + ")"});
   }
   return {};
 }
@@ -385,6 +385,7 @@ void QueuePairImpl::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byt
 void QueuePairImpl::enter_error(const std::string& why) {
   if (attr_.state == QpState::kError) return;
   attr_.state = QpState::kError;
+  error_why_ = why;
   while (sq_head_ < sq_tail_) {
     complete_send(sq_at(sq_head_), WcStatus::kWrFlushErr, "flushed: QP " + hex(qpn_) + " went to ERROR (" + why + ")");
   }

@@ -279,6 +279,7 @@ class QueuePairImpl {
   verbs::QpAttr attr_;
   uint32_t mtu_ = 1024;
   bool lost_completion_ = false;
+  std::string error_why_;  // why the QP went to ERROR, for work posted afterwards
   uint16_t ip_id_ = 0;
   uint16_t udp_sport_ = 0xC000;
   std::optional<net::MacAddress> mac_;  // the RC peer's, once resolved
