@@ -44,7 +44,7 @@ extern "C" {
 
 /* The API's version; libufab.so.UFAB_API_MAJOR. Additions bump the minor. */
 #define UFAB_API_MAJOR 1
-#define UFAB_API_MINOR 0
+#define UFAB_API_MINOR 1 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_* */
 
 struct ufab_device;
 struct ufab_pd;
@@ -63,6 +63,22 @@ enum ufab_wr_opcode {
   UFAB_WR_RDMA_READ = 4,
   UFAB_WR_ATOMIC_CMP_AND_SWP = 5,
   UFAB_WR_ATOMIC_FETCH_AND_ADD = 6,
+  /* Memory placement (IBA's extensions, Linux rxe since 6.2): RC only. */
+  UFAB_WR_FLUSH = 14,        /* make remote memory visible or durable: flush_type, flush_level */
+  UFAB_WR_ATOMIC_WRITE = 15, /* store atomic_value (8 bytes, aligned) at remote_addr in one piece */
+};
+
+/* FLUSH: what the peer makes of the range (ufab_send_wr.flush_type, one
+ * or both; the QP and the region need the matching UFAB_ACCESS_FLUSH_*). */
+enum ufab_flush_type {
+  UFAB_FLUSH_GLOBAL = 1,     /* visible to everything that reads the memory after the completion */
+  UFAB_FLUSH_PERSISTENT = 2, /* durable: survives power loss (persistent memory only) */
+};
+
+/* FLUSH: which bytes (ufab_send_wr.flush_level). */
+enum ufab_flush_level {
+  UFAB_FLUSH_RANGE = 0, /* [remote_addr, remote_addr + flush_length) */
+  UFAB_FLUSH_MR = 1,    /* the whole region rkey names (remote_addr, flush_length unused) */
 };
 
 enum ufab_send_flags {
@@ -94,6 +110,8 @@ enum ufab_wc_opcode {
   UFAB_WC_RDMA_READ = 2,
   UFAB_WC_COMP_SWAP = 3,
   UFAB_WC_FETCH_ADD = 4,
+  UFAB_WC_FLUSH = 8,
+  UFAB_WC_ATOMIC_WRITE = 9,
   UFAB_WC_RECV = 128,
   UFAB_WC_RECV_RDMA_WITH_IMM = 129,
 };
@@ -108,6 +126,12 @@ enum ufab_access_flags {
   UFAB_ACCESS_REMOTE_WRITE = 1u << 1,
   UFAB_ACCESS_REMOTE_READ = 1u << 2,
   UFAB_ACCESS_REMOTE_ATOMIC = 1u << 3,
+  /* A peer may FLUSH with that placement type (on the QP: the peer may
+   * ask; on the region: the region may be flushed so). PERSISTENT needs
+   * memory that is durable: registering host memory (UFAB_MEM_HOST, DRAM)
+   * with it is refused. */
+  UFAB_ACCESS_FLUSH_GLOBAL = 1u << 8,
+  UFAB_ACCESS_FLUSH_PERSISTENT = 1u << 9,
 };
 
 /* What kind of memory a region is (providers say which they take in
@@ -169,6 +193,9 @@ struct ufab_ud_dest {
   uint16_t reserved;
 };
 
+/* FLUSH and ATOMIC_WRITE take no SGEs (num_sge 0): their operands are
+ * fields here. The layout is that of API 1.0 (the FLUSH fields took the
+ * reserved word; the union shares compare_add's 8 bytes). */
 struct ufab_send_wr {
   uint64_t wr_id;
   const struct ufab_sge* sg_list;
@@ -176,10 +203,16 @@ struct ufab_send_wr {
   uint32_t opcode;     /* enum ufab_wr_opcode */
   uint32_t send_flags; /* enum ufab_send_flags */
   uint32_t imm_data;   /* *_WITH_IMM */
-  uint64_t remote_addr; /* RDMA_WRITE*, RDMA_READ, atomics */
+  uint64_t remote_addr; /* RDMA_WRITE*, RDMA_READ, atomics, FLUSH (RANGE), ATOMIC_WRITE */
   uint32_t rkey;
-  uint32_t reserved;
-  uint64_t compare_add; /* CMP_AND_SWP: compare; FETCH_AND_ADD: add */
+  uint8_t flush_type;  /* FLUSH: enum ufab_flush_type, one or both */
+  uint8_t flush_level; /* FLUSH: enum ufab_flush_level */
+  uint16_t reserved;
+  union {
+    uint64_t compare_add;  /* CMP_AND_SWP: compare; FETCH_AND_ADD: add */
+    uint64_t atomic_value; /* ATOMIC_WRITE: the 8 bytes stored, as in memory (host order) */
+    uint64_t flush_length; /* FLUSH, UFAB_FLUSH_RANGE: bytes from remote_addr (at most 2^31) */
+  };
   uint64_t swap;        /* CMP_AND_SWP */
   struct ufab_ud_dest ud; /* UD only */
 };
@@ -279,6 +312,9 @@ struct ufab_device_opts {
 #define UFAB_DEVICE_CAP_UD (1u << 0)          /* UD queue pairs */
 #define UFAB_DEVICE_CAP_ATOMICS (1u << 1)     /* CMP_AND_SWP, FETCH_AND_ADD */
 #define UFAB_DEVICE_CAP_WIRE_ROCEV2 (1u << 2) /* RoCEv2 on an Ethernet NIC */
+#define UFAB_DEVICE_CAP_FLUSH_GLOBAL (1u << 3)     /* FLUSH with UFAB_FLUSH_GLOBAL, both directions */
+#define UFAB_DEVICE_CAP_FLUSH_PERSISTENT (1u << 4) /* FLUSH with UFAB_FLUSH_PERSISTENT (a durable memory type) */
+#define UFAB_DEVICE_CAP_ATOMIC_WRITE (1u << 5)     /* ATOMIC_WRITE, both directions */
 
 struct ufab_device_attr {
   char name[64];     /* as opened */

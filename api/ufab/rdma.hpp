@@ -42,6 +42,10 @@ inline constexpr AccessFlags kRemoteWrite = UFAB_ACCESS_REMOTE_WRITE;
 inline constexpr AccessFlags kRemoteRead = UFAB_ACCESS_REMOTE_READ;
 inline constexpr AccessFlags kRemoteAtomic = UFAB_ACCESS_REMOTE_ATOMIC;
 inline constexpr AccessFlags kRemoteAccess = kRemoteWrite | kRemoteRead | kRemoteAtomic;
+// FLUSH targets: the QP may be asked, the region may be flushed (PERSISTENT
+// only on durable memory; host memory with it is refused).
+inline constexpr AccessFlags kFlushGlobal = UFAB_ACCESS_FLUSH_GLOBAL;
+inline constexpr AccessFlags kFlushPersistent = UFAB_ACCESS_FLUSH_PERSISTENT;
 
 enum class MemoryType : uint32_t { kHost = UFAB_MEM_HOST, kCuda = UFAB_MEM_CUDA, kPersistent = UFAB_MEM_PERSISTENT };
 
@@ -57,7 +61,16 @@ enum class WrOpcode : uint8_t {
   kRdmaRead = UFAB_WR_RDMA_READ,
   kAtomicCmpAndSwp = UFAB_WR_ATOMIC_CMP_AND_SWP,
   kAtomicFetchAndAdd = UFAB_WR_ATOMIC_FETCH_AND_ADD,
+  kFlush = UFAB_WR_FLUSH,
+  kAtomicWrite = UFAB_WR_ATOMIC_WRITE,
 };
+
+// FLUSH placement types (SendWr::flush_type, one or both) and selectivity
+// (SendWr::flush_level).
+inline constexpr uint8_t kFlushTypeGlobal = UFAB_FLUSH_GLOBAL;
+inline constexpr uint8_t kFlushTypePersistent = UFAB_FLUSH_PERSISTENT;
+inline constexpr uint8_t kFlushRange = UFAB_FLUSH_RANGE;
+inline constexpr uint8_t kFlushWholeRegion = UFAB_FLUSH_MR;
 inline const char* wr_opcode_name(WrOpcode op) { return ufab_wr_opcode_str(static_cast<uint32_t>(op)); }
 
 using SendFlags = uint32_t;
@@ -81,10 +94,14 @@ struct SendWr {
   SendFlags flags = 0;
   std::span<const Sge> sgl{};
   uint32_t imm_data = 0;  // a number; big-endian on the wire
-  uint64_t remote_addr = 0;  // RDMA_WRITE*, RDMA_READ, atomics
+  uint64_t remote_addr = 0;  // RDMA_WRITE*, RDMA_READ, atomics, FLUSH (range), ATOMIC_WRITE
   uint32_t rkey = 0;
   uint64_t compare_add = 0;  // CMP_AND_SWP: compare; FETCH_AND_ADD: add
   uint64_t swap = 0;
+  uint64_t atomic_value = 0;  // ATOMIC_WRITE: the 8 bytes stored (host order); no SGEs
+  uint8_t flush_type = 0;     // FLUSH: kFlushTypeGlobal and/or kFlushTypePersistent; no SGEs
+  uint8_t flush_level = 0;    // FLUSH: kFlushRange or kFlushWholeRegion
+  uint64_t flush_length = 0;  // FLUSH, kFlushRange: bytes from remote_addr
   UdDestination ud{};  // UD only
 };
 
@@ -116,6 +133,8 @@ enum class WcOpcode : uint8_t {
   kRdmaRead = UFAB_WC_RDMA_READ,
   kCompSwap = UFAB_WC_COMP_SWAP,
   kFetchAdd = UFAB_WC_FETCH_ADD,
+  kFlush = UFAB_WC_FLUSH,
+  kAtomicWrite = UFAB_WC_ATOMIC_WRITE,
   kRecv = UFAB_WC_RECV,
   kRecvRdmaWithImm = UFAB_WC_RECV_RDMA_WITH_IMM,
 };
@@ -300,7 +319,7 @@ inline QpAttr from_c(const ufab_qp_attr& a) {
 }
 
 inline ufab_send_wr to_c(const SendWr& w) {
-  return ufab_send_wr{
+  ufab_send_wr c{
       .wr_id = w.wr_id,
       .sg_list = w.sgl.data(),
       .num_sge = static_cast<uint32_t>(w.sgl.size()),
@@ -309,12 +328,23 @@ inline ufab_send_wr to_c(const SendWr& w) {
       .imm_data = w.imm_data,
       .remote_addr = w.remote_addr,
       .rkey = w.rkey,
+      .flush_type = w.flush_type,
+      .flush_level = w.flush_level,
       .reserved = 0,
-      .compare_add = w.compare_add,
       .swap = w.swap,
       .ud = {.ip = w.ud.ip, .qpn = w.ud.qpn, .qkey = w.ud.qkey, .traffic_class = w.ud.traffic_class,
              .hop_limit = w.ud.hop_limit, .reserved = 0},
   };
+  // compare_add, atomic_value and flush_length share 8 bytes: the one the
+  // opcode reads.
+  if (w.opcode == WrOpcode::kAtomicWrite) {
+    c.atomic_value = w.atomic_value;
+  } else if (w.opcode == WrOpcode::kFlush) {
+    c.flush_length = w.flush_length;
+  } else {
+    c.compare_add = w.compare_add;
+  }
+  return c;
 }
 
 inline ConnectionData from_c(const ufab_conn& c) {

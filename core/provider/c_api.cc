@@ -218,6 +218,14 @@ int ufab_mr_reg_attr(ufab_pd* pd, const ufab_mr_attr* attr, ufab_mr** out) {
   ufab_mr_attr a{};
   std::memcpy(&a, attr, std::min<size_t>(attr->size, sizeof a));
   a.size = sizeof a;
+  // Issue 13's rule, for every provider: a FLUSH PERSISTENT answered from
+  // DRAM would report durable what a power loss erases.
+  UFAB_REQUIRE(!(a.access & UFAB_ACCESS_FLUSH_PERSISTENT) || a.mem_type != UFAB_MEM_HOST,
+               "registering host memory (UFAB_MEM_HOST) with UFAB_ACCESS_FLUSH_PERSISTENT: host memory is DRAM, "
+               "which no flush makes durable, so a peer's FLUSH PERSISTENT would be told its data survives a "
+               "power loss when it does not; register it with UFAB_ACCESS_FLUSH_GLOBAL (visibility), or register "
+               "durable memory (UFAB_MEM_PERSISTENT: DAX persistent memory or a shared file mapping) where the "
+               "device offers it (ufab_device_attr.mem_types)");
   ufab_rdma_mr* p = nullptr;
   uint32_t lkey = 0, rkey = 0;
   if (int rc = ops(pd)->reg_mr(pd->p, &a, &p, &lkey, &rkey); rc < 0) return rc;
@@ -470,6 +478,8 @@ const char* ufab_wc_opcode_str(uint32_t opcode) {
     case UFAB_WC_RDMA_READ: return "RDMA_READ";
     case UFAB_WC_COMP_SWAP: return "COMP_SWAP";
     case UFAB_WC_FETCH_ADD: return "FETCH_ADD";
+    case UFAB_WC_FLUSH: return "FLUSH";
+    case UFAB_WC_ATOMIC_WRITE: return "ATOMIC_WRITE";
     case UFAB_WC_RECV: return "RECV";
     case UFAB_WC_RECV_RDMA_WITH_IMM: return "RECV_RDMA_WITH_IMM";
     default: return "unknown opcode";

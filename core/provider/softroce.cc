@@ -170,6 +170,10 @@ verbs::SendWr to_verbs(const ufab_send_wr& w) {
       .rkey = w.rkey,
       .compare_add = w.compare_add,
       .swap = w.swap,
+      .atomic_value = w.atomic_value,
+      .flush_type = w.flush_type,
+      .flush_level = w.flush_level,
+      .flush_length = w.flush_length,
       .ud = {.ip = w.ud.ip, .qpn = w.ud.qpn, .qkey = w.ud.qkey, .traffic_class = w.ud.traffic_class,
              .hop_limit = w.ud.hop_limit},
   };
@@ -271,7 +275,10 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
   std::snprintf(a->transport, sizeof a->transport, "RoCEv2 over %s", dev->name.c_str());
   a->ip = dev->ctx->ip().value;
   a->active_mtu = dev->ctx->active_mtu();
-  a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2;
+  // FLUSH PERSISTENT needs a durable memory type, which soft-RoCE does not
+  // register yet (mem_types): global visibility and ATOMIC_WRITE only.
+  a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2 |
+            UFAB_DEVICE_CAP_FLUSH_GLOBAL | UFAB_DEVICE_CAP_ATOMIC_WRITE;
   a->mem_types = 1u << UFAB_MEM_HOST;
   a->max_qp = 1u << 20;  // Context::create_qp's limit
   a->max_qp_wr = 1u << 16;

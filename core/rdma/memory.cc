@@ -106,7 +106,9 @@ std::string access_string(AccessFlags flags) {
   } kNames[] = {{kLocalWrite, "LOCAL_WRITE"},
                 {kRemoteWrite, "REMOTE_WRITE"},
                 {kRemoteRead, "REMOTE_READ"},
-                {kRemoteAtomic, "REMOTE_ATOMIC"}};
+                {kRemoteAtomic, "REMOTE_ATOMIC"},
+                {kFlushGlobal, "FLUSH_GLOBAL"},
+                {kFlushPersistent, "FLUSH_PERSISTENT"}};
   std::string out;
   for (const auto& n : kNames) {
     if (!(flags & n.bit)) continue;
@@ -176,7 +178,7 @@ std::string KeyCheckError::message() const {
                     key_name, hex(key, 8).c_str());
       break;
     case KeyError::kAccessDenied:
-      if (path == KeyPath::kRemote && !(region_access & kRemoteAccess)) {
+      if (path == KeyPath::kRemote && !(region_access & kRemoteAny)) {
         std::snprintf(buf, sizeof(buf),
                       "%s %s: the region was registered without remote access (%s), so it has no rkey "
                       "(register it with %s)",
@@ -354,7 +356,8 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   uint64_t iova = iova_opt.value_or(host);
   if (access & ~kSupportedAccess) {
     return fail(EINVAL, "access flags " + access_string(access) +
-                            " include unsupported bits: use LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC");
+                            " include unsupported bits: use LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC, "
+                            "FLUSH_GLOBAL, FLUSH_PERSISTENT");
   }
   if ((access & (kRemoteWrite | kRemoteAtomic)) && !(access & kLocalWrite)) {
     return fail(EINVAL, "access " + access_string(access) +
@@ -419,7 +422,7 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   s.keyed_before = true;
   ++pd_it->second;
   ++live_;
-  return MemoryKeys{key, (access & kRemoteAccess) ? key : 0u};
+  return MemoryKeys{key, (access & kRemoteAny) ? key : 0u};
 }
 
 Result<MemoryRegionTable::Slot*> MemoryRegionTable::writer_find(uint32_t lkey, const char* what) const {
@@ -513,7 +516,7 @@ Result<RegionInfo> MemoryRegionTable::query(uint32_t lkey) const {
   info.iova = s.iova.load(std::memory_order_relaxed);
   info.length = s.length.load(std::memory_order_relaxed);
   info.access = s.access.load(std::memory_order_relaxed);
-  info.keys = MemoryKeys{lkey, (info.access & kRemoteAccess) ? lkey : 0u};
+  info.keys = MemoryKeys{lkey, (info.access & kRemoteAny) ? lkey : 0u};
   info.bound = s.bound;
   return info;
 }
@@ -539,7 +542,7 @@ bool MemoryRegionTable::read_snapshot(const Slot& s, Snapshot* out) const {
 }
 
 CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd, uint64_t va, uint64_t length,
-                                             AccessFlags needed) const {
+                                             AccessFlags needed, bool whole_region) const {
   // The error is built only on failure: a successful check (every packet)
   // fills no error record.
   const Snapshot* seen = nullptr;  // the region's fields, once the key matched
@@ -590,11 +593,15 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
     // and `needed` must be a non-empty set of remote flags (anything else
     // is a transport bug, refused rather than trusted).
     if (path == KeyPath::kRemote) {
-      if (!(snap.access & kRemoteAccess)) return failure(KeyError::kAccessDenied);
-      if (needed == 0 || (needed & ~kRemoteAccess)) return failure(KeyError::kAccessDenied);
+      if (!(snap.access & kRemoteAny)) return failure(KeyError::kAccessDenied);
+      if (needed == 0 || (needed & ~kRemoteAny)) return failure(KeyError::kAccessDenied);
     }
     if ((snap.access & needed) != needed) return failure(KeyError::kAccessDenied);
 
+    if (whole_region) {
+      va = snap.iova;
+      length = snap.length;
+    }
     // 4. Bounds, without ever computing a sum that can wrap: va >= start,
     // length <= region length, and (va - start) <= region length - length.
     // Length 0 passes anywhere in [start, end], as for verbs SGEs.
@@ -626,6 +633,10 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
 CheckResult<Access> MemoryRegionTable::check_remote(uint32_t rkey, PdId pd, uint64_t va, uint64_t length,
                                                     AccessFlags needed) const {
   return check(KeyPath::kRemote, rkey, pd, va, length, needed);
+}
+
+CheckResult<Access> MemoryRegionTable::check_remote_region(uint32_t rkey, PdId pd, AccessFlags needed) const {
+  return check(KeyPath::kRemote, rkey, pd, 0, 0, needed, true);
 }
 
 CheckResult<Access> MemoryRegionTable::check_local(uint32_t lkey, PdId pd, uint64_t addr, uint64_t length,

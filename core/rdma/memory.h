@@ -43,9 +43,17 @@ inline constexpr AccessFlags kRemoteWrite = 1u << 1;   // IBV_ACCESS_REMOTE_WRIT
 inline constexpr AccessFlags kRemoteRead = 1u << 2;    // IBV_ACCESS_REMOTE_READ
 inline constexpr AccessFlags kRemoteAtomic = 1u << 3;  // IBV_ACCESS_REMOTE_ATOMIC
 inline constexpr AccessFlags kRemoteAccess = kRemoteWrite | kRemoteRead | kRemoteAtomic;
-// Everything register_mr accepts today (REMOTE_FLUSH joins when the
-// transport implements FLUSH).
-inline constexpr AccessFlags kSupportedAccess = kLocalWrite | kRemoteAccess;
+// FLUSH targets (IBA memory placement extensions): a peer's FLUSH of each
+// placement type needs the matching flag on the QP and on the region.
+inline constexpr AccessFlags kFlushGlobal = 1u << 8;      // IBV_ACCESS_FLUSH_GLOBAL
+inline constexpr AccessFlags kFlushPersistent = 1u << 9;  // IBV_ACCESS_FLUSH_PERSISTENT
+inline constexpr AccessFlags kRemoteFlush = kFlushGlobal | kFlushPersistent;
+// Every flag a peer's request can need; a region with any of them has an rkey.
+inline constexpr AccessFlags kRemoteAny = kRemoteAccess | kRemoteFlush;
+// Everything register_mr accepts. Whether the memory can honour
+// FLUSH_PERSISTENT is the caller's to decide (the table does not know what
+// memory it guards): the C API refuses it on host DRAM.
+inline constexpr AccessFlags kSupportedAccess = kLocalWrite | kRemoteAny;
 
 // "LOCAL_WRITE|REMOTE_READ", "none" for 0; unknown bits as hex.
 std::string access_string(AccessFlags flags);
@@ -261,6 +269,11 @@ class MemoryRegionTable {
   CheckResult<Access> check_remote(uint32_t rkey, PdId pd, uint64_t va, uint64_t length,
                                    AccessFlags needed) const;
 
+  // The same checks for the whole region `rkey` names (key, PD, access; no
+  // range is given, so none can be out of bounds): a FLUSH of selectivity
+  // "whole region". The Access spans the region.
+  CheckResult<Access> check_remote_region(uint32_t rkey, PdId pd, AccessFlags needed) const;
+
   // Local path, for SGEs: key, PD, LOCAL_WRITE when the operation writes
   // into the region (receive, READ response, atomic result), bounds.
   CheckResult<Access> check_local(uint32_t lkey, PdId pd, uint64_t addr, uint64_t length,
@@ -281,8 +294,9 @@ class MemoryRegionTable {
   // Live slot whose key equals `lkey` exactly, or an error; under mu_.
   Result<Slot*> writer_find(uint32_t lkey, const char* what) const;
   bool read_snapshot(const Slot& s, Snapshot* out) const;
+  // whole_region: va and length are ignored; the region's own are used.
   CheckResult<Access> check(KeyPath path, uint32_t key, PdId pd, uint64_t va, uint64_t length,
-                            AccessFlags needed) const;
+                            AccessFlags needed, bool whole_region = false) const;
 
   MemoryTableOptions options_;
   KeyPermutation permutation_;

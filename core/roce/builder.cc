@@ -18,7 +18,8 @@ constexpr ErrorText kErrorText[] = {
     {"payload_not_allowed", "payload given for an opcode that carries none"},
     {"payload_not_eight", "ATOMIC_WRITE carries exactly 8 bytes of payload"},
     {"payload_too_large", "payload makes the IPv4 datagram longer than 65535 bytes"},
-    {"field_out_of_range", "a 24-bit field (QPN, PSN, MSN) exceeds 0xFFFFFF, or IPv4 flags set MF"},
+    {"field_out_of_range",
+     "a 24-bit field (QPN, PSN, MSN) exceeds 0xFFFFFF, a FETH field exceeds its 4 or 2 bits, or IPv4 flags set MF"},
     {"buffer_too_small", "output buffer is shorter than the frame"},
 };
 static_assert(std::size(kErrorText) == static_cast<size_t>(BuildError::kCount));
@@ -42,7 +43,10 @@ Layout plan(const FrameSpec& s, std::span<const std::span<const uint8_t>> payloa
 
   constexpr uint32_t k24 = 0xFFFFFF;
   if (s.bth.dest_qp > k24 || s.bth.psn > k24 || (l.op->has(kAeth) && s.ext.aeth.msn > k24) ||
-      (l.op->has(kDeth) && s.ext.deth.src_qp > k24) || s.ip_flags > 0x7 ||
+      (l.op->has(kDeth) && s.ext.deth.src_qp > k24) ||
+      (l.op->has(kFeth) && (s.ext.feth.placement_type > feth::kPlacementMask ||
+                            s.ext.feth.selectivity_level > feth::kSelectivityMask)) ||
+      s.ip_flags > 0x7 ||
       (s.ip_flags & kIpFlagMoreFragments) != 0)
     return l.error = BuildError::kFieldOutOfRange, l;
 

@@ -46,7 +46,7 @@ enum class BuildError : uint8_t {
   kPayloadNotAllowed,  // payload given for an opcode without one
   kPayloadNotEight,    // ATOMIC_WRITE carries exactly 8 bytes
   kPayloadTooLarge,    // the IPv4 datagram would exceed 65535 bytes
-  kFieldOutOfRange,    // a 24-bit field above 0xFFFFFF, or IPv4 flags with MF
+  kFieldOutOfRange,    // a 24-bit field above 0xFFFFFF, a FETH field wider than its bits, or IPv4 flags with MF
   kBufferTooSmall,     // output buffer shorter than the frame
   kCount
 };

@@ -152,8 +152,37 @@ void write_deth(std::span<uint8_t, kDethBytes> out, const Deth& h) {
 Ieth read_ieth(std::span<const uint8_t, kIethBytes> in) { return Ieth{load_be32(in.data())}; }
 void write_ieth(std::span<uint8_t, kIethBytes> out, const Ieth& h) { store_be32(out.data(), h.rkey); }
 
-Feth read_feth(std::span<const uint8_t, kFethBytes> in) { return Feth{load_be32(in.data())}; }
-void write_feth(std::span<uint8_t, kFethBytes> out, const Feth& h) { store_be32(out.data(), h.bits); }
+// Reserved bits 31:6 are ignored on read and written as zero.
+Feth read_feth(std::span<const uint8_t, kFethBytes> in) {
+  const uint32_t v = load_be32(in.data());
+  return Feth{static_cast<uint8_t>(v & feth::kPlacementMask), static_cast<uint8_t>((v >> 4) & feth::kSelectivityMask)};
+}
+void write_feth(std::span<uint8_t, kFethBytes> out, const Feth& h) {
+  store_be32(out.data(), uint32_t(h.placement_type & feth::kPlacementMask) |
+                             (uint32_t(h.selectivity_level & feth::kSelectivityMask) << 4));
+}
+
+namespace feth {
+
+const char* placement_name(uint8_t t) {
+  switch (t) {
+    case kGlobal: return "GLOBAL";
+    case kPersistent: return "PERSISTENT";
+    case kGlobal | kPersistent: return "GLOBAL|PERSISTENT";
+    case 0: return "none (type 0)";
+    default: return "undefined type bits";
+  }
+}
+
+const char* selectivity_name(uint8_t s) {
+  switch (s) {
+    case kRange: return "RANGE";
+    case kWholeRegion: return "whole region (MR)";
+    default: return "undefined selectivity";
+  }
+}
+
+}  // namespace feth
 
 bool read_ext_headers(uint16_t mask, std::span<const uint8_t> in, ExtHeaders& out) {
   if (in.size() < ext_headers_size(mask)) return false;

@@ -137,17 +137,43 @@ struct Ieth {
 };
 
 // FLUSH extended transport header (IBA memory placement extensions, as rxe
-// 6.2 reads it): bits 3:0 placement type, bits 5:4 selectivity level, the
-// rest reserved. Kept whole so unknown bits survive a round trip.
+// 6.2 reads it, rxe_hdr.h): one big-endian 32-bit word, bits 3:0 the
+// placement type, bits 5:4 the selectivity level, bits 31:6 reserved
+// (written as zero, ignored on read, like every reserved bit here).
 struct Feth {
-  uint32_t bits = 0;
-  uint8_t placement_type() const { return bits & 0xF; }
-  uint8_t selectivity_level() const { return (bits >> 4) & 0x3; }
-  static Feth make(uint8_t placement_type, uint8_t selectivity_level) {
-    return Feth{uint32_t(placement_type & 0xF) | (uint32_t(selectivity_level & 0x3) << 4)};
+  uint8_t placement_type = 0;     // 4 bits: feth::kGlobal | feth::kPersistent
+  uint8_t selectivity_level = 0;  // 2 bits: feth::kRange or feth::kWholeRegion
+  static constexpr Feth make(uint8_t placement_type, uint8_t selectivity_level) {
+    return Feth{placement_type, selectivity_level};
   }
   bool operator==(const Feth&) const = default;
 };
+
+namespace feth {
+// Placement types (bits of the 4-bit field; verbs' IB_FLUSH_GLOBAL and
+// IB_FLUSH_PERSISTENT). A FLUSH asks for one or both.
+inline constexpr uint8_t kGlobal = 1;      // make the range globally visible
+inline constexpr uint8_t kPersistent = 2;  // make the range durable
+// Selectivity levels (verbs' IB_FLUSH_RANGE, IB_FLUSH_MR).
+inline constexpr uint8_t kRange = 0;        // the RETH's [va, va + length)
+inline constexpr uint8_t kWholeRegion = 1;  // the whole region the rkey names; RETH va and length unused
+// Field widths: a value that does not fit is refused by the builder.
+inline constexpr uint8_t kPlacementMask = 0xF;
+inline constexpr uint8_t kSelectivityMask = 0x3;
+inline constexpr uint32_t kReservedMask = 0xFFFFFFC0u;  // bits 31:6
+
+// Whether a FETH asks for something IBA defines: a placement type of
+// GLOBAL, PERSISTENT or both, and a selectivity of RANGE or whole region.
+// The wire codecs carry any value that fits its field; a responder refuses
+// the others (invalid request).
+constexpr bool defined(const Feth& f) {
+  return f.placement_type != 0 && (f.placement_type & ~(kGlobal | kPersistent)) == 0 &&
+         f.selectivity_level <= kWholeRegion;
+}
+// "GLOBAL", "PERSISTENT", "GLOBAL|PERSISTENT", "type 0x4" ...
+const char* placement_name(uint8_t placement_type);
+const char* selectivity_name(uint8_t selectivity_level);
+}  // namespace feth
 
 // The extension headers of one packet; which of them are meaningful is the
 // opcode's header mask (OpcodeInfo::headers).

@@ -27,6 +27,8 @@ WcOpcode wc_opcode_for(WrOpcode op) {
     case WrOpcode::kRdmaRead: return WcOpcode::kRdmaRead;
     case WrOpcode::kAtomicCmpAndSwp: return WcOpcode::kCompSwap;
     case WrOpcode::kAtomicFetchAndAdd: return WcOpcode::kFetchAdd;
+    case WrOpcode::kFlush: return WcOpcode::kFlush;
+    case WrOpcode::kAtomicWrite: return WcOpcode::kAtomicWrite;
   }
   return WcOpcode::kSend;
 }
@@ -48,11 +50,6 @@ QueuePairImpl::QueuePairImpl(Lane& ctx, uint32_t qpn, PdId pd, QpType type, Comp
       sq_(caps.max_send_wr),
       rq_(caps.max_recv_wr) {
   udp_sport_ = roce::rxe_sport_at_create(qpn);
-}
-
-bool QueuePairImpl::is_read_or_atomic(const SendWqe& w) const {
-  return w.wr.opcode == WrOpcode::kRdmaRead || w.wr.opcode == WrOpcode::kAtomicCmpAndSwp ||
-         w.wr.opcode == WrOpcode::kAtomicFetchAndAdd;
 }
 
 // ------------------------------------------------------------- opcode table
@@ -89,15 +86,19 @@ const QueuePairImpl::OpcodeHandling& QueuePairImpl::handling(uint8_t opcode) {
     t[o::kRcWriteOnlyImm].needs_recv = true;
     t[o::kRcReadRequest] = {.access = kRemoteRead, .execute = &Q::execute_read, .duplicate = &Q::duplicate_read};
     t[o::kRcCompareSwap] = {.access = kRemoteAtomic, .execute = &Q::execute_atomic,
-                            .duplicate = &Q::duplicate_atomic};
+                            .duplicate = &Q::duplicate_replay};
     t[o::kRcFetchAdd] = t[o::kRcCompareSwap];
     // SEND with invalidate: refused before any check (no memory windows or
     // invalidation here); a resent one is still acknowledged like a SEND.
     t[o::kRcSendLastInv] = {.message = M::kSend, .duplicate = &Q::duplicate_send_write};
     t[o::kRcSendOnlyInv] = t[o::kRcSendLastInv];
-    // FLUSH and ATOMIC_WRITE: checked like any request, then refused.
-    t[o::kRcFlush].execute = &Q::refuse_request;
-    t[o::kRcAtomicWrite].execute = &Q::refuse_request;
+    // FLUSH: the QP access its placement type names; ATOMIC_WRITE: remote
+    // write, as rxe's check_qp_attr_access. Both take a responder resource
+    // and are answered from the replay cache when they come again.
+    t[o::kRcFlush] = {.access_for = &Q::flush_access, .execute = &Q::execute_flush,
+                      .duplicate = &Q::duplicate_replay};
+    t[o::kRcAtomicWrite] = {.access = kRemoteWrite, .execute = &Q::execute_atomic_write,
+                            .duplicate = &Q::duplicate_replay};
     t[o::kRcReadResponseFirst].response = &Q::on_read_response;
     t[o::kRcReadResponseMiddle].response = &Q::on_read_response;
     t[o::kRcReadResponseLast].response = &Q::on_read_response;
@@ -144,7 +145,7 @@ void QueuePairImpl::reset() {
   sq_head_ = sq_next_ = sq_tail_ = 0;
   rq_head_ = rq_tail_ = 0;
   replies_.clear();
-  atomic_cache_.clear();
+  replay_cache_.clear();
   in_message_ = InMessage::kNone;
   msg_offset_ = 0;
   msn_ = 0;
@@ -182,8 +183,8 @@ void QueuePairImpl::apply(const QpAttr& a, QpAttrMask given) {
   if (given & kAttrRqPsn) attr_.rq_psn = epsn_ = a.rq_psn;
   if (given & kAttrMaxDestRdAtomic) {
     attr_.max_dest_rd_atomic = a.max_dest_rd_atomic;
-    atomic_cache_.assign(a.max_dest_rd_atomic, AtomicReplay{});
-    atomic_cache_next_ = 0;
+    replay_cache_.assign(a.max_dest_rd_atomic, Replay{});
+    replay_cache_next_ = 0;
   }
   if (given & kAttrMinRnrTimer) attr_.min_rnr_timer = a.min_rnr_timer;
   if (given & kAttrSqPsn) attr_.sq_psn = cursor_psn_ = una_psn_ = max_sent_psn_ = a.sq_psn;
@@ -222,6 +223,8 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
     case WrOpcode::kRdmaRead:
     case WrOpcode::kAtomicCmpAndSwp:
     case WrOpcode::kAtomicFetchAndAdd:
+    case WrOpcode::kFlush:
+    case WrOpcode::kAtomicWrite:
       if (!is_rc()) return fail(EINVAL, who() + ": " + wr_opcode_name(wr.opcode) + " needs an RC QP (this one is UD)");
       break;
     default: return fail(EINVAL, who() + ": unknown opcode " + std::to_string(static_cast<int>(wr.opcode)));
@@ -229,7 +232,11 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   if (atomic && (wr.sgl.size() != 1 || length != 8)) {
     return fail(EINVAL, who() + ": " + wr_opcode_name(wr.opcode) + " needs exactly one 8-byte SGE for the result");
   }
-  bool is_inline = (wr.flags & kSendInline) && wr.opcode != WrOpcode::kRdmaRead && !atomic;
+  const bool placement = wr.opcode == WrOpcode::kFlush || wr.opcode == WrOpcode::kAtomicWrite;
+  if (placement) {
+    if (auto s = check_placement_wr(wr); !s) return fail(s.error().code(), who() + ": " + s.error().message());
+  }
+  bool is_inline = (wr.flags & kSendInline) && wr.opcode != WrOpcode::kRdmaRead && !atomic && !placement;
   if (is_inline && length > caps_.max_inline_data) {
     return fail(EINVAL, who() + ": " + std::to_string(length) + " bytes of inline data, the QP allows " +
                             std::to_string(caps_.max_inline_data) + " (max_inline_data)");
@@ -268,7 +275,33 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   ++sq_tail_;
   if (attr_.state == QpState::kError) {
     // Verbs: work posted to a QP in ERROR completes, flushed.
-    complete_send(w, WcStatus::kWrFlushErr, "posted while the QP is in ERROR");
+    complete_send(w, WcStatus::kWrFlushErr, "posted while the QP is in ERROR (" + error_why_ + ")");
+  }
+  return {};
+}
+
+// FLUSH and ATOMIC_WRITE carry their operands in the work request, never in
+// SGEs; a FLUSH names a placement type and a selectivity IBA defines.
+Status QueuePairImpl::check_placement_wr(const SendWr& wr) {
+  const char* name = wr_opcode_name(wr.opcode);
+  if (!wr.sgl.empty()) {
+    return fail(EINVAL, std::string(name) + " takes no SGEs (" + std::to_string(wr.sgl.size()) + " given): " +
+                            (wr.opcode == WrOpcode::kFlush
+                                 ? "the range is remote_addr and flush_length at the peer"
+                                 : "the 8 bytes stored are atomic_value"));
+  }
+  if (wr.opcode != WrOpcode::kFlush) return {};
+  if (wr.flush_type == 0 || (wr.flush_type & ~(roce::feth::kGlobal | roce::feth::kPersistent)) != 0) {
+    return fail(EINVAL, "flush_type " + std::to_string(wr.flush_type) +
+                            " is not UFAB_FLUSH_GLOBAL (1), UFAB_FLUSH_PERSISTENT (2) or both (3)");
+  }
+  if (wr.flush_level > roce::feth::kWholeRegion) {
+    return fail(EINVAL, "flush_level " + std::to_string(wr.flush_level) +
+                            " is not UFAB_FLUSH_RANGE (0) or UFAB_FLUSH_MR (1)");
+  }
+  if (wr.flush_level == roce::feth::kRange && wr.flush_length > (1ull << 31)) {
+    return fail(EINVAL, "a FLUSH range is at most 2 GiB (IBA C9-94), not " + std::to_string(wr.flush_length) +
+                            " bytes; flush the whole region with UFAB_FLUSH_MR, or several ranges");
   }
   return {};
 }
@@ -297,7 +330,7 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
     ++rq_head_;
     push_completion(recv_cq_, WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::kWrFlushErr,
                                              .opcode = WcOpcode::kRecv, .qp_num = qpn_,
-                                             .error = "posted while the QP is in ERROR"});
+                                             .error = "posted while the QP is in ERROR (" + error_why_ + ")"});
   }
   return {};
 }
@@ -352,6 +385,7 @@ void QueuePairImpl::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byt
 void QueuePairImpl::enter_error(const std::string& why) {
   if (attr_.state == QpState::kError) return;
   attr_.state = QpState::kError;
+  error_why_ = why;
   while (sq_head_ < sq_tail_) {
     complete_send(sq_at(sq_head_), WcStatus::kWrFlushErr, "flushed: QP " + hex(qpn_) + " went to ERROR (" + why + ")");
   }

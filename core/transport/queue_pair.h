@@ -1,8 +1,9 @@
 // One queue pair of the software transport: the RC requester (segmentation,
 // PSNs, ACK/NAK handling, go-back-N retransmission on NAK and timeout, RNR
 // back-off, a congestion window, READ reassembly with selective re-requests,
-// atomics), the RC responder (PSN checks,
-// duplicate handling with an atomic replay cache, key and bound checks
+// atomics, FLUSH and ATOMIC_WRITE), the RC responder (PSN checks,
+// duplicate handling with a replay cache for atomics, FLUSH and
+// ATOMIC_WRITE, key and bound checks
 // before any byte lands, NAKs as rxe sends them) and UD datagrams.
 // docs/transport.md describes the design. Everything runs under the
 // lock of the QP's lane (lane.h).
@@ -46,6 +47,7 @@ class QueuePairImpl {
 
   Status modify(const verbs::QpAttr& attr, verbs::QpAttrMask mask);
   Status post_send(const verbs::SendWr& wr);
+  static Status check_placement_wr(const verbs::SendWr& wr);  // FLUSH, ATOMIC_WRITE operands
   Status post_recv(const verbs::RecvWr& wr);
 
   // A parsed packet addressed to this QP.
@@ -85,9 +87,11 @@ class QueuePairImpl {
     uint32_t num_sge = 0;
     uint64_t length = 0;
   };
-  // What the responder owes the requester, in PSN order.
+  // What the responder owes the requester, in PSN order. kReadRespAck is
+  // the answer to FLUSH and ATOMIC_WRITE: RDMA READ Response Only with an
+  // AETH and no payload, as rxe sends it (send_read_response_ack).
   struct Reply {
-    enum Kind : uint8_t { kAck, kRead, kAtomicAck } kind = kAck;
+    enum Kind : uint8_t { kAck, kRead, kAtomicAck, kReadRespAck } kind = kAck;
     uint32_t psn = 0;  // ACK: the PSN acknowledged; READ: first response PSN
     uint32_t msn = 0;
     uint8_t syndrome = 0;  // ACK: an ACK, RNR NAK or sequence NAK
@@ -100,10 +104,13 @@ class QueuePairImpl {
     uint64_t original = 0;
     bool replay = false;  // an answer to a duplicate request
   };
-  struct AtomicReplay {
+  // A request the responder executed that a duplicate must not execute
+  // again (atomics, FLUSH, ATOMIC_WRITE): the answer to send instead.
+  struct Replay {
     bool valid = false;
+    uint8_t opcode = 0;  // BTH opcode of the request
     uint32_t psn = 0;
-    uint64_t original = 0;
+    uint64_t original = 0;  // atomics: the value before the operation
   };
 
   // The multi-packet message a request packet belongs to (none for READ,
@@ -119,9 +126,13 @@ class QueuePairImpl {
   // handlers.
   using RequestHandler = void (QueuePairImpl::*)(const roce::Packet&);
   using ResponseHandler = bool (QueuePairImpl::*)(const roce::Packet&, SendWqe&);
+  using AccessFor = verbs::AccessFlags (*)(const roce::Packet&);
   struct OpcodeHandling {
     InMessage message = InMessage::kNone;  // FIRST/MIDDLE packets carry exactly the MTU
     verbs::AccessFlags access = 0;         // QP access flag the operation needs
+    // QP access that depends on the packet instead (FLUSH: its placement
+    // type); nullptr: `access`.
+    AccessFor access_for = nullptr;
     bool needs_recv = false;               // consumes (FIRST/ONLY) or completes a receive WQE
     // Responder, at the expected PSN after the generic checks (PSN, opcode
     // sequence, lengths, QP access, DMA length, receive WQE). nullptr: the
@@ -137,7 +148,23 @@ class QueuePairImpl {
   static const OpcodeHandling& handling(uint8_t opcode);
 
   bool is_rc() const { return type_ == verbs::QpType::kRc; }
-  bool is_read_or_atomic(const SendWqe& w) const;
+  // Work that takes a responder resource (counted against max_rd_atomic,
+  // waited for by kSendFence): READ, atomics, FLUSH, ATOMIC_WRITE.
+  // (Inline: the requester asks these per packet and per completion.)
+  bool is_read_or_atomic(const SendWqe& w) const { return answered_by_read_response(w) || is_atomic(w); }
+  // CMP_AND_SWP and FETCH_AND_ADD, answered by an atomic ACK.
+  static bool is_atomic(const SendWqe& w) {
+    return w.wr.opcode == verbs::WrOpcode::kAtomicCmpAndSwp || w.wr.opcode == verbs::WrOpcode::kAtomicFetchAndAdd;
+  }
+  // READ, FLUSH and ATOMIC_WRITE, answered by READ responses; for these
+  // rcv_pkts counts the responses taken.
+  static bool answered_by_read_response(const SendWqe& w) {
+    return w.wr.opcode == verbs::WrOpcode::kRdmaRead || is_placement(w);
+  }
+  // FLUSH and ATOMIC_WRITE: one request, one empty READ Response Only.
+  static bool is_placement(const SendWqe& w) {
+    return w.wr.opcode == verbs::WrOpcode::kFlush || w.wr.opcode == verbs::WrOpcode::kAtomicWrite;
+  }
   SendWqe& sq_at(uint64_t index) { return sq_[index % sq_.size()]; }
   RecvWqe& rq_at(uint64_t index) { return rq_[index % rq_.size()]; }
 
@@ -173,6 +200,7 @@ class QueuePairImpl {
   bool on_nak(const roce::Packet& pkt, SendWqe& w);
   bool on_read_response(const roce::Packet& pkt, SendWqe& w);
   bool on_atomic_ack(const roce::Packet& pkt, SendWqe& w);
+  void take_placement_response(const roce::Packet& pkt, uint64_t sq_index, SendWqe& w);
   void complete_send(SendWqe& w, verbs::WcStatus status, std::string error = {});
   void handle_response(const roce::Packet& pkt);
   void take_read_response(const roce::Packet& pkt);
@@ -210,11 +238,17 @@ class QueuePairImpl {
   bool start_write(const roce::Packet& pkt, verbs::Access& whole);
   void execute_read(const roce::Packet& pkt);
   void execute_atomic(const roce::Packet& pkt);
-  void refuse_request(const roce::Packet& pkt);
+  void execute_flush(const roce::Packet& pkt);
+  void execute_atomic_write(const roce::Packet& pkt);
+  static verbs::AccessFlags flush_access(const roce::Packet& pkt);  // OpcodeHandling::access_for of FLUSH
+  // A request that took a responder resource was executed: remember its
+  // answer for duplicates, count it, queue the answer, expect the next PSN.
+  void finish_replayed(const roce::Packet& pkt, Reply::Kind kind, uint64_t original);
+  bool rd_atomic_resource_free(const roce::Packet& pkt);  // false: NAKed
   // Duplicate handlers (OpcodeHandling::duplicate).
   void duplicate_send_write(const roce::Packet& pkt);
   void duplicate_read(const roce::Packet& pkt);
-  void duplicate_atomic(const roce::Packet& pkt);
+  void duplicate_replay(const roce::Packet& pkt);  // atomics, FLUSH, ATOMIC_WRITE
   void duplicate_drop(const roce::Packet& pkt);
   void send_nak(uint8_t syndrome, uint32_t psn, const std::string& why, verbs::WcStatus recv_status);
   void send_rnr_nak(uint32_t psn);
@@ -245,6 +279,7 @@ class QueuePairImpl {
   verbs::QpAttr attr_;
   uint32_t mtu_ = 1024;
   bool lost_completion_ = false;
+  std::string error_why_;  // why the QP went to ERROR, for work posted afterwards
   uint16_t ip_id_ = 0;
   uint16_t udp_sport_ = 0xC000;
   std::optional<net::MacAddress> mac_;  // the RC peer's, once resolved
@@ -321,8 +356,8 @@ class QueuePairImpl {
   uint32_t write_rkey_ = 0;
   uint32_t write_length_ = 0;
   std::deque<Reply> replies_;
-  std::vector<AtomicReplay> atomic_cache_;
-  uint32_t atomic_cache_next_ = 0;
+  std::vector<Replay> replay_cache_;  // max_dest_rd_atomic entries, a ring
+  uint32_t replay_cache_next_ = 0;
 };
 
 }  // namespace ufab::transport

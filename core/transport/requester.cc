@@ -2,7 +2,9 @@
 // packets, tracks PSNs and acknowledgements, retransmits (go-back-N) on a
 // sequence NAK, an RNR NAK or a timeout, keeps a congestion window, takes
 // READ responses in any order and asks again only for the missing ones, and
-// completes work in order.
+// completes work in order. FLUSH and ATOMIC_WRITE are single-packet
+// requests answered by an empty READ Response Only, counted and retried
+// like READs.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -158,6 +160,31 @@ int QueuePairImpl::build_rc_request(SendWqe& w, RequestPacket& p) {
                                cas ? w.wr.compare_add : 0};
       break;
     }
+    case WrOpcode::kFlush:
+    case WrOpcode::kAtomicWrite: {
+      if (w.rcv_pkts >= w.npkts) {
+        // Answered already (a go-back passed it while an earlier READ
+        // waited): nothing to ask, on to the next request.
+        cursor_psn_ = psn_add(w.first_psn, w.npkts);
+        ++sq_next_;
+        return 3;
+      }
+      if (w.wr.opcode == WrOpcode::kFlush) {
+        // As rxe's init_req_packet: FETH, then the RETH with the range. A
+        // whole-region flush sends length 0: the responder looks at
+        // neither va nor length then, but still refuses a length above
+        // 2^31 (IBA C9-94), so flush_length, unused, must not reach it.
+        p.spec = frame_spec(roce::op::kRcFlush, cursor_psn_, true);
+        p.spec.ext.feth = roce::Feth::make(w.wr.flush_type, w.wr.flush_level);
+        const bool whole = w.wr.flush_level == roce::feth::kWholeRegion;
+        p.spec.ext.reth = {w.wr.remote_addr, w.wr.rkey, whole ? 0u : static_cast<uint32_t>(w.wr.flush_length)};
+      } else {
+        p.spec = frame_spec(roce::op::kRcAtomicWrite, cursor_psn_, true);
+        p.spec.ext.reth = {w.wr.remote_addr, w.wr.rkey, 8};
+        p.payload = 8;  // gather_request takes it from the work request
+      }
+      break;
+    }
     default: {
       // SEND and WRITE: cut at the path MTU.
       p.offset = uint64_t{index} * mtu_;
@@ -183,6 +210,13 @@ int QueuePairImpl::build_rc_request(SendWqe& w, RequestPacket& p) {
 // (re-checked per packet, so a region deregistered meanwhile is caught).
 // Returns as send_request_packet, 1 when the pieces are ready.
 int QueuePairImpl::gather_request(SendWqe& w, const RequestPacket& p, Gather& g) {
+  if (w.wr.opcode == WrOpcode::kAtomicWrite) {
+    // The 8 bytes live in the work request (host order, as they will be in
+    // the peer's memory), which outlives the frame's build.
+    g.device[g.n] = 0;
+    g.pieces[g.n++] = {reinterpret_cast<const uint8_t*>(&w.wr.atomic_value), 8};
+    return 1;
+  }
   if (p.payload > 0 && w.is_inline) {
     g.device[g.n] = 0;
     g.pieces[g.n++] = std::span<const uint8_t>(w.inline_data).subspan(p.offset, p.payload);
@@ -493,7 +527,7 @@ bool QueuePairImpl::ack_earlier(uint32_t psn) {
         if (sq_head_ < sq_next_) ask_read_hole(sq_head_, w);
         return false;
       }
-    } else if (is_read_or_atomic(w)) {
+    } else if (is_atomic(w) || (is_placement(w) && w.rcv_pkts < w.npkts)) {
       if (retry_exhausted(false)) {
         fail_head(WcStatus::kRetryExcErr, "responses to " + std::string(wr_opcode_name(w.wr.opcode)) + " lost too often");
         return false;
@@ -515,13 +549,13 @@ void QueuePairImpl::complete_done() {
     SendWqe& w = sq_at(sq_head_);
     if (!w.started) break;
     const uint32_t end = psn_add(w.first_psn, w.npkts);
-    if (w.wr.opcode == WrOpcode::kRdmaRead) {
+    if (answered_by_read_response(w)) {
       if (w.rcv_pkts < w.npkts) {
         uint32_t una = psn_add(w.first_psn, w.rcv_pkts);
         if (psn_diff(una, una_psn_) > 0) una_psn_ = una;
         break;
       }
-    } else if (is_read_or_atomic(w) || !acked_through_ || psn_diff(psn_add(end, roce::kPsnMask), *acked_through_) > 0) {
+    } else if (is_atomic(w) || !acked_through_ || psn_diff(psn_add(end, roce::kPsnMask), *acked_through_) > 0) {
       break;
     }
     if (psn_diff(end, una_psn_) > 0) una_psn_ = end;
@@ -588,9 +622,14 @@ bool QueuePairImpl::on_nak(const roce::Packet& pkt, SendWqe& w) {
     arm_timer();
     return false;
   }
+  std::string hint;
+  if (code == static_cast<uint8_t>(roce::aeth::NakCode::kInvalidRequest) &&
+      (is_atomic(w) || w.wr.opcode == WrOpcode::kAtomicWrite) && (w.wr.remote_addr & 7) != 0) {
+    hint = ": remote_addr " + hex(w.wr.remote_addr) + " is not 8-byte aligned";
+  }
   fail_head(status_for_nak(code), std::string(wr_opcode_name(w.wr.opcode)) + " NAKed by " +
                                       net::Ipv4Address{attr_.av.dest_ip}.str() + ": " +
-                                      roce::aeth::nak_code_name(code) + " (AETH " + hex(syndrome) + ")");
+                                      roce::aeth::nak_code_name(code) + " (AETH " + hex(syndrome) + ")" + hint);
   return false;
 }
 
@@ -715,15 +754,19 @@ void QueuePairImpl::take_read_response(const roce::Packet& pkt) {
     return;
   }
   SendWqe& w = sq_at(i);
-  if (w.wr.opcode != WrOpcode::kRdmaRead) {
+  if (!answered_by_read_response(w)) {
     fail_head(WcStatus::kBadRespErr, "READ response for a " + std::string(wr_opcode_name(w.wr.opcode)));
     return;
   }
-  // The responder has every request before this READ: SENDs and WRITEs
+  // The responder has every request before this one: SENDs and WRITEs
   // there are acknowledged.
   if (const uint32_t before = psn_add(w.first_psn, roce::kPsnMask);
       !acked_through_ || psn_diff(before, *acked_through_) > 0) {
     acked_through_ = before;
+  }
+  if (is_placement(w)) {
+    take_placement_response(pkt, i, w);
+    return;
   }
   const uint32_t index = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
   const bool is_last = index + 1 == w.npkts;
@@ -763,12 +806,32 @@ bool QueuePairImpl::on_read_response(const roce::Packet& pkt, SendWqe&) {
   return true;
 }
 
+// The answer to a FLUSH or ATOMIC_WRITE: READ Response Only with an AETH
+// and nothing else, at the request's PSN (rxe's send_read_response_ack).
+// The FLUSH is done (the range visible or durable as asked), the 8 bytes
+// stored. Work requests still complete in order: one behind a READ that
+// waits for responses completes after it.
+void QueuePairImpl::take_placement_response(const roce::Packet& pkt, uint64_t sq_index, SendWqe& w) {
+  if (pkt.bth.opcode != roce::op::kRcReadResponseOnly || !pkt.payload.empty()) {
+    fail_head(WcStatus::kBadRespErr, std::string(roce::opcode_full_name(pkt.bth.opcode)) + " with " +
+                                         std::to_string(pkt.payload.size()) + " bytes of payload answering " +
+                                         wr_opcode_name(w.wr.opcode) + " (expected READ Response Only, empty)");
+    return;
+  }
+  if (w.rcv_pkts >= w.npkts) {
+    ++ctx_.stats().rx_read_response_dups;  // answered twice (a resend crossed a late answer)
+    return;
+  }
+  w.rcv_pkts = w.npkts;
+  if (sq_index == sq_head_) complete_done();
+}
+
 // ATOMIC ACKNOWLEDGE: the original value, 8 bytes in host order, into the
 // atomic's SGE.
 bool QueuePairImpl::on_atomic_ack(const roce::Packet& pkt, SendWqe& w) {
   note_progress();
   const uint32_t psn = pkt.bth.psn;
-  if (!is_read_or_atomic(w) || w.wr.opcode == WrOpcode::kRdmaRead || psn != w.first_psn) return false;
+  if (!is_atomic(w) || psn != w.first_psn) return false;
   uint64_t original = pkt.ext.atomic_ack.original;
   uint8_t bytes[8];
   std::memcpy(bytes, &original, 8);  // host order, like the target memory

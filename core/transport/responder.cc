@@ -1,8 +1,10 @@
 // The responder half of a queue pair: checks every request (PSN, opcode
 // sequence, length, QP access, key, bounds) before a byte lands, executes
-// it, and answers with ACKs, READ responses, atomic ACKs or the NAK IBA
-// 9.7.5 and Linux rxe (rxe_resp.c) give. UD receives live here too.
+// it, and answers with ACKs, READ responses, atomic ACKs, the empty READ
+// response that answers FLUSH and ATOMIC_WRITE, or the NAK IBA 9.7.5 and
+// Linux rxe (rxe_resp.c) give. UD receives live here too.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -99,6 +101,8 @@ bool QueuePairImpl::send_reply_packet(Reply& r) {
       ext.atomic_ack.original = r.original;
       return send_ack_frame(roce::op::kRcAtomicAck, r.psn, aeth::ack(r.msn), &ext);
     }
+    case Reply::kReadRespAck:
+      return send_ack_frame(roce::op::kRcReadResponseOnly, r.psn, aeth::ack(r.msn), nullptr);
     case Reply::kRead: break;
   }
   const uint32_t npkts = roce::packets_for(r.length, mtu_);
@@ -267,8 +271,11 @@ bool QueuePairImpl::check_request(const roce::Packet& pkt, const OpcodeHandling&
   }
   // QP access before resources, as rxe (check_op_valid, then
   // check_resource): a forbidden operation is an invalid request, not RNR.
-  if (h.access && !(attr_.access_flags & h.access)) {
-    send_nak(kNakInvalid, psn, opname() + " on a QP without " + access_string(h.access) + " access",
+  // Every flag needed must be there (a FLUSH of both placement types needs
+  // both FLUSH flags).
+  const AccessFlags need = h.access_for != nullptr ? h.access_for(pkt) : h.access;
+  if (need && (attr_.access_flags & need) != need) {
+    send_nak(kNakInvalid, psn, opname() + " on a QP without " + access_string(need & ~attr_.access_flags) + " access",
              WcStatus::kSuccess);
     return false;
   }
@@ -403,10 +410,7 @@ void QueuePairImpl::execute_read(const roce::Packet& pkt) {
 // against local threads too; the original value goes to the replay cache.
 void QueuePairImpl::execute_atomic(const roce::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
-  if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
-    send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
-    return;
-  }
+  if (!rd_atomic_resource_free(pkt)) return;
   const roce::AtomicEth& a = pkt.ext.atomic_eth;
   auto access = ctx_.memory().check_remote(a.rkey, pd_, a.va, 8, kRemoteAtomic);
   if (!access) {
@@ -423,20 +427,108 @@ void QueuePairImpl::execute_atomic(const roce::Packet& pkt) {
   } else {
     original = __atomic_fetch_add(target, a.swap_add, __ATOMIC_SEQ_CST);
   }
-  if (!atomic_cache_.empty()) {
-    atomic_cache_[atomic_cache_next_] = AtomicReplay{true, psn, original};
-    atomic_cache_next_ = (atomic_cache_next_ + 1) % atomic_cache_.size();
+  finish_replayed(pkt, Reply::kAtomicAck, original);
+}
+
+// READs, atomics, FLUSH and ATOMIC_WRITE each hold a responder resource
+// until their answer leaves; more than max_dest_rd_atomic at once is the
+// requester's fault (rxe: RESPST_ERR_TOO_MANY_RDMA_ATM_REQ, invalid request).
+bool QueuePairImpl::rd_atomic_resource_free(const roce::Packet& pkt) {
+  if (pending_rd_atomic(false) < attr_.max_dest_rd_atomic) return true;
+  send_nak(kNakInvalid, pkt.bth.psn,
+           std::string(roce::opcode_full_name(pkt.bth.opcode)) + ": more READs/atomics/FLUSHes outstanding than "
+               "max_dest_rd_atomic (" + std::to_string(attr_.max_dest_rd_atomic) + ")",
+           WcStatus::kSuccess);
+  return false;
+}
+
+void QueuePairImpl::finish_replayed(const roce::Packet& pkt, Reply::Kind kind, uint64_t original) {
+  const uint32_t psn = pkt.bth.psn;
+  if (!replay_cache_.empty()) {
+    replay_cache_[replay_cache_next_] = Replay{true, pkt.bth.opcode, psn, original};
+    replay_cache_next_ = (replay_cache_next_ + 1) % replay_cache_.size();
   }
   ++msn_;
-  replies_.push_back(Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = original});
+  replies_.push_back(Reply{.kind = kind, .psn = psn, .msn = msn_, .original = original});
   epsn_ = psn_add(psn, 1);
 }
 
-// FLUSH and ATOMIC_WRITE: known on the wire, not offered yet.
-void QueuePairImpl::refuse_request(const roce::Packet& pkt) {
-  send_nak(kNakInvalid, pkt.bth.psn,
-           std::string(roce::opcode_full_name(pkt.bth.opcode)) + " is not supported by this responder",
-           WcStatus::kSuccess);
+// The QP access a FLUSH needs: the flag of each placement type it asks for
+// (rxe's check_qp_attr_access). Undefined type bits need nothing here;
+// execute_flush refuses them.
+AccessFlags QueuePairImpl::flush_access(const roce::Packet& pkt) {
+  const uint8_t t = pkt.ext.feth.placement_type;
+  return ((t & roce::feth::kGlobal) ? kFlushGlobal : 0) | ((t & roce::feth::kPersistent) ? kFlushPersistent : 0);
+}
+
+// FLUSH (IBA memory placement extensions, rxe's process_flush): the rkey
+// must grant the flag of each placement type asked for; a RANGE flush
+// must lie inside the region (a whole-region flush names no range). The
+// bytes of this host's memory regions are plain DRAM: a release fence
+// makes every earlier write to them (this responder's, in PSN order)
+// visible to every thread and device that reads after it, which is what
+// GLOBAL promises. PERSISTENT cannot reach here on DRAM: the API refuses to
+// register host memory with FLUSH_PERSISTENT, so the rkey check fails
+// first (remote access error).
+void QueuePairImpl::execute_flush(const roce::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  const roce::Feth& f = pkt.ext.feth;
+  const roce::Reth& reth = pkt.ext.reth;
+  if (!roce::feth::defined(f)) {
+    // Stricter than rxe, on what rxe never sends: it reads only the two
+    // type bits and treats every selectivity but RANGE as whole region.
+    send_nak(kNakInvalid, psn,
+             "FLUSH with placement type " + std::to_string(f.placement_type) + " (" +
+                 roce::feth::placement_name(f.placement_type) + ") and selectivity " +
+                 std::to_string(f.selectivity_level) + " (" + roce::feth::selectivity_name(f.selectivity_level) +
+                 "): IBA defines types GLOBAL (1), PERSISTENT (2) or both, and selectivity RANGE (0) or MR (1)",
+             WcStatus::kSuccess);
+    return;
+  }
+  if (!rd_atomic_resource_free(pkt)) return;
+  const AccessFlags need = flush_access(pkt);
+  auto a = f.selectivity_level == roce::feth::kWholeRegion
+               ? ctx_.memory().check_remote_region(reth.rkey, pd_, need)
+               : ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, need);
+  if (!a) {
+    send_nak(a.error().nak_syndrome(), psn,
+             std::string("FLUSH ") + roce::feth::placement_name(f.placement_type) + ": " + a.error().message(),
+             WcStatus::kSuccess);
+    return;
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  finish_replayed(pkt, Reply::kReadRespAck, 0);
+}
+
+// ATOMIC_WRITE (rxe's atomic_write_reply): exactly 8 bytes, the rkey with
+// remote write over them (remote access error otherwise), 8-byte aligned
+// (invalid request otherwise, IBA A19.4.2), stored as one 8-byte release
+// store: a local thread that reads the new value also sees every write
+// this responder did before it.
+void QueuePairImpl::execute_atomic_write(const roce::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  const roce::Reth& reth = pkt.ext.reth;
+  if (!rd_atomic_resource_free(pkt)) return;
+  auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite);
+  if (!a) {
+    send_nak(a.error().nak_syndrome(), psn, "ATOMIC_WRITE: " + a.error().message(), WcStatus::kSuccess);
+    return;
+  }
+  if (reth.dma_length != 8 || pkt.payload.size() != 8) {
+    send_nak(kNakInvalid, psn,
+             "ATOMIC_WRITE with a RETH length of " + std::to_string(reth.dma_length) + ": it stores exactly 8 bytes",
+             WcStatus::kSuccess);
+    return;
+  }
+  if ((reth.va & 7) != 0 || (reinterpret_cast<uintptr_t>(a->data()) & 7) != 0) {
+    send_nak(kNakInvalid, psn, "ATOMIC_WRITE to va " + hex(reth.va) + ", which is not 8-byte aligned",
+             WcStatus::kSuccess);
+    return;
+  }
+  uint64_t value;
+  std::memcpy(&value, pkt.payload.data(), 8);  // the bytes as they travel are the bytes stored
+  __atomic_store_n(reinterpret_cast<uint64_t*>(a->data()), value, __ATOMIC_RELEASE);
+  finish_replayed(pkt, Reply::kReadRespAck, 0);
 }
 
 // Duplicates: requests for a PSN already executed (the ACK or response was
@@ -475,18 +567,21 @@ void QueuePairImpl::duplicate_read(const roce::Packet& pkt) {
                            .length = reth.dma_length, .replay = true});
 }
 
-// Atomics are never executed twice: the answer comes from the replay cache.
-void QueuePairImpl::duplicate_atomic(const roce::Packet& pkt) {
+// Atomics, FLUSH and ATOMIC_WRITE are never executed twice: the answer
+// comes from the replay cache, for the same PSN and opcode only (rxe's
+// find_resource by PSN; a request of another kind at that PSN is not the
+// one that ran).
+void QueuePairImpl::duplicate_replay(const roce::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
-  for (const AtomicReplay& c : atomic_cache_) {
-    if (c.valid && c.psn == psn) {
+  for (const Replay& c : replay_cache_) {
+    if (c.valid && c.psn == psn && c.opcode == pkt.bth.opcode) {
       if (pending_rd_atomic(true) >= attr_.max_dest_rd_atomic) break;
-      replies_.push_back(
-          Reply{.kind = Reply::kAtomicAck, .psn = psn, .msn = msn_, .original = c.original, .replay = true});
+      const Reply::Kind kind = pkt.op->kind == roce::OpKind::kAtomic ? Reply::kAtomicAck : Reply::kReadRespAck;
+      replies_.push_back(Reply{.kind = kind, .psn = psn, .msn = msn_, .original = c.original, .replay = true});
       return;
     }
   }
-  ++ctx_.stats().rx_dropped;  // too old to replay; the requester will time out
+  ++ctx_.stats().rx_dropped;  // too old to replay, or not what ran; the requester will time out
 }
 
 void QueuePairImpl::duplicate_drop(const roce::Packet&) { ++ctx_.stats().rx_dropped; }

@@ -11,6 +11,8 @@ const char* wr_opcode_name(WrOpcode op) {
     case WrOpcode::kRdmaRead: return "RDMA_READ";
     case WrOpcode::kAtomicCmpAndSwp: return "ATOMIC_CMP_AND_SWP";
     case WrOpcode::kAtomicFetchAndAdd: return "ATOMIC_FETCH_AND_ADD";
+    case WrOpcode::kFlush: return "FLUSH";
+    case WrOpcode::kAtomicWrite: return "ATOMIC_WRITE";
   }
   return "unknown opcode";
 }

@@ -39,6 +39,8 @@ enum class WrOpcode : uint8_t {
   kRdmaRead = 4,
   kAtomicCmpAndSwp = 5,
   kAtomicFetchAndAdd = 6,
+  kFlush = 14,        // IBV_WR_FLUSH: make remote memory visible or durable
+  kAtomicWrite = 15,  // IBV_WR_ATOMIC_WRITE: one 8-byte store at the peer
 };
 const char* wr_opcode_name(WrOpcode op);  // "RDMA_WRITE", ...
 
@@ -73,6 +75,15 @@ struct SendWr {
   // 8-byte SGE.
   uint64_t compare_add = 0;
   uint64_t swap = 0;
+  // ATOMIC_WRITE: the 8 bytes stored at remote_addr (8-byte aligned), as
+  // they are in this process's memory (host order).
+  uint64_t atomic_value = 0;
+  // FLUSH: placement type (roce::feth::kGlobal and/or kPersistent) and
+  // selectivity (kRange: [remote_addr, remote_addr + flush_length);
+  // kWholeRegion: the whole region rkey names). No SGEs.
+  uint8_t flush_type = 0;
+  uint8_t flush_level = 0;
+  uint64_t flush_length = 0;
   // UD queue pairs only.
   UdDestination ud{};
 };
@@ -104,6 +115,8 @@ enum class WcOpcode : uint8_t {
   kRdmaRead = 2,
   kCompSwap = 3,
   kFetchAdd = 4,
+  kFlush = 8,        // IBV_WC_FLUSH
+  kAtomicWrite = 9,  // IBV_WC_ATOMIC_WRITE
   kRecv = 128,
   kRecvRdmaWithImm = 129,
 };
@@ -213,6 +226,11 @@ static_assert(static_cast<uint32_t>(QpState::kError) == UFAB_QPS_ERR && static_c
 static_assert(static_cast<uint32_t>(WcStatus::kRnrRetryExcErr) == UFAB_WC_RNR_RETRY_EXC_ERR &&
               static_cast<uint32_t>(WcStatus::kGeneralErr) == UFAB_WC_GENERAL_ERR);
 static_assert(static_cast<uint32_t>(WcOpcode::kRecvRdmaWithImm) == UFAB_WC_RECV_RDMA_WITH_IMM);
+static_assert(static_cast<uint32_t>(WrOpcode::kFlush) == UFAB_WR_FLUSH &&
+              static_cast<uint32_t>(WrOpcode::kAtomicWrite) == UFAB_WR_ATOMIC_WRITE &&
+              static_cast<uint32_t>(WcOpcode::kFlush) == UFAB_WC_FLUSH &&
+              static_cast<uint32_t>(WcOpcode::kAtomicWrite) == UFAB_WC_ATOMIC_WRITE);
+static_assert(kFlushGlobal == UFAB_ACCESS_FLUSH_GLOBAL && kFlushPersistent == UFAB_ACCESS_FLUSH_PERSISTENT);
 
 // Counters of the transport on one device: the C API's struct, so the
 // provider hands them out as they are (api/ufab/rdma.h says what each is).

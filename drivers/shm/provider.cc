@@ -256,6 +256,11 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
                                   " is not supported; the shm provider registers host memory only (use a soft-RoCE "
                                   "device for GPU or persistent memory)");
     }
+    if (attr->access & (UFAB_ACCESS_FLUSH_GLOBAL | UFAB_ACCESS_FLUSH_PERSISTENT)) {
+      throw Error(EOPNOTSUPP, "registering memory on " + d.name +
+                                  " with UFAB_ACCESS_FLUSH_*: the shm provider does not implement FLUSH; use a "
+                                  "soft-RoCE device (swnic or a NIC) for FLUSH and ATOMIC_WRITE");
+    }
     const uint32_t rights = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ |
                             UFAB_ACCESS_REMOTE_ATOMIC;
     if (attr->access & ~rights) throw Error(EINVAL, "registering memory: access " + hex(attr->access) + " has unknown bits");

@@ -377,6 +377,11 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
   if ((given & UFAB_QP_PORT) && a.port != 1) {
     return fail(EINVAL, tr + ": port " + std::to_string(a.port) + " does not exist (an shm device has port 1)");
   }
+  if ((given & UFAB_QP_ACCESS_FLAGS) &&
+      (a.access_flags & (UFAB_ACCESS_FLUSH_GLOBAL | UFAB_ACCESS_FLUSH_PERSISTENT))) {
+    return fail(EOPNOTSUPP, tr + ": access_flags " + hex(a.access_flags) +
+                                " allow FLUSH, which the shm provider does not implement; use a soft-RoCE device");
+  }
   if ((given & UFAB_QP_ACCESS_FLAGS) && (a.access_flags & ~kRights)) {
     return fail(EINVAL, tr + ": access_flags " + hex(a.access_flags) + " has unsupported bits");
   }
@@ -480,6 +485,12 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
   };
   for (; i < n; ++i) {
     const ufab_send_wr& wr = wrs[i];
+    if (wr.opcode == UFAB_WR_FLUSH || wr.opcode == UFAB_WR_ATOMIC_WRITE) {
+      fail(EOPNOTSUPP, std::string(wr.opcode == UFAB_WR_FLUSH ? "FLUSH" : "ATOMIC_WRITE") +
+                           " is not implemented by the shm provider (its peers share this host's memory, but it "
+                           "has no FLUSH or ATOMIC_WRITE messages yet); use a soft-RoCE device (swnic or a NIC)");
+      break;
+    }
     if (attr.state != UFAB_QPS_RTS && attr.state != UFAB_QPS_ERR) {
       fail(EINVAL, std::string("the QP is in ") + state_name(attr.state) + "; sends need RTS (modify it to RTS first)");
       break;

@@ -90,6 +90,26 @@ def main():
     b[-1] ^= 0x80
     seeds["bad_icrc"] = bytes(b)
 
+    # FLUSH with every placement type and selectivity rxe sends (FETH as
+    # its feth_init writes it), one with the reserved FETH bits set (read
+    # as zero), and ATOMIC_WRITE / FLUSH cut or carrying the wrong payload.
+    # Drawn after everything above, so the earlier seeds keep their bytes.
+    for plt in (1, 2, 3):
+        for sel in (0, 1):
+            f = mv.random_fields(rng, 0x1C)
+            f["feth"] = sel << 4 | plt
+            seeds["valid_rc_flush_type%d_sel%d" % (plt, sel)] = mv.build_frame(f, b"")[0]
+    f = mv.random_fields(rng, 0x1C)
+    f["feth"] = 0xFFFFFFC1
+    seeds["valid_rc_flush_reserved_bits"] = mv.build_frame(f, b"")[0]
+    flush = valid(0x1C, 0)
+    seeds["bad_truncated_feth"] = set_roce_len(flush, 12 + 3)
+    seeds["bad_truncated_flush_reth"] = set_roce_len(flush, 12 + 4 + 15)
+    seeds["bad_payload_on_flush"] = set_roce_len(flush + b"\0" * 8, 12 + 4 + 16 + 8 + 4)
+    aw = valid(0x1D, 8)
+    seeds["bad_atomic_write_4_bytes"] = set_roce_len(aw, 12 + 16 + 4 + 4)
+    seeds["bad_atomic_write_12_bytes"] = set_roce_len(aw + b"\0" * 4, 12 + 16 + 12 + 4)
+
     for name, data in sorted(seeds.items()):
         with open(os.path.join(OUT, name), "wb") as f:
             f.write(data)

@@ -8,8 +8,10 @@
 // CQ. Per input: the arena is restored, a fresh RC QP (connected to
 // 10.0.0.2 QPN kPeerQpn, receive PSN kPeerPsn, send PSN kOurPsn) and a
 // fresh UD QP (Q_Key kQkey) are created, receives are posted on both, and
-// the RC QP posts a READ, a FETCH_ADD, a WRITE and a SEND towards the peer,
-// so responses in the input have requests to answer. Then every frame of
+// the RC QP posts a READ, a FETCH_ADD, a WRITE, a SEND, a FLUSH and an
+// ATOMIC_WRITE towards the peer, so responses in the input have requests
+// to answer. The RC QP and the regions with every right also allow FLUSH
+// GLOBAL, so FLUSH requests reach the flush itself. Then every frame of
 // the input goes in, progress() runs a bounded number of times, the
 // Device's frames are drained, completions polled, the QPs destroyed.
 //
@@ -87,12 +89,12 @@ enum Flag : uint8_t {
 
 // Regions, by the index a patched rkey byte names.
 enum RegionIndex : uint8_t {
-  kRegionAll = 0,       // LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC
+  kRegionAll = 0,       // LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC | FLUSH_GLOBAL
   kRegionReadOnly = 1,  // REMOTE_READ
   kRegionWrite = 2,     // LOCAL_WRITE | REMOTE_WRITE
   kRegionAtomic = 3,    // LOCAL_WRITE | REMOTE_ATOMIC
-  kRegionOtherPd = 4,   // everything, other PD
-  kRegionDead = 5,      // everything, deregistered
+  kRegionOtherPd = 4,   // everything (as kRegionAll), other PD
+  kRegionDead = 5,      // everything (as kRegionAll), deregistered
   kRegionRecv = 6,      // LOCAL_WRITE: receive buffers (its lkey as the "rkey")
   kRegionLocal = 7,     // LOCAL_WRITE: the requester's buffers; byte 7 also means "leave the rkey"
   kRegionCount = 8,
@@ -282,7 +284,7 @@ struct Harness {
     initial.assign(arena, arena + arena_len);
 
     using namespace rdma;
-    const AccessFlags all = kLocalWrite | kRemoteAccess;
+    const AccessFlags all = kLocalWrite | kRemoteAccess | kFlushGlobal;
     const AccessFlags access[kRegionCount] = {all, kRemoteRead, kLocalWrite | kRemoteWrite, kLocalWrite | kRemoteAtomic,
                                               all, all, kLocalWrite, kLocalWrite};
     for (size_t r = 0; r < kRegionCount; ++r) {
@@ -357,7 +359,7 @@ struct Harness {
     auto& qp = **q;
     QpAttr a;
     a.state = QpState::kInit;
-    a.access_flags = kRemoteAccess;
+    a.access_flags = kRemoteAccess | kFlushGlobal;
     if (!qp.modify(a, kAttrState | kAttrPkeyIndex | kAttrPort | kAttrAccessFlags)) violated("RC QP to INIT");
     a.state = QpState::kRtr;
     a.av.dest_ip = kPeerIp;
@@ -374,7 +376,7 @@ struct Harness {
     a.timeout = 0;  // no retransmission timer: runs do not depend on time
     a.retry_cnt = 2;
     a.rnr_retry = 2;
-    a.max_rd_atomic = 4;
+    a.max_rd_atomic = 4;  // READ, FETCH_ADD, FLUSH, ATOMIC_WRITE
     if (!qp.modify(a, kAttrState | kAttrSqPsn | kAttrTimeout | kAttrRetryCnt | kAttrRnrRetry | kAttrMaxQpRdAtomic)) {
       violated("RC QP to RTS");
     }
@@ -407,6 +409,20 @@ struct Harness {
     wr.rkey = 0x5A5A5A5A;
     wr.compare_add = 3;
     if (!qp.post_send(wr)) violated("post_send");
+  }
+
+  // A FLUSH (whole region) or an ATOMIC_WRITE towards the peer: no SGEs.
+  void post_placement(rdma::QueuePair& qp, rdma::WrOpcode op, uint64_t wr_id) {
+    rdma::SendWr wr;
+    wr.wr_id = wr_id;
+    wr.opcode = op;
+    wr.flags = rdma::kSendSignaled;
+    wr.remote_addr = 0x10000;
+    wr.rkey = 0x5A5A5A5A;
+    wr.atomic_value = 0x0123456789ABCDEFull;
+    wr.flush_type = rdma::kFlushTypeGlobal;
+    wr.flush_level = rdma::kFlushWholeRegion;
+    if (!qp.post_send(wr)) violated("post_send " + std::string(rdma::wr_opcode_name(op)));
   }
 
   void drain_cq() {
@@ -473,6 +489,8 @@ struct Harness {
       post_send(*rc, rdma::WrOpcode::kAtomicFetchAndAdd, kAtomicAt, 8);           // kOurPsn + 1
       post_send(*rc, rdma::WrOpcode::kRdmaWrite, kWriteAt, kWriteLen);            // kOurPsn + 2
       post_send(*rc, rdma::WrOpcode::kSend, kSendAt, kSendLen);                   // kOurPsn + 3
+      post_placement(*rc, rdma::WrOpcode::kFlush, 4);                              // kOurPsn + 4
+      post_placement(*rc, rdma::WrOpcode::kAtomicWrite, 5);                        // kOurPsn + 5
       pump();
 
       std::vector<uint8_t> frame;
@@ -566,6 +584,11 @@ ExtHeaders reth(uint8_t region, int64_t offset, uint32_t len) {
   e.reth = {static_cast<uint64_t>(offset), region, len};
   return e;
 }
+ExtHeaders flush(uint8_t region, int64_t offset, uint32_t len, uint8_t placement, uint8_t selectivity) {
+  ExtHeaders e = reth(region, offset, len);
+  e.feth = roce::Feth::make(placement, selectivity);
+  return e;
+}
 ExtHeaders atomic(uint8_t region, int64_t offset, uint64_t swap_add, uint64_t compare = 0) {
   ExtHeaders e;
   e.atomic_eth = {static_cast<uint64_t>(offset), region, swap_add, compare};
@@ -632,8 +655,12 @@ int main(int argc, char** argv) {
                                     frame(o::kRcWriteOnly, p + 1, reth(kRegionAll, 0, 8), pattern(8, 1))});
   write(dir, "rc_fetch_add", {frame(o::kRcFetchAdd, p, atomic(kRegionAll, 16, 5))});
   write(dir, "rc_compare_swap", {frame(o::kRcCompareSwap, p, atomic(kRegionAtomic, 8, 0x1234, 0))});
-  write(dir, "rc_flush", {frame(o::kRcFlush, p, [] { ExtHeaders e = reth(kRegionAll, 0, 64); e.feth = roce::Feth::make(1, 1); return e; }())});
+  write(dir, "rc_flush", {frame(o::kRcFlush, p, flush(kRegionAll, 0, 64, roce::feth::kGlobal, roce::feth::kWholeRegion))});
+  write(dir, "rc_flush_range", {frame(o::kRcFlush, p, flush(kRegionAll, 64, 256, roce::feth::kGlobal, roce::feth::kRange))});
   write(dir, "rc_atomic_write", {frame(o::kRcAtomicWrite, p, reth(kRegionAll, 0, 8), pattern(8, 1))});
+  write(dir, "rc_write_flush_atomic_write", {frame(o::kRcWriteOnly, p, reth(kRegionAll, 128, 64), pattern(64, 3)),
+                                             frame(o::kRcFlush, p + 1, flush(kRegionAll, 128, 64, roce::feth::kGlobal, roce::feth::kRange)),
+                                             frame(o::kRcAtomicWrite, p + 2, reth(kRegionAll, 120, 8), pattern(8, 4))});
 
   // Hostile requests.
   write(dir, "bad_write_other_pd", {frame(o::kRcWriteOnly, p, reth(kRegionOtherPd, 0, 16), pattern(16, 1))});
@@ -651,6 +678,15 @@ int main(int argc, char** argv) {
   write(dir, "bad_atomic_past_end", {frame(o::kRcCompareSwap, p, atomic(kRegionAtomic, 60, 1))});
   write(dir, "bad_read_write_only_region", {frame(o::kRcReadRequest, p, reth(kRegionWrite, 0, 64))});
   write(dir, "bad_read_huge", {frame(o::kRcReadRequest, p, reth(kRegionAll, 0, 0x80000001u))});
+  write(dir, "bad_flush_persistent", {frame(o::kRcFlush, p, flush(kRegionAll, 0, 64, roce::feth::kPersistent, roce::feth::kRange))});
+  write(dir, "bad_flush_undefined_type", {frame(o::kRcFlush, p, flush(kRegionAll, 0, 64, 0x4, 2))});
+  write(dir, "bad_flush_read_only_region", {frame(o::kRcFlush, p, flush(kRegionReadOnly, 0, 64, roce::feth::kGlobal, roce::feth::kRange))});
+  write(dir, "bad_flush_past_end", {frame(o::kRcFlush, p, flush(kRegionAll, 4096 - 8, 64, roce::feth::kGlobal, roce::feth::kRange))});
+  write(dir, "bad_flush_huge", {frame(o::kRcFlush, p, flush(kRegionAll, 0, 0x80000001u, roce::feth::kGlobal, roce::feth::kWholeRegion))});
+  write(dir, "bad_atomic_write_misaligned", {frame(o::kRcAtomicWrite, p, reth(kRegionAll, 3, 8), pattern(8, 1))});
+  write(dir, "bad_atomic_write_read_only", {frame(o::kRcAtomicWrite, p, reth(kRegionReadOnly, 0, 8), pattern(8, 1))});
+  write(dir, "bad_atomic_write_length", {frame(o::kRcAtomicWrite, p, reth(kRegionAll, 0, 16), pattern(8, 1))});
+  write(dir, "bad_atomic_write_past_end", {frame(o::kRcAtomicWrite, p, reth(kRegionAtomic, 64, 8), pattern(8, 1))});
   write(dir, "psn_ahead_then_expected", {frame(o::kRcWriteOnly, p + 3, reth(kRegionAll, 0, 8), pattern(8, 1)),
                                          frame(o::kRcWriteOnly, p, reth(kRegionAll, 0, 8), pattern(8, 2))});
   write(dir, "duplicates", {frame(o::kRcWriteOnly, p, reth(kRegionAll, 0, 8), pattern(8, 1), kAll | kProgress),
@@ -659,6 +695,12 @@ int main(int argc, char** argv) {
                             frame(o::kRcWriteOnly, p, reth(kRegionAll, 0, 8), pattern(8, 9)),
                             frame(o::kRcFetchAdd, p + 1, atomic(kRegionAll, 8, 1)),
                             frame(o::kRcReadRequest, p + 2, reth(kRegionAll, 0, 16))});
+  write(dir, "duplicates_flush_atomic_write",
+        {frame(o::kRcFlush, p, flush(kRegionAll, 0, 64, roce::feth::kGlobal, roce::feth::kRange), {}, kAll | kProgress),
+         frame(o::kRcAtomicWrite, p + 1, reth(kRegionAll, 8, 8), pattern(8, 5), kAll | kProgress),
+         frame(o::kRcFlush, p, flush(kRegionAll, 0, 64, roce::feth::kGlobal, roce::feth::kRange)),
+         frame(o::kRcAtomicWrite, p + 1, reth(kRegionAll, 8, 8), pattern(8, 6)),
+         frame(o::kRcAtomicWrite, p, reth(kRegionAll, 16, 8), pattern(8, 7))});
   write(dir, "rnr_then_more", {frame(o::kRcSendOnly, p, {}, pattern(8, 1)), frame(o::kRcSendOnly, p + 1, {}, pattern(8, 2)),
                                frame(o::kRcSendOnly, p + 2, {}, pattern(8, 3))});
 
@@ -674,6 +716,18 @@ int main(int argc, char** argv) {
   write(dir, "resp_rnr_nak", {frame(o::kRcAck, q + 3, aeth(roce::aeth::rnr_nak_syndrome(1)))});
   write(dir, "resp_atomic_ack_for_read", {frame(o::kRcAtomicAck, q, [&] { ExtHeaders e = aeth(ack); e.atomic_ack.original = 1; return e; }())});
   write(dir, "resp_read_middle_orphan", {frame(o::kRcReadResponseMiddle, q, {}, pattern(kMtu, 1))});
+  // FLUSH +4 and ATOMIC_WRITE +5: each answered by an empty READ Response Only.
+  write(dir, "resp_flush_atomic_write", {frame(o::kRcReadResponseOnly, q, aeth(ack), pattern(256, 1)),
+                                         frame(o::kRcAtomicAck, q + 1, [&] { ExtHeaders e = aeth(ack, 2); e.atomic_ack.original = 42; return e; }()),
+                                         frame(o::kRcAck, q + 3, aeth(ack, 4)),
+                                         frame(o::kRcReadResponseOnly, q + 4, aeth(ack, 5)),
+                                         frame(o::kRcReadResponseOnly, q + 5, aeth(ack, 6)),
+                                         frame(o::kRcReadResponseOnly, q + 5, aeth(ack, 6))});
+  write(dir, "resp_flush_before_read", {frame(o::kRcReadResponseOnly, q + 4, aeth(ack, 5)),
+                                        frame(o::kRcReadResponseOnly, q, aeth(ack), pattern(256, 1))});
+  write(dir, "resp_flush_with_payload", {frame(o::kRcReadResponseOnly, q + 4, aeth(ack, 5), pattern(8, 1))});
+  write(dir, "resp_atomic_ack_for_flush", {frame(o::kRcAtomicAck, q + 4, [&] { ExtHeaders e = aeth(ack); e.atomic_ack.original = 1; return e; }())});
+  write(dir, "resp_nak_flush", {frame(o::kRcAck, q + 4, aeth(roce::aeth::nak_syndrome(roce::aeth::NakCode::kInvalidRequest)))});
 
   // UD.
   write(dir, "ud_send_only", {frame(o::kUdSendOnly, 0, deth(kQkey), pattern(200, 1), kAllUd)});

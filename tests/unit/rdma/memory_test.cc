@@ -416,11 +416,13 @@ TEST_F(Fixture, ProtectionDomainMustMatch) {
 
 TEST_F(Fixture, AccessFlagsAreEnforcedForEveryCombination) {
   for (AccessFlags reg = 0; reg <= kSupportedAccess; ++reg) {
+    if (reg & ~kSupportedAccess) continue;
     if ((reg & (kRemoteWrite | kRemoteAtomic)) && !(reg & kLocalWrite)) continue;
     auto keys = table->register_mr(pd, buf.data(), 64, reg);
     ASSERT_TRUE(keys) << access_string(reg);
     uint32_t key = keys->lkey;  // also tests lkey-as-rkey for local-only regions
-    for (AccessFlags needed : {kRemoteRead, kRemoteWrite, kRemoteAtomic, kRemoteRead | kRemoteWrite}) {
+    for (AccessFlags needed : {kRemoteRead, kRemoteWrite, kRemoteAtomic, kRemoteRead | kRemoteWrite, kFlushGlobal,
+                               kFlushPersistent, kFlushGlobal | kFlushPersistent}) {
       uint64_t len = needed == kRemoteAtomic ? 8 : 16;
       auto r = table->check_remote(key, pd, start, len, needed);
       bool allowed = (reg & needed) == needed;
@@ -439,7 +441,46 @@ TEST_F(Fixture, AccessFlagsAreEnforcedForEveryCombination) {
 TEST_F(Fixture, NeededAccessMustBeRemoteFlags) {
   EXPECT_EQ(remote_kind(k.rkey, pd, start, 8, 0), KeyError::kAccessDenied);
   EXPECT_EQ(remote_kind(k.rkey, pd, start, 8, kLocalWrite), KeyError::kAccessDenied);
-  EXPECT_EQ(remote_kind(k.rkey, pd, start, 8, kRemoteRead | (1u << 9)), KeyError::kAccessDenied);
+  EXPECT_EQ(remote_kind(k.rkey, pd, start, 8, kRemoteRead | (1u << 12)), KeyError::kAccessDenied);
+}
+
+// FLUSH rights are remote rights: a region with only them has an rkey, a
+// FLUSH needs the flag of each placement type it asks for, and a flush of
+// the whole region is checked without a range.
+TEST_F(Fixture, FlushRightsAreRemoteRightsPerPlacementType) {
+  std::vector<uint8_t> b(256);
+  const uint64_t bstart = reinterpret_cast<uintptr_t>(b.data());
+  auto g = table->register_mr(pd, b.data(), b.size(), kFlushGlobal);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_NE(g->rkey, 0u) << "a FLUSH target needs an rkey";
+  EXPECT_TRUE(table->check_remote(g->rkey, pd, bstart, 256, kFlushGlobal));
+  EXPECT_EQ(remote_kind(g->rkey, pd, bstart, 8, kFlushPersistent), KeyError::kAccessDenied);
+  EXPECT_EQ(remote_kind(g->rkey, pd, bstart, 8, kFlushGlobal | kFlushPersistent), KeyError::kAccessDenied);
+  EXPECT_EQ(remote_kind(g->rkey, pd, bstart, 8, kRemoteWrite), KeyError::kAccessDenied);
+  EXPECT_EQ(remote_kind(k.rkey, pd, start, 8, kFlushGlobal), KeyError::kAccessDenied)
+      << "REMOTE_WRITE|READ|ATOMIC does not grant FLUSH";
+  EXPECT_EQ(remote_kind(g->rkey, pd, bstart + 200, 64, kFlushGlobal), KeyError::kOutOfBounds);
+
+  auto whole = table->check_remote_region(g->rkey, pd, kFlushGlobal);
+  ASSERT_TRUE(whole) << whole.error().message();
+  EXPECT_EQ(whole->data(), b.data());
+  EXPECT_EQ(whole->length(), 256u);
+  auto no = table->check_remote_region(g->rkey, pd, kFlushPersistent);
+  ASSERT_FALSE(no);
+  EXPECT_EQ(no.error().kind, KeyError::kAccessDenied);
+  EXPECT_EQ(no.error().nak_syndrome(), kNakRemoteAccessError);
+  EXPECT_TRUE(contains(no.error().message(), "FLUSH_PERSISTENT")) << no.error().message();
+  no = table->check_remote_region(g->rkey, other_pd, kFlushGlobal);
+  ASSERT_FALSE(no);
+  EXPECT_EQ(no.error().kind, KeyError::kPdMismatch);
+  no = table->check_remote_region(g->rkey ^ 1, pd, kFlushGlobal);
+  ASSERT_FALSE(no);
+  EXPECT_EQ(no.error().kind, KeyError::kStaleKey);
+
+  auto both = table->register_mr(pd, b.data(), b.size(), kFlushGlobal | kFlushPersistent);
+  ASSERT_TRUE(both) << "the table itself does not judge the memory (the C API refuses PERSISTENT on DRAM)";
+  EXPECT_TRUE(table->check_remote(both->rkey, pd, bstart, 8, kFlushGlobal | kFlushPersistent));
+  EXPECT_EQ(access_string(kFlushGlobal | kFlushPersistent), "FLUSH_GLOBAL|FLUSH_PERSISTENT");
 }
 
 TEST_F(Fixture, BoundsAtEveryEdge) {

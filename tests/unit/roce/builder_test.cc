@@ -66,6 +66,72 @@ TEST(Builder, WritesWhatRxeWrites) {
   EXPECT_EQ(load_le32(f.data() + 62), icrc_ipv4(std::span<const uint8_t>(f).subspan(14, f.size() - 18)));
 }
 
+// FLUSH and ATOMIC_WRITE byte for byte as rxe's init_req_packet lays them
+// out: FLUSH = BTH | FETH (feth_init: level << 4 | type, big-endian) | RETH,
+// no payload; ATOMIC_WRITE = BTH | RETH (length 8) | the 8 bytes as given.
+TEST(Builder, FlushAndAtomicWriteAsRxeLaysThemOut) {
+  FrameSpec s;
+  s.bth.opcode = op::kRcFlush;
+  s.bth.psn = 0x123456;
+  s.bth.dest_qp = 0x11;
+  s.bth.ack_req = true;
+  s.ext.reth = Reth{0x00007F0012345678ull, 0xA1B2C3D4, 4096};
+  const struct {
+    uint8_t type, level, byte;
+  } feths[] = {{feth::kGlobal, feth::kRange, 0x01},       {feth::kPersistent, feth::kRange, 0x02},
+               {feth::kGlobal | feth::kPersistent, feth::kRange, 0x03},
+               {feth::kGlobal, feth::kWholeRegion, 0x11}, {feth::kPersistent, feth::kWholeRegion, 0x12},
+               {feth::kGlobal | feth::kPersistent, feth::kWholeRegion, 0x13}};
+  for (const auto& c : feths) {
+    s.ext.feth = Feth::make(c.type, c.level);
+    Frame f = testing::build(s, {});
+    ASSERT_EQ(f.size(), 14u + 20 + 8 + 12 + 4 + 16 + 4);
+    EXPECT_EQ(f[42], 0x1C);
+    EXPECT_EQ((f[43] >> 4) & 3, 0);  // no pad
+    EXPECT_EQ(f[50] & 0x80, 0x80);   // AckReq
+    EXPECT_EQ(Frame(f.begin() + 54, f.begin() + 58), (Frame{0, 0, 0, c.byte}));
+    EXPECT_EQ(load_be64(f.data() + 58), s.ext.reth.va);
+    EXPECT_EQ(load_be32(f.data() + 66), s.ext.reth.rkey);
+    EXPECT_EQ(load_be32(f.data() + 70), 4096u);
+    auto r = parse_frame(f);
+    ASSERT_TRUE(r) << parse_error_name(r.error);
+    EXPECT_EQ(r.packet.ext.feth, s.ext.feth);
+    EXPECT_EQ(r.packet.ext.reth, s.ext.reth);
+    EXPECT_TRUE(r.packet.payload.empty());
+  }
+
+  s.bth.opcode = op::kRcAtomicWrite;
+  s.ext.reth = Reth{0x00007F0012345678ull, 0xA1B2C3D4, 8};
+  const Frame value{0xEF, 0xCD, 0xAB, 0x89, 0x67, 0x45, 0x23, 0x01};  // 0x0123456789ABCDEF in x86 memory
+  Frame f = testing::build(s, value);
+  ASSERT_EQ(f.size(), 14u + 20 + 8 + 12 + 16 + 8 + 4);
+  EXPECT_EQ(f[42], 0x1D);
+  EXPECT_EQ((f[43] >> 4) & 3, 0);
+  EXPECT_EQ(load_be64(f.data() + 54), s.ext.reth.va);
+  EXPECT_EQ(load_be32(f.data() + 62), s.ext.reth.rkey);
+  EXPECT_EQ(load_be32(f.data() + 66), 8u);
+  EXPECT_EQ(Frame(f.begin() + 70, f.begin() + 78), value);  // no byte swap: stored as it travels
+}
+
+// Each FETH field has its width; a value that does not fit is refused, not
+// truncated into another field.
+TEST(Builder, FethFieldsMustFitTheirBits) {
+  FrameSpec s;
+  s.bth.opcode = op::kRcFlush;
+  Frame out(128, 0xAB);
+  s.ext.feth = Feth::make(0x10, 0);
+  EXPECT_EQ(build_frame(s, {}, out).error, BuildError::kFieldOutOfRange);
+  s.ext.feth = Feth::make(1, 4);
+  EXPECT_EQ(build_frame(s, {}, out).error, BuildError::kFieldOutOfRange);
+  EXPECT_EQ(out, Frame(128, 0xAB)) << "nothing written";
+  s.ext.feth = Feth::make(0xF, 3);  // widest values that fit: built (a responder refuses them)
+  ASSERT_TRUE(build_frame(s, {}, out));
+  EXPECT_EQ(load_be32(out.data() + 54), 0x3Fu);
+  s.bth.opcode = op::kRcWriteOnly;  // FETH not in a WRITE: ignored
+  s.ext.feth = Feth::make(0xFF, 0xFF);
+  EXPECT_TRUE(build_frame(s, {}, out));
+}
+
 void expect_same_fields(const FrameSpec& s, Piece payload, const Packet& p) {
   EXPECT_EQ(p.eth.dst, s.dst_mac);
   EXPECT_EQ(p.eth.src, s.src_mac);

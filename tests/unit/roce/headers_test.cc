@@ -110,8 +110,36 @@ TEST(Headers, SmallHeadersKnownBytes) {
   std::array<uint8_t, kFethBytes> feth{};
   write_feth(feth, Feth::make(2, 1));
   EXPECT_EQ(to_bytes(feth), (Bytes{0, 0, 0, 0x12}));
-  EXPECT_EQ(read_feth(feth).placement_type(), 2);
-  EXPECT_EQ(read_feth(feth).selectivity_level(), 1);
+  EXPECT_EQ(read_feth(feth).placement_type, 2);
+  EXPECT_EQ(read_feth(feth).selectivity_level, 1);
+}
+
+// Every FETH field in both directions, as rxe's feth_init writes it
+// (level << 4 | type, big-endian) and feth_plt/feth_sel read it.
+TEST(Headers, FethEveryFieldAndReservedBits) {
+  for (uint8_t type = 0; type < 16; ++type) {
+    for (uint8_t level = 0; level < 4; ++level) {
+      std::array<uint8_t, kFethBytes> b{};
+      write_feth(b, Feth::make(type, level));
+      EXPECT_EQ(to_bytes(b), (Bytes{0, 0, 0, uint8_t(level << 4 | type)}));
+      EXPECT_EQ(read_feth(b), Feth::make(type, level));
+      b[0] = 0xFF;  // reserved bits 31:6 set by a peer: ignored
+      b[1] = 0xFF;
+      b[2] = 0xFF;
+      b[3] |= 0xC0;
+      EXPECT_EQ(read_feth(b), Feth::make(type, level));
+    }
+  }
+  std::array<uint8_t, kFethBytes> b{};
+  write_feth(b, Feth::make(0xFF, 0xFF));  // the codec masks; the builder refuses such values first
+  EXPECT_EQ(to_bytes(b), (Bytes{0, 0, 0, 0x3F}));
+  EXPECT_TRUE(feth::defined(Feth::make(feth::kGlobal, feth::kRange)));
+  EXPECT_TRUE(feth::defined(Feth::make(feth::kGlobal | feth::kPersistent, feth::kWholeRegion)));
+  EXPECT_FALSE(feth::defined(Feth::make(0, feth::kRange)));
+  EXPECT_FALSE(feth::defined(Feth::make(4, feth::kRange)));
+  EXPECT_FALSE(feth::defined(Feth::make(feth::kGlobal, 2)));
+  EXPECT_STREQ(feth::placement_name(3), "GLOBAL|PERSISTENT");
+  EXPECT_STREQ(feth::selectivity_name(1), "whole region (MR)");
 }
 
 TEST(Headers, EthIpv4UdpRoundTrip) {
@@ -179,7 +207,7 @@ TEST(Headers, UdpChecksum) {
 
 TEST(Headers, ExtHeadersInWireOrder) {
   ExtHeaders h;
-  h.feth = Feth{0x21};
+  h.feth = Feth::make(1, 2);
   h.reth = Reth{0x1000, 0x2000, 0x3000};
   h.deth = Deth{0x11111111, 0x222222};
   h.immdt = ImmDt{0x44444444};

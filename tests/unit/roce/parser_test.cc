@@ -91,7 +91,8 @@ TEST(Parser, AcceptsEveryIndependentVectorWithItsFields) {
       EXPECT_EQ(p.ext.ieth.rkey, v.inv_rkey);
     }
     if (p.has(kFeth)) {
-      EXPECT_EQ(p.ext.feth.bits, v.feth);
+      EXPECT_EQ(p.ext.feth.placement_type, v.feth & 0xF);
+      EXPECT_EQ(p.ext.feth.selectivity_level, (v.feth >> 4) & 0x3);
     }
     EXPECT_EQ(p.payload.size(), v.payload_len);
     EXPECT_EQ(p.payload.data(), v.frame + header_length(v.opcode));
@@ -174,6 +175,46 @@ void reject_udp(Seen& seen) {
 
   f = base, store_be16(f.data() + 40, 0x1234);
   expect_reject(seen, f, ParseError::kUdpChecksum, "wrong UDP checksum");
+}
+
+// FETH as rxe's feth_plt/feth_sel read it: bits 3:0 and 5:4; the reserved
+// bits 31:6 are ignored, whatever they hold.
+TEST(Parser, ReadsEveryFethFieldAndIgnoresReservedBits) {
+  Frame base = make(op::kRcFlush, 0);
+  for (uint32_t reserved : {0u, 0x3FFFFFFu, 0x2AAAAAAu}) {
+    for (uint8_t type = 0; type < 16; ++type) {
+      for (uint8_t level = 0; level < 4; ++level) {
+        Frame f = base;
+        store_be32(f.data() + kBthOffset + kBthBytes, reserved << 6 | uint32_t(level) << 4 | type);
+        fix_checksums(f);
+        auto r = parse_frame(f);
+        ASSERT_TRUE(r) << parse_error_name(r.error);
+        EXPECT_EQ(r.packet.ext.feth.placement_type, type);
+        EXPECT_EQ(r.packet.ext.feth.selectivity_level, level);
+        EXPECT_EQ(feth::defined(r.packet.ext.feth), (type == 1 || type == 2 || type == 3) && level <= 1);
+      }
+    }
+  }
+  // The RETH follows the FETH.
+  auto r = parse_frame(base);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r.packet.ext.reth.va, load_be64(base.data() + kBthOffset + kBthBytes + kFethBytes));
+}
+
+TEST(Parser, AtomicWriteCarriesExactlyEightBytes) {
+  Frame f = make(op::kRcAtomicWrite, 8);
+  auto r = parse_frame(f);
+  ASSERT_TRUE(r) << parse_error_name(r.error);
+  ASSERT_EQ(r.packet.payload.size(), 8u);
+  EXPECT_EQ(r.packet.payload.data(), f.data() + kBthOffset + kBthBytes + kRethBytes);
+  for (size_t n : {0u, 4u, 12u, 16u}) {
+    Frame g = f;
+    set_roce_len(g, kBthBytes + kRethBytes + n + kIcrcBytes);
+    EXPECT_EQ(parse_err(g), ParseError::kUnexpectedPayload) << n << " bytes";
+  }
+  Frame flush = make(op::kRcFlush, 0);
+  set_roce_len(flush, kBthBytes + kFethBytes + kRethBytes + 4 + kIcrcBytes);
+  EXPECT_EQ(parse_err(flush), ParseError::kUnexpectedPayload) << "FLUSH carries no payload";
 }
 
 TEST(Parser, AcceptsACorrectUdpChecksum) {

@@ -39,7 +39,7 @@ inline FrameSpec spec_from_vector(const testdata::IcrcVector& v) {
   s.ext.immdt = ImmDt{v.imm};
   s.ext.deth = Deth{v.qkey, v.src_qp};
   s.ext.ieth = Ieth{v.inv_rkey};
-  s.ext.feth = Feth{v.feth};
+  s.ext.feth = Feth::make(v.feth & 0xF, (v.feth >> 4) & 0x3);
   return s;
 }
 
@@ -72,7 +72,7 @@ inline FrameSpec random_spec(std::mt19937_64& rng, uint8_t opcode) {
   s.bth.ack_req = rng() & 1;
   s.bth.psn = u32() & 0xFFFFFF;
   s.ext.deth = Deth{u32(), u32() & 0xFFFFFF};
-  s.ext.feth = Feth{u32()};
+  s.ext.feth = Feth::make(u32() & feth::kPlacementMask, u32() & feth::kSelectivityMask);
   s.ext.reth = Reth{rng(), u32(), u32()};
   s.ext.atomic_eth = AtomicEth{rng(), u32(), rng(), rng()};
   s.ext.aeth = Aeth{static_cast<uint8_t>(rng()), u32() & 0xFFFFFF};

@@ -25,6 +25,10 @@
 //     responder's cache with the ORIGINAL value, memory changed once; READ
 //     executed again;
 //   - RNR NAK (0x20 | min_rnr_timer) for a SEND without a posted receive;
+//   - FLUSH and ATOMIC_WRITE (rxe 6.2+) answered by an empty READ Response
+//     Only; a QP without the right: 0x61, a region without it: 0x62, a
+//     misaligned ATOMIC_WRITE: 0x61; duplicates answered from the replay
+//     cache, never executed again;
 //   - silently dropped, with a counter: malformed frames (every truncation,
 //     bad ICRC, ...), unknown QPN, wrong source address, wrong transport,
 //     wrong P_Key.
@@ -402,6 +406,7 @@ enum Region : size_t {
   kDead,        // everything, deregistered before the tests
   kSmall,       // everything, 100 bytes (not a multiple of 8)
   kSpare,       // everything, for tests that deregister it
+  kFlushable,   // LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | FLUSH_GLOBAL (the most host memory may have)
   kRegionCount
 };
 
@@ -416,7 +421,8 @@ class HostilePeer : public ::testing::Test {
                 {"other_pd", 4096},
                 {"dead", 4096},
                 {"small", 100},
-                {"spare", 4096}}) {}
+                {"spare", 4096},
+                {"flushable", 4096}}) {}
 
   void SetUp() override {
     static int serial = 0;
@@ -451,7 +457,9 @@ class HostilePeer : public ::testing::Test {
                                               all,
                                               all,
                                               all,
-                                              all};
+                                              all,
+                                              rdma::kLocalWrite | rdma::kRemoteWrite | rdma::kRemoteRead |
+                                                  rdma::kFlushGlobal};
     for (size_t r = 0; r < kRegionCount; ++r) {
       auto& pd_for = r == kOtherPd ? *pd2_ : *pd_;
       auto mr = pd_for.register_mr(arena_.at(r), arena_.length(r), access[r]);
@@ -1665,6 +1673,338 @@ TEST_F(HostilePeer, DuplicateReadFromTheMiddleAnswersThatRange) {
   EXPECT_EQ(got[0].psn(), kPsn + 1);
   EXPECT_EQ(got[0].payload, std::vector<uint8_t>(arena_.at(kRo, kMtu), arena_.at(kRo, 2 * kMtu)));
   EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// ------------------------------------------------------------------ FLUSH and ATOMIC_WRITE
+
+// IBA's memory placement extensions as rxe 6.2+ answers them (rxe_resp.c:
+// check_qp_attr_access, check_rkey, process_flush, atomic_write_reply,
+// duplicate_request): the answer is RDMA READ Response Only with an AETH
+// and no payload; a QP without the right is an invalid request (0x61), a
+// region without it a remote access error (0x62).
+class HostilePeerPlacement : public HostilePeer {
+ protected:
+  static constexpr AccessFlags kQpAll = rdma::kRemoteAccess | rdma::kFlushGlobal | rdma::kFlushPersistent;
+
+  static Req flush(uint32_t psn, uint64_t va, uint32_t rkey, uint32_t len, uint8_t type, uint8_t level) {
+    Req r{.opcode = roce::op::kRcFlush, .psn = psn, .ext = reth(va, rkey, len)};
+    r.ext.feth = roce::Feth::make(type, level);
+    return r;
+  }
+  static Req atomic_write(uint32_t psn, uint64_t va, uint32_t rkey, uint64_t value, uint32_t len = 8) {
+    std::vector<uint8_t> v(8);
+    std::memcpy(v.data(), &value, 8);
+    return Req{.opcode = roce::op::kRcAtomicWrite, .psn = psn, .ext = reth(va, rkey, len), .payload = v};
+  }
+  // The answer to a FLUSH or ATOMIC_WRITE at `psn`: exactly one empty READ
+  // Response Only carrying an ACK.
+  static void expect_placement_ack(const std::vector<Answer>& got, uint32_t psn, const std::string& what) {
+    SCOPED_TRACE(what);
+    ASSERT_EQ(got.size(), 1u) << describe(got);
+    EXPECT_EQ(got[0].opcode(), roce::op::kRcReadResponseOnly) << got[0].str();
+    EXPECT_EQ(got[0].psn(), psn & roce::kPsnMask) << got[0].str();
+    EXPECT_EQ(got[0].syndrome(), roce::aeth::ack_syndrome()) << got[0].str();
+    EXPECT_TRUE(got[0].payload.empty()) << got[0].str();
+  }
+};
+
+TEST_F(HostilePeerPlacement, FlushOfEverySelectivityIsAnsweredWithAnEmptyReadResponse) {
+  auto qp = make_qp(kQpAll);
+  ASSERT_TRUE(qp);
+  uint32_t psn = kPsn;
+  uint32_t msn = 0;
+  // A WRITE, then FLUSHes of the range it wrote and of the whole region
+  // (whose RETH va and length are not looked at: rxe skips the range check).
+  auto data = pattern(64, 0x61);
+  auto got = exchange(*qp, Req{.opcode = roce::op::kRcWriteOnly, .psn = psn, .ext = reth(arena_.va(kFlushable, 128), rkey(kFlushable), 64), .payload = data}, 1);
+  arena_.expect_write(kFlushable, 128, data);
+  ASSERT_EQ(got.size(), 1u) << describe(got);
+  msn = got[0].p.ext.aeth.msn;
+  psn = roce::psn_add(psn, 1);
+  const struct {
+    const char* what;
+    Req req;
+  } cases[] = {
+      {"GLOBAL, the range written", flush(0, arena_.va(kFlushable, 128), rkey(kFlushable), 64, roce::feth::kGlobal, roce::feth::kRange)},
+      {"GLOBAL, the whole region", flush(0, arena_.va(kFlushable), rkey(kFlushable), 4096, roce::feth::kGlobal, roce::feth::kWholeRegion)},
+      {"GLOBAL, whole region, RETH va and length garbage", flush(0, 0xDEAD0000BEEFull, rkey(kFlushable), 0x7FFFFFFF, roce::feth::kGlobal, roce::feth::kWholeRegion)},
+      {"GLOBAL, an empty range at the end", flush(0, arena_.va(kFlushable, 4096), rkey(kFlushable), 0, roce::feth::kGlobal, roce::feth::kRange)},
+  };
+  for (const auto& c : cases) {
+    Req r = c.req;
+    r.psn = psn;
+    got = exchange(*qp, r, 1);
+    expect_placement_ack(got, psn, c.what);
+    if (!got.empty()) {
+      EXPECT_EQ(got[0].p.ext.aeth.msn, (msn + 1) & roce::kPsnMask) << c.what << ": the MSN counts the FLUSH";
+      msn = got[0].p.ext.aeth.msn;
+    }
+    psn = roce::psn_add(psn, 1);
+  }
+  EXPECT_EQ(arena_.check(), "") << "a FLUSH writes nothing";
+  EXPECT_TRUE(poll_all().empty()) << "a FLUSH consumes no receive";
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+TEST_F(HostilePeerPlacement, AtomicWriteStoresTheEightBytesOnceAndAnswers) {
+  auto qp = make_qp(kQpAll);
+  ASSERT_TRUE(qp);
+  uint32_t psn = kPsn;
+  for (uint64_t value : {0ull, 1ull, 0x0123456789ABCDEFull, ~0ull}) {
+    for (size_t off : {size_t{0}, size_t{8}, size_t{4088}}) {
+      auto got = exchange(*qp, atomic_write(psn, arena_.va(kRw, off), rkey(kRw), value), 1);
+      arena_.expect_write(kRw, off, {reinterpret_cast<uint8_t*>(&value), 8});
+      expect_placement_ack(got, psn, "value " + hex(value) + " at offset " + std::to_string(off));
+      ASSERT_EQ(arena_.check(), "");
+      psn = roce::psn_add(psn, 1);
+    }
+  }
+  // A region with REMOTE_WRITE but no atomics: ATOMIC_WRITE needs remote write only.
+  auto got = exchange(*qp, atomic_write(psn, arena_.va(kWo, 16), rkey(kWo), 0x5555), 1);
+  uint64_t v = 0x5555;
+  arena_.expect_write(kWo, 16, {reinterpret_cast<uint8_t*>(&v), 8});
+  expect_placement_ack(got, psn, "REMOTE_WRITE-only region");
+  EXPECT_TRUE(poll_all().empty());
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// Each violation on a fresh QP: the exact NAK, the QP in ERROR, nothing written.
+TEST_F(HostilePeerPlacement, EveryAccessViolationGetsItsNak) {
+  const uint8_t G = roce::feth::kGlobal, P = roce::feth::kPersistent, R = roce::feth::kRange,
+                M = roce::feth::kWholeRegion;
+  struct Case {
+    std::string what;
+    AccessFlags qp_access;
+    Req req;
+    uint8_t syndrome;
+  };
+  const uint64_t fva = arena_.va(kFlushable);
+  const uint32_t fkey = rkey(kFlushable);
+  std::vector<Case> cases = {
+      // The QP's rights (check_op_valid): invalid request.
+      {"FLUSH GLOBAL on a QP without FLUSH_GLOBAL", rdma::kRemoteAccess, flush(kPsn, fva, fkey, 64, G, R), kSynInvalid},
+      {"FLUSH GLOBAL on a QP with FLUSH_PERSISTENT only", rdma::kRemoteAccess | rdma::kFlushPersistent, flush(kPsn, fva, fkey, 64, G, M), kSynInvalid},
+      {"FLUSH PERSISTENT on a QP with FLUSH_GLOBAL only", rdma::kRemoteAccess | rdma::kFlushGlobal, flush(kPsn, fva, fkey, 64, P, R), kSynInvalid},
+      {"FLUSH GLOBAL|PERSISTENT on a QP with FLUSH_GLOBAL only", rdma::kRemoteAccess | rdma::kFlushGlobal, flush(kPsn, fva, fkey, 64, G | P, R), kSynInvalid},
+      {"ATOMIC_WRITE on a QP without REMOTE_WRITE", rdma::kRemoteRead | rdma::kRemoteAtomic | rdma::kFlushGlobal, atomic_write(kPsn, arena_.va(kRw), rkey(kRw), 1), kSynInvalid},
+      // The region's rights (check_rkey): remote access error.
+      {"FLUSH GLOBAL of a region without FLUSH_GLOBAL", kQpAll, flush(kPsn, arena_.va(kRw), rkey(kRw), 64, G, R), kSynAccess},
+      {"FLUSH GLOBAL, whole region, without FLUSH_GLOBAL", kQpAll, flush(kPsn, arena_.va(kRw), rkey(kRw), 0, G, M), kSynAccess},
+      {"FLUSH PERSISTENT of host memory (no region has FLUSH_PERSISTENT)", kQpAll, flush(kPsn, fva, fkey, 64, P, R), kSynAccess},
+      {"FLUSH GLOBAL|PERSISTENT of a FLUSH_GLOBAL region", kQpAll, flush(kPsn, fva, fkey, 64, G | P, M), kSynAccess},
+      {"FLUSH range past the region's end", kQpAll, flush(kPsn, fva + 4000, fkey, 200, G, R), kSynAccess},
+      {"FLUSH range below the region", kQpAll, flush(kPsn, fva - 8, fkey, 16, G, R), kSynAccess},
+      {"FLUSH range wrapping 2^64", kQpAll, flush(kPsn, UINT64_MAX - 7, fkey, 16, G, R), kSynAccess},
+      {"FLUSH with a stale rkey", kQpAll, flush(kPsn, fva, fkey ^ 1, 64, G, R), kSynAccess},
+      {"FLUSH whole region with an unknown rkey", kQpAll, flush(kPsn, fva, 0, 64, G, M), kSynAccess},
+      {"FLUSH with a deregistered region's rkey", kQpAll, flush(kPsn, arena_.va(kDead), rkey(kDead), 64, G, M), kSynAccess},
+      {"FLUSH with another PD's rkey", kQpAll, flush(kPsn, arena_.va(kOtherPd), rkey(kOtherPd), 64, G, R), kSynAccess},
+      {"ATOMIC_WRITE to a REMOTE_READ-only region", kQpAll, atomic_write(kPsn, arena_.va(kRo), rkey(kRo), 1), kSynAccess},
+      {"ATOMIC_WRITE to a REMOTE_ATOMIC-only region", kQpAll, atomic_write(kPsn, arena_.va(kAtomicOnly), rkey(kAtomicOnly), 1), kSynAccess},
+      {"ATOMIC_WRITE past the region's end", kQpAll, atomic_write(kPsn, arena_.va(kRw, 8192 - 4), rkey(kRw), 1), kSynAccess},
+      {"ATOMIC_WRITE with a stale rkey", kQpAll, atomic_write(kPsn, arena_.va(kRw), rkey(kRw) ^ 0x100, 1), kSynAccess},
+      {"ATOMIC_WRITE to another PD's region", kQpAll, atomic_write(kPsn, arena_.va(kOtherPd), rkey(kOtherPd), 1), kSynAccess},
+      // What IBA does not define, or the operation cannot be: invalid request.
+      {"ATOMIC_WRITE misaligned by 4", kQpAll, atomic_write(kPsn, arena_.va(kRw, 4), rkey(kRw), 1), kSynInvalid},
+      {"ATOMIC_WRITE misaligned by 1", kQpAll, atomic_write(kPsn, arena_.va(kRw, 17), rkey(kRw), 1), kSynInvalid},
+      {"ATOMIC_WRITE with a RETH length of 16", kQpAll, atomic_write(kPsn, arena_.va(kRw), rkey(kRw), 1, 16), kSynInvalid},
+      {"ATOMIC_WRITE with a RETH length of 0", kQpAll, atomic_write(kPsn, arena_.va(kRw), rkey(kRw), 1, 0), kSynInvalid},
+      {"FLUSH of placement type 0", kQpAll, flush(kPsn, fva, fkey, 64, 0, R), kSynInvalid},
+      {"FLUSH of placement type 4", kQpAll, flush(kPsn, fva, fkey, 64, 4, R), kSynInvalid},
+      {"FLUSH of selectivity 2", kQpAll, flush(kPsn, fva, fkey, 64, G, 2), kSynInvalid},
+      {"FLUSH of selectivity 3", kQpAll, flush(kPsn, fva, fkey, 64, G, 3), kSynInvalid},
+      {"FLUSH with a DMA length above 2^31 (C9-94)", kQpAll, flush(kPsn, fva, fkey, 0x80000001u, G, M), kSynInvalid},
+  };
+  for (const auto& c : cases) {
+    auto qp = make_qp(c.qp_access, 0);
+    ASSERT_TRUE(qp);
+    auto got = exchange(*qp, c.req, 1);
+    expect_class_c(*qp, got, c.syndrome, kPsn, 0, c.what);
+    EXPECT_EQ(arena_.check(), "") << c.what;
+  }
+}
+
+// A duplicate FLUSH or ATOMIC_WRITE is answered again from the replay
+// cache and never executed again (rxe: duplicate_request finds the
+// responder resource; the reply is resent with replay set).
+TEST_F(HostilePeerPlacement, DuplicatesAreAnsweredAgainNotExecutedAgain) {
+  auto qp = make_qp(kQpAll);
+  ASSERT_TRUE(qp);
+  Req f = flush(kPsn, arena_.va(kFlushable), rkey(kFlushable), 64, roce::feth::kGlobal, roce::feth::kRange);
+  Req w = atomic_write(kPsn + 1, arena_.va(kRw, 32), rkey(kRw), 0x1111111111111111ull);
+  auto got = exchange(*qp, {f, w}, 2);
+  ASSERT_EQ(got.size(), 2u) << describe(got);
+  uint64_t first = 0x1111111111111111ull;
+  arena_.expect_write(kRw, 32, {reinterpret_cast<uint8_t*>(&first), 8});
+  ASSERT_EQ(arena_.check(), "");
+  // The application stores something else; a replayed ATOMIC_WRITE must not
+  // put the old value back.
+  uint64_t later = 0x2222222222222222ull;
+  arena_.local_write(kRw, 32, {reinterpret_cast<uint8_t*>(&later), 8});
+  const uint64_t dups_before = dev_->stats().duplicates;
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("replay round " + std::to_string(round));
+    got = exchange(*qp, w, 1);
+    expect_placement_ack(got, kPsn + 1, "duplicate ATOMIC_WRITE");
+    got = exchange(*qp, f, 1);
+    expect_placement_ack(got, kPsn, "duplicate FLUSH");
+    EXPECT_EQ(arena_.check(), "") << "a duplicate ATOMIC_WRITE must not store again";
+  }
+  EXPECT_EQ(dev_->stats().duplicates, dups_before + 4);
+  // A request of another kind at a replayed PSN is not the one that ran:
+  // dropped, not answered, not executed.
+  Req other = atomic_write(kPsn, arena_.va(kRw, 32), rkey(kRw), 0x3333);
+  got = exchange(*qp, other, 0);
+  EXPECT_TRUE(got.empty()) << describe(got);
+  Req other_flush = flush(kPsn + 1, arena_.va(kFlushable), rkey(kFlushable), 64, roce::feth::kGlobal, roce::feth::kRange);
+  got = exchange(*qp, other_flush, 0);
+  EXPECT_TRUE(got.empty()) << describe(got);
+  EXPECT_EQ(arena_.check(), "");
+  // The connection goes on.
+  got = exchange(*qp, atomic_write(kPsn + 2, arena_.va(kRw, 40), rkey(kRw), 7), 1);
+  uint64_t seven = 7;
+  arena_.expect_write(kRw, 40, {reinterpret_cast<uint8_t*>(&seven), 8});
+  expect_placement_ack(got, kPsn + 2, "the next ATOMIC_WRITE");
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// FLUSH and ATOMIC_WRITE take responder resources like READs and atomics:
+// more than max_dest_rd_atomic unanswered at once is an invalid request.
+TEST_F(HostilePeerPlacement, ResourcesAreCountedAgainstMaxDestRdAtomic) {
+  auto qp = pd_->create_qp({.type = rdma::QpType::kRc, .send_cq = cq_.get(), .recv_cq = cq_.get()});
+  ASSERT_TRUE(qp) << qp.error().message();
+  rdma::QpAttr tuning;
+  tuning.access_flags = kQpAll;
+  tuning.path_mtu = kMtu;
+  tuning.timeout = 20;
+  tuning.max_dest_rd_atomic = 2;
+  ASSERT_TRUE((*qp)->connect(rdma::ConnectionData{.ip = kPeerIp, .qpn = kPeerQpn, .psn = kPsn}, tuning));
+  // Two at once: both answered.
+  Req f = flush(kPsn, arena_.va(kFlushable), rkey(kFlushable), 64, roce::feth::kGlobal, roce::feth::kRange);
+  Req w = atomic_write(kPsn + 1, arena_.va(kRw), rkey(kRw), 9);
+  auto got = exchange(**qp, {f, w}, 2);
+  uint64_t nine = 9;
+  arena_.expect_write(kRw, 0, {reinterpret_cast<uint8_t*>(&nine), 8});
+  ASSERT_EQ(got.size(), 2u) << describe(got);
+  EXPECT_EQ(got[0].psn(), kPsn);
+  EXPECT_EQ(got[1].psn(), kPsn + 1);
+  // Three arriving together (the Device takes a burst before it answers):
+  // the third finds both resources taken.
+  Req f2 = flush(kPsn + 2, arena_.va(kFlushable), rkey(kFlushable), 64, roce::feth::kGlobal, roce::feth::kRange);
+  Req r3{.opcode = roce::op::kRcReadRequest, .psn = kPsn + 3, .ext = reth(arena_.va(kRo), rkey(kRo), 8)};
+  Req w4 = atomic_write(kPsn + 4, arena_.va(kRw, 8), rkey(kRw), 10);
+  got = exchange(**qp, {f2, r3, w4}, 1);
+  expect_class_c(**qp, got, kSynInvalid, kPsn + 4, 0, "a third request while two wait");
+}
+
+// The Device as requester: FLUSHes and ATOMIC_WRITEs count against
+// max_rd_atomic (at most that many unanswered on the wire), fence like
+// READs, carry what the work request says, and complete in order when
+// their READ Response Only arrives.
+TEST_F(HostilePeerPlacement, RequesterCountsThemAgainstMaxRdAtomicAndCompletesOnTheEmptyReadResponse) {
+  auto qp = pd_->create_qp({.type = rdma::QpType::kRc, .send_cq = cq_.get(), .recv_cq = cq_.get()});
+  ASSERT_TRUE(qp) << qp.error().message();
+  rdma::QpAttr tuning;
+  tuning.path_mtu = kMtu;
+  tuning.timeout = 20;
+  tuning.max_rd_atomic = 2;
+  ASSERT_TRUE((*qp)->connect(rdma::ConnectionData{.ip = kPeerIp, .qpn = kPeerQpn, .psn = kPsn}, tuning));
+  rdma::QueuePair& q = **qp;
+  ASSERT_TRUE(q.post_send(rdma::SendWr{.wr_id = 1, .opcode = rdma::WrOpcode::kFlush, .flags = rdma::kSendSignaled,
+                                      .remote_addr = 0x100040, .rkey = 0xABCD0001, .flush_type = rdma::kFlushTypeGlobal,
+                                      .flush_level = rdma::kFlushRange, .flush_length = 4096}));
+  ASSERT_TRUE(q.post_send(rdma::SendWr{.wr_id = 2, .opcode = rdma::WrOpcode::kAtomicWrite, .flags = rdma::kSendSignaled,
+                                      .remote_addr = 0x100048, .rkey = 0xABCD0002, .atomic_value = 0x0123456789ABCDEFull}));
+  ASSERT_TRUE(q.post_send(rdma::SendWr{.wr_id = 3, .opcode = rdma::WrOpcode::kFlush, .flags = rdma::kSendSignaled,
+                                      .rkey = 0xABCD0003, .flush_type = rdma::kFlushTypeGlobal | rdma::kFlushTypePersistent,
+                                      .flush_level = rdma::kFlushWholeRegion}));
+  auto req = peer_.collect(*dev_, 2);
+  ASSERT_EQ(req.size(), 2u) << "max_rd_atomic 2: the third waits. " << describe(req);
+  const uint32_t psn = req[0].psn();
+  EXPECT_EQ(req[0].opcode(), roce::op::kRcFlush);
+  EXPECT_TRUE(req[0].p.bth.ack_req);
+  EXPECT_EQ(req[0].p.ext.feth, roce::Feth::make(roce::feth::kGlobal, roce::feth::kRange));
+  EXPECT_EQ(req[0].p.ext.reth, (roce::Reth{0x100040, 0xABCD0001, 4096}));
+  EXPECT_TRUE(req[0].payload.empty());
+  EXPECT_EQ(req[1].opcode(), roce::op::kRcAtomicWrite);
+  EXPECT_EQ(req[1].psn(), psn + 1);
+  EXPECT_TRUE(req[1].p.bth.ack_req);
+  EXPECT_EQ(req[1].p.ext.reth, (roce::Reth{0x100048, 0xABCD0002, 8}));
+  uint64_t v = 0x0123456789ABCDEFull;
+  EXPECT_EQ(req[1].payload, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 8));
+  EXPECT_TRUE(poll_all().empty());
+
+  roce::ExtHeaders ack;
+  ack.aeth = roce::aeth::ack(1);
+  // The second answered first: a responder answers in PSN order, so the
+  // first's answer was lost and the FLUSH goes out again (like an atomic's,
+  // not executed twice: the peer replays). Nothing completes before it, and
+  // the third still waits for a resource.
+  ASSERT_TRUE(peer_.send(peer_.build(Req{.opcode = roce::op::kRcReadResponseOnly, .psn = psn + 1, .ext = ack}, q.qp_num())));
+  auto more = peer_.collect(*dev_, 1);
+  ASSERT_EQ(more.size(), 1u) << describe(more);
+  EXPECT_EQ(more[0].opcode(), roce::op::kRcFlush) << more[0].str();
+  EXPECT_EQ(more[0].psn(), psn) << more[0].str();
+  EXPECT_TRUE(poll_all().empty()) << "completions are in order";
+  ASSERT_TRUE(peer_.send(peer_.build(Req{.opcode = roce::op::kRcReadResponseOnly, .psn = psn, .ext = ack}, q.qp_num())));
+  more = peer_.collect(*dev_, 1);
+  ASSERT_EQ(more.size(), 1u) << describe(more);
+  EXPECT_EQ(more[0].opcode(), roce::op::kRcFlush);
+  EXPECT_EQ(more[0].psn(), psn + 2);
+  EXPECT_EQ(more[0].p.ext.feth, roce::Feth::make(roce::feth::kGlobal | roce::feth::kPersistent, roce::feth::kWholeRegion));
+  EXPECT_EQ(more[0].p.ext.reth, (roce::Reth{0, 0xABCD0003, 0})) << "a whole-region FLUSH sends no range";
+  auto wcs = poll_all();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].opcode, rdma::WcOpcode::kFlush);
+  EXPECT_EQ(wcs[0].status, WcStatus::kSuccess) << wcs[0].error;
+  EXPECT_EQ(wcs[1].wr_id, 2u);
+  EXPECT_EQ(wcs[1].opcode, rdma::WcOpcode::kAtomicWrite);
+  EXPECT_EQ(wcs[1].status, WcStatus::kSuccess) << wcs[1].error;
+  // An answer with a payload is not a FLUSH's: a bad response.
+  ASSERT_TRUE(peer_.send(peer_.build(Req{.opcode = roce::op::kRcReadResponseOnly, .psn = psn + 2, .ext = ack, .payload = pattern(8, 1)}, q.qp_num())));
+  peer_.collect(*dev_, 0, 20ms);
+  wcs = poll_all();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 3u);
+  EXPECT_EQ(wcs[0].status, WcStatus::kBadRespErr) << wcs[0].error;
+  EXPECT_EQ(q.state(), QpState::kError);
+}
+
+// A NAK for a FLUSH or ATOMIC_WRITE completes it with the status the code
+// names, and says why in words.
+TEST_F(HostilePeerPlacement, RequesterMapsNaksToStatuses) {
+  const struct {
+    rdma::WrOpcode op;
+    uint64_t remote_addr;
+    uint8_t syndrome;
+    WcStatus status;
+    const char* words;
+  } cases[] = {
+      {rdma::WrOpcode::kFlush, 0x1000, kSynInvalid, WcStatus::kRemInvReqErr, "invalid request"},
+      {rdma::WrOpcode::kFlush, 0x1000, kSynAccess, WcStatus::kRemAccessErr, "remote access error"},
+      {rdma::WrOpcode::kAtomicWrite, 0x1004, kSynInvalid, WcStatus::kRemInvReqErr, "not 8-byte aligned"},
+      {rdma::WrOpcode::kAtomicWrite, 0x1000, kSynAccess, WcStatus::kRemAccessErr, "remote access error"},
+  };
+  for (const auto& c : cases) {
+    auto qp = make_qp(rdma::kRemoteAccess, 0);
+    ASSERT_TRUE(qp);
+    ASSERT_TRUE(qp->post_send(rdma::SendWr{.wr_id = 5, .opcode = c.op, .flags = rdma::kSendSignaled, .remote_addr = c.remote_addr,
+                                           .rkey = 0x42, .atomic_value = 1, .flush_type = rdma::kFlushTypeGlobal,
+                                           .flush_length = 8}));
+    auto req = peer_.collect(*dev_, 1);
+    ASSERT_EQ(req.size(), 1u) << describe(req);
+    roce::ExtHeaders e;
+    e.aeth = roce::Aeth{c.syndrome, 0};
+    ASSERT_TRUE(peer_.send(peer_.build(Req{.opcode = roce::op::kRcAck, .psn = req[0].psn(), .ext = e}, qp->qp_num())));
+    peer_.collect(*dev_, 0, 20ms);
+    auto wcs = poll_all();
+    ASSERT_EQ(wcs.size(), 1u) << c.words;
+    EXPECT_EQ(wcs[0].status, c.status) << rdma::wc_status_name(wcs[0].status) << ": " << wcs[0].error;
+    EXPECT_NE(wcs[0].error.find(c.words), std::string::npos) << wcs[0].error;
+    EXPECT_NE(wcs[0].error.find(rdma::wr_opcode_name(c.op)), std::string::npos) << wcs[0].error;
+    EXPECT_EQ(qp->state(), QpState::kError);
+  }
 }
 
 // ------------------------------------------------------------------ races
