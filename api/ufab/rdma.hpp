@@ -319,7 +319,12 @@ inline QpAttr from_c(const ufab_qp_attr& a) {
 }
 
 inline ufab_send_wr to_c(const SendWr& w) {
-  ufab_send_wr c{
+  // compare_add, atomic_value and flush_length share 8 bytes: the one the
+  // opcode reads goes in.
+  const uint64_t operand = w.opcode == WrOpcode::kAtomicWrite ? w.atomic_value
+                           : w.opcode == WrOpcode::kFlush     ? w.flush_length
+                                                              : w.compare_add;
+  return ufab_send_wr{
       .wr_id = w.wr_id,
       .sg_list = w.sgl.data(),
       .num_sge = static_cast<uint32_t>(w.sgl.size()),
@@ -331,20 +336,11 @@ inline ufab_send_wr to_c(const SendWr& w) {
       .flush_type = w.flush_type,
       .flush_level = w.flush_level,
       .reserved = 0,
+      .compare_add = operand,
       .swap = w.swap,
       .ud = {.ip = w.ud.ip, .qpn = w.ud.qpn, .qkey = w.ud.qkey, .traffic_class = w.ud.traffic_class,
              .hop_limit = w.ud.hop_limit, .reserved = 0},
   };
-  // compare_add, atomic_value and flush_length share 8 bytes: the one the
-  // opcode reads.
-  if (w.opcode == WrOpcode::kAtomicWrite) {
-    c.atomic_value = w.atomic_value;
-  } else if (w.opcode == WrOpcode::kFlush) {
-    c.flush_length = w.flush_length;
-  } else {
-    c.compare_add = w.compare_add;
-  }
-  return c;
 }
 
 inline ConnectionData from_c(const ufab_conn& c) {
