@@ -103,9 +103,15 @@ TEST_F(VirtioSmoke, FramesArriveIntactAndInOrder) {
     auto sb = b.nic->stats();
     ASSERT_TRUE(sa && sb);
     EXPECT_EQ(sa->tx_packets, frames);
-    EXPECT_EQ(sb->rx_packets, frames);
     EXPECT_EQ(sb->tx_packets, frames / 10);
-    EXPECT_EQ(sa->rx_packets, frames / 10);
+    // transfer() checked every test frame; the receive counters may also
+    // hold a few frames of the hub's other host (the kernel-driven e1000e
+    // sends IPv6 neighbour discovery on its own schedule: seen once, 1001
+    // received for 1000 sent).
+    EXPECT_GE(sb->rx_packets, frames);
+    EXPECT_LE(sb->rx_packets, frames + 16);
+    EXPECT_GE(sa->rx_packets, frames / 10);
+    EXPECT_LE(sa->rx_packets, frames / 10 + 16);
     EXPECT_EQ(sa->rx_errors + sb->rx_errors + sa->tx_errors + sb->tx_errors, 0u);
     EXPECT_GT(sb->rx_bytes, frames * 60);
   }
