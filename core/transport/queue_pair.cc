@@ -393,6 +393,17 @@ void QueuePairImpl::complete_send(SendWqe& w, WcStatus status, std::string error
   }
   // Completions leave in order: only the head completes.
   ++sq_head_;
+  if (w.started && status == WcStatus::kSuccess && is_rc()) {
+    // Every PSN of a request that completed is acknowledged: the oldest
+    // unacknowledged PSN is past it (whichever answer completed it), or a
+    // go-back to there would resend the next request under an old PSN,
+    // which the responder drops as a duplicate, forever.
+    const uint32_t end = psn_add(w.first_psn, w.npkts);
+    if (psn_diff(una_psn_, end) < 0) una_psn_ = end;
+    // Completed before the cursor came back to it (an answer to a packet
+    // sent before a go-back): the cursor moves past it too.
+    if (sq_next_ < sq_head_ && psn_diff(cursor_psn_, end) < 0) cursor_psn_ = end;
+  }
   if (sq_next_ < sq_head_) sq_next_ = sq_head_;
   w.inline_data.clear();
 }

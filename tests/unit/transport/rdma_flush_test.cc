@@ -3,7 +3,9 @@
 // C++ API. Every placement type and selectivity, ATOMIC_WRITE values and
 // alignment, every access violation with its exact completion status,
 // resource accounting against max_rd_atomic, the post-time checks, issue
-// 13's registration rule, and a long mixed run of WRITE, FLUSH and
+// 13's registration rule, durable targets (a file mapping: which pages a
+// PERSISTENT flush writes back), commit-complete WRITEs, SENDs into
+// persistent memory, and a long mixed run of WRITE, commit WRITE, FLUSH and
 // ATOMIC_WRITE under 5% loss and reordering where every operation executes
 // exactly once. The responder against crafted frames (exact NAKs,
 // duplicates) is in hostile_peer_test.cc.
@@ -131,6 +133,12 @@ class Flush : public ::testing::Test {
     std::memcpy(&v, b_.buf.data() + off, 8);
     return v;
   }
+
+  // The mixed run (below) of `ops` operations on the slots at `slots`
+  // (B's memory under `rkey`); persistent: commit WRITEs and PERSISTENT
+  // flushes too.
+  void mixed_run(uint64_t ops, uint8_t* slots, uint32_t rkey, bool persistent);
+  void connect_lossy();  // 5% loss and 5% reordering each way
 
   static int serial_;
   Side a_, b_;
@@ -553,62 +561,74 @@ TEST_F(Flush, OneResourceAtATimeWithReadsInBetween) {
   EXPECT_EQ(b_.dev->stats().naks_sent, 0u) << "the requester never exceeded the responder's resources";
 }
 
-// 10^4 WRITEs, FLUSHes and ATOMIC_WRITEs interleaved, over a link that
-// loses 5% and reorders 5% of the frames each way. Each WRITE and
-// ATOMIC_WRITE puts its own value into its own 8-byte slot; the responder's
-// side watches the slots between progress rounds, and the moment a value
-// appears it replaces it with a tombstone: a value that appears twice was
-// written twice. At the end every slot holds its tombstone (written once),
-// and every work request completed successfully, once, in order.
-TEST_F(Flush, MixedRunUnderLossAndReorderExecutesEachOperationOnce) {
+// WRITEs, FLUSHes and ATOMIC_WRITEs interleaved (and, into a persistent
+// region, commit-complete WRITEs and PERSISTENT flushes), over a link that
+// loses 5% and reorders 5% of the frames each way. Each write puts its own
+// value into its own 8-byte slot; the responder's side watches the slots
+// between progress rounds, and the moment a value appears it replaces it
+// with a tombstone: a value that appears twice was written twice. At the
+// end every slot holds its tombstone (written once), and every work
+// request completed successfully, once, in order.
+void Flush::connect_lossy() {
   PairSetup s;
   s.params_a = {{"loss", "0.05"}, {"reorder", "0.05"}, {"seed", "11"}};
   s.params_b = {{"loss", "0.05"}, {"reorder", "0.05"}, {"seed", "12"}};
   s.tuning.timeout = 8;  // about 1 ms: losses are recovered quickly
   connect(s);
-  constexpr uint64_t kOps = 10000, kInFlight = 128;
+}
+
+void Flush::mixed_run(uint64_t ops, uint8_t* slots, uint32_t rkey, bool persistent) {
+  constexpr uint64_t kInFlight = 128;
   constexpr uint64_t kTomb = 0xDEADDEADDEADDEADull;
-  const uint64_t base = 8 * 1024;  // slots from here in B's buffer, 8 bytes per operation
-  ASSERT_LE(base + 8 * kOps, kBuf);
-  std::vector<uint8_t> seen(kOps, 0);  // 0: not yet, 1: seen once
+  const uint64_t base = reinterpret_cast<uintptr_t>(slots);
+  enum Kind { kWrite, kAtomicWriteOp, kFlushOp, kCommit };  // operation i is Kind(i % 4)
+  std::vector<uint8_t> seen(ops, 0);  // 0: not yet, 1: seen once
   uint64_t posted = 0, completed = 0, watch_from = 0;
-  uint64_t flushes = 0, writes = 0, atomic_writes = 0;
+  uint64_t count[4] = {};
   auto value_of = [](uint64_t i) { return 0x5100000000000000ull | (i + 1); };
   auto watch = [&] {
     const uint64_t hi = posted;
     for (uint64_t i = watch_from; i < hi; ++i) {
       uint64_t v;
-      std::memcpy(&v, b_.buf.data() + base + 8 * i, 8);
+      std::memcpy(&v, slots + 8 * i, 8);
       if (v == 0 || v == kTomb) continue;
       ASSERT_EQ(v, value_of(i)) << "slot " << i << " holds another operation's value";
       ASSERT_EQ(seen[i], 0) << "operation " << i << " wrote its slot twice";
       seen[i] = 1;
-      std::memcpy(b_.buf.data() + base + 8 * i, &kTomb, 8);
+      std::memcpy(slots + 8 * i, &kTomb, 8);
     }
-    while (watch_from < hi && (seen[watch_from] || watch_from % 3 == 2)) ++watch_from;
+    while (watch_from < hi && (seen[watch_from] || watch_from % 4 == kFlushOp)) ++watch_from;
   };
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   WorkCompletion wc[32];
-  while (completed < kOps && std::chrono::steady_clock::now() < deadline) {
-    while (posted < kOps && posted - completed < kInFlight) {
+  while (completed < ops && std::chrono::steady_clock::now() < deadline) {
+    while (posted < ops && posted - completed < kInFlight) {
       const uint64_t i = posted;
       SendWr w;
       // A WRITE's source: its value in a slot of A's buffer that stays
       // untouched until it completes (4096 slots, at most kInFlight in use).
       Sge sge = a_.mr->sge((i % 4096) * 8, 8);
-      switch (i % 3) {
-        case 0: {
-          const uint64_t v = value_of(i);
+      const uint64_t v = value_of(i);
+      switch (Kind(i % 4)) {
+        case kWrite:
+        case kCommit:
           std::memcpy(a_.buf.data() + (i % 4096) * 8, &v, 8);
-          w = SendWr{.wr_id = i, .opcode = WrOpcode::kRdmaWrite, .flags = kSendSignaled, .sgl = {&sge, 1},
-                     .remote_addr = b_addr(base + 8 * i), .rkey = b_.mr->rkey()};
+          w = SendWr{.wr_id = i, .opcode = WrOpcode::kRdmaWrite,
+                     .flags = kSendSignaled | (i % 4 == kCommit && persistent ? kSendCommit : 0u), .sgl = {&sge, 1},
+                     .remote_addr = base + 8 * i, .rkey = rkey};
           break;
+        case kAtomicWriteOp:
+          w = SendWr{.wr_id = i, .opcode = WrOpcode::kAtomicWrite, .flags = kSendSignaled,
+                     .remote_addr = base + 8 * i, .rkey = rkey, .atomic_value = v};
+          break;
+        case kFlushOp: {
+          // The two slots before it, or every 16th time the whole region;
+          // GLOBAL and PERSISTENT in turn.
+          const uint8_t type = persistent && (i / 4) % 2 ? kFlushTypePersistent : kFlushTypeGlobal;
+          w = SendWr{.wr_id = i, .opcode = WrOpcode::kFlush, .flags = kSendSignaled,
+                     .remote_addr = base + 8 * (i - 2), .rkey = rkey, .flush_type = type,
+                     .flush_level = i % 16 == 2 ? kFlushWholeRegion : kFlushRange, .flush_length = 16};
         }
-        case 1: w = atomic_write(i, base + 8 * i, value_of(i)); break;
-        default:
-          // The two slots before it, or every 16th time the whole region.
-          w = i % 16 == 2 ? flush(i, kFlushTypeGlobal, kFlushWholeRegion)
-                          : flush(i, kFlushTypeGlobal, kFlushRange, base + 8 * (i - 2), 16);
       }
       auto st = a_.qp->post_send(w);
       ASSERT_TRUE(st) << st.error().message();
@@ -622,22 +642,22 @@ TEST_F(Flush, MixedRunUnderLossAndReorderExecutesEachOperationOnce) {
     for (size_t k = 0; k < *n; ++k) {
       ASSERT_EQ(wc[k].status, WcStatus::kSuccess) << "operation " << wc[k].wr_id << ": " << wc[k].error;
       ASSERT_EQ(wc[k].wr_id, completed) << "completions out of order, lost or doubled";
-      const WcOpcode want = completed % 3 == 0 ? WcOpcode::kRdmaWrite
-                            : completed % 3 == 1 ? WcOpcode::kAtomicWrite
-                                                 : WcOpcode::kFlush;
+      const Kind kind = Kind(completed % 4);
+      const WcOpcode want = kind == kAtomicWriteOp ? WcOpcode::kAtomicWrite
+                            : kind == kFlushOp     ? WcOpcode::kFlush
+                                                   : WcOpcode::kRdmaWrite;
       ASSERT_EQ(wc[k].opcode, want) << completed;
-      if (want == WcOpcode::kFlush) {
-        // Completed FLUSH: what it covered is there (the watcher may have
-        // put its tombstone already).
-        for (uint64_t j : {completed - 2, completed - 1}) {
+      if (kind == kFlushOp || kind == kCommit) {
+        // What a completed FLUSH covered, or a commit wrote, is there (the
+        // watcher may have put its tombstone already).
+        for (uint64_t j : kind == kFlushOp ? std::vector<uint64_t>{completed - 2, completed - 1}
+                                           : std::vector<uint64_t>{completed}) {
           uint64_t v;
-          std::memcpy(&v, b_.buf.data() + base + 8 * j, 8);
-          ASSERT_TRUE(v == value_of(j) || v == kTomb) << "slot " << j << " not written when the FLUSH after it completed";
+          std::memcpy(&v, slots + 8 * j, 8);
+          ASSERT_TRUE(v == value_of(j) || v == kTomb) << "slot " << j << " not written when " << completed << " completed";
         }
-        ++flushes;
-      } else {
-        (want == WcOpcode::kRdmaWrite ? writes : atomic_writes)++;
       }
+      ++count[kind];
       ++completed;
     }
   }
@@ -647,22 +667,44 @@ TEST_F(Flush, MixedRunUnderLossAndReorderExecutesEachOperationOnce) {
     b_.dev->progress();
     ASSERT_NO_FATAL_FAILURE(watch());
   }
-  ASSERT_EQ(completed, kOps) << "timed out";
-  for (uint64_t i = 0; i < kOps; ++i) {
-    if (i % 3 == 2) continue;  // FLUSH: no slot
+  ASSERT_EQ(completed, ops) << "timed out";
+  for (uint64_t i = 0; i < ops; ++i) {
+    if (i % 4 == kFlushOp) continue;  // no slot
     ASSERT_EQ(seen[i], 1) << "operation " << i << " never wrote its slot";
-    ASSERT_EQ(b_load(base + 8 * i), kTomb) << "operation " << i << " wrote its slot again after the first time";
+    uint64_t v;
+    std::memcpy(&v, slots + 8 * i, 8);
+    ASSERT_EQ(v, kTomb) << "operation " << i << " wrote its slot again after the first time";
   }
   auto n = a_.cq->poll(wc);
   ASSERT_TRUE(n);
   EXPECT_EQ(*n, 0u) << "a completion after the last one";
-  EXPECT_EQ(flushes + writes + atomic_writes, kOps);
+  EXPECT_EQ(count[kWrite] + count[kAtomicWriteOp] + count[kFlushOp] + count[kCommit], ops);
   DeviceStats sa = a_.dev->stats(), sb = b_.dev->stats();
   EXPECT_GT(sa.retransmits, 0u) << "the faults were not exercised";
   EXPECT_GT(sb.duplicates, 0u) << "no request was seen twice: the replay path was not exercised";
   std::printf("retransmits %llu timeouts %llu, responder duplicates %llu, sent per needed %.3f\n",
               (unsigned long long)sa.retransmits, (unsigned long long)sa.timeouts,
               (unsigned long long)sb.duplicates, ufab_sent_per_needed(&sa));
+}
+
+// 10^5 operations into DRAM (GLOBAL flushes).
+TEST_F(Flush, MixedRunUnderLossAndReorderExecutesEachOperationOnce) {
+  constexpr uint64_t kOps = 100000, kBase = 8 * 1024;
+  ASSERT_LE(kBase + 8 * kOps, kBuf);
+  connect_lossy();
+  mixed_run(kOps, b_.buf.data() + kBase, b_.mr->rkey(), false);
+}
+
+// Into a file mapping, with commit-complete WRITEs and PERSISTENT flushes:
+// each is an msync, which costs milliseconds on this disk, hence fewer.
+TEST_F(Flush, MixedPersistentRunUnderLossAndReorderExecutesEachOperationOnce) {
+  constexpr uint64_t kOps = 1200;
+  connect_lossy();
+  FileMapping file(kOps * 8 / 4096 + 1);
+  ASSERT_NE(file.data(), nullptr) << std::strerror(errno);
+  auto pmr = register_persistent(*b_.pd, file, MemoryType::kPersistent);
+  ASSERT_TRUE(pmr);
+  mixed_run(kOps, file.data(), pmr->rkey(), true);
 }
 
 }  // namespace
