@@ -11,6 +11,7 @@
 //   write-bw --flush: each message is a WRITE and a FLUSH of its range
 //     behind it (the pair counts as one request of the window; the FLUSH
 //     carries the signal); a message is done when its FLUSH completes.
+//     persistent posts commit-complete WRITEs (kSendCommit), the same wire.
 //   send-bw: the server posts rx_depth receives per QP, a handshake says so,
 //     the client sends; both print their own figures. With -a the sides
 //     meet again after every size.
@@ -73,7 +74,11 @@ class BandwidthTest {
     std::array<rdma::WorkCompletion, 16> wcs;
     std::vector<rdma::Sge> sges;
     std::vector<rdma::SendWr> wrs;
-    const bool flush = cfg_.flush_type != 0;
+    // --flush global: a FLUSH work request behind each WRITE; persistent: a
+    // commit-complete WRITE (kSendCommit: WRITE and FLUSH PERSISTENT on the
+    // wire, one work request, one completion).
+    const bool commit = cfg_.flush_type == rdma::kFlushTypePersistent;
+    const bool flush = cfg_.flush_type != 0 && !commit;
     const uint64_t per_msg = flush ? 2 : 1;  // work requests per message
     sges.reserve(cfg_.tx_depth);
     wrs.reserve(cfg_.tx_depth * per_msg);
@@ -94,7 +99,7 @@ class BandwidthTest {
           rdma::SendWr& wr = wrs.emplace_back();
           wr.wr_id = q;
           wr.opcode = op;
-          wr.flags = (signaled && !flush ? rdma::kSendSignaled : 0) |
+          wr.flags = (signaled && !flush ? rdma::kSendSignaled : 0) | (commit ? rdma::kSendCommit : 0) |
                      (op != rdma::WrOpcode::kRdmaRead && msg <= cfg_.inline_size ? rdma::kSendInline : 0);
           wr.remote_addr = s_.remote(q).vaddr + offset;
           wr.rkey = s_.remote(q).rkey;

@@ -13,7 +13,8 @@
 //   flush-lat (ufab's, not perftest's): as read-lat, one FLUSH of `size`
 //     bytes (RANGE) of the server's buffer at a time.
 //   write-lat --flush: every WRITE is followed by a FLUSH of its range
-//     (one doorbell); an iteration's send completes with the FLUSH.
+//     (one doorbell); an iteration's send completes with the FLUSH. With
+//     persistent, a commit-complete WRITE (kSendCommit): the same wire.
 // Nothing of the test (size, count, -a, -D) is exchanged: both sides must
 // be given the same options, as with perftest.
 #include <cstdio>
@@ -108,9 +109,15 @@ class LatencyTest {
     wr.rkey = s_.remote(0).rkey;
     wr.compare_add = cfg_.cmp_and_swap ? 0 : 1;  // perftest: FETCH_AND_ADD 1; CMP_AND_SWP 0 -> 0
     wr.swap = 0;
+    if (cfg_.flush_type == rdma::kFlushTypePersistent && opcode == rdma::WrOpcode::kRdmaWrite) {
+      // --flush persistent: a commit-complete WRITE, which is the WRITE and
+      // a FLUSH PERSISTENT of its range on the wire, one completion.
+      wr.flags |= rdma::kSendCommit;
+      return s_.qp(0).post_send(wr);
+    }
     if (cfg_.flush_type != 0 && opcode == rdma::WrOpcode::kRdmaWrite) {
-      // --flush: the WRITE unsignaled, a FLUSH of its range behind it, one
-      // doorbell; the FLUSH's completion says the WRITE is placed.
+      // --flush global: the WRITE unsignaled, a FLUSH of its range behind
+      // it, one doorbell; the FLUSH's completion says the WRITE is placed.
       wr.flags &= ~rdma::kSendSignaled;
       rdma::SendWr pair[2] = {wr, flush_wr(signaled)};
       return s_.qp(0).post_send(std::span<const rdma::SendWr>(pair, 2));
