@@ -70,12 +70,13 @@ measure() {
       [ "$test" = write-lat ] && copts+=(--pmem "$pmem_dir/flush-$link.client")
       ;;
   esac
+  rm -f "$tmp/server.err"  # else the wait below may read the last run's port
   timeout 120 "$ufab" perf "$test" "swnic:$n:0" --ip 10.0.0.1 -p 0 --json --timeout 20 "${opts[@]}" "${sopts[@]}" \
     >"$tmp/server.out" 2>"$tmp/server.err" &
   server=$!
   local port=
   for _ in $(seq 400); do
-    port=$(sed -n 's/.*waiting for a client on TCP port \([0-9][0-9]*\).*/\1/p' "$tmp/server.err")
+    port=$(sed -n 's/.*waiting for a client on TCP port \([0-9][0-9]*\).*/\1/p' "$tmp/server.err" 2>/dev/null)
     if [ -n "$port" ] || ! kill -0 "$server" 2>/dev/null; then break; fi
     sleep 0.05
   done

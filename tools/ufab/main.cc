@@ -83,7 +83,8 @@ commands:
       --report_gbits   Gb/s instead of MB/s (2^20 bytes)
       --timeout S      bound on each wait (default 30); --param K=V
       --flush global|persistent  write-lat/-bw: a FLUSH of each WRITE's
-                       range behind it, done when the FLUSH completes;
+                       range behind it, done when the FLUSH completes
+                       (persistent: commit-complete WRITEs, the same wire);
                        flush-lat: the FLUSH's type (global). ufab peers only
       --pmem PATH      the buffer is PATH mapped shared (file: created or
                        extended; block device; /dev/daxN.M), registered as
