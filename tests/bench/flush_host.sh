@@ -9,7 +9,11 @@
 #                is answered once msync(MS_SYNC) of the range returned
 #                (durable)
 # The figure is the ratio to plain: latency (t_typical, half a round trip)
-# flush / plain, bandwidth (bw_avg) flush / plain. Prints a table and writes
+# flush / plain, bandwidth (bw_avg) flush / plain, of the medians over the
+# rounds and of the best round (least latency, most bandwidth): on a shared
+# host the two processes sometimes share a core with others, which moves a
+# ping-pong's figures from microseconds to a scheduler's time slice; the
+# best round is the run that had its cores. Prints a table and writes
 # docs/bench/flush_host.json (or --json FILE).
 #
 #   tests/bench/flush_host.sh [--rounds N] [--seconds S] [--iters N] [--pmem-dir DIR] [--json FILE]
@@ -120,32 +124,37 @@ echo "load after $(cut -d' ' -f1-3 /proc/loadavg)" >>"$tmp/machine.txt"
 jq -s --arg cmd "tests/bench/flush_host.sh --rounds $rounds --seconds $secs --iters $iters" \
   --arg date "$(date -u +%FT%TZ)" --arg machine "$(cat "$tmp/machine.txt")" '
   def median: sort | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+  def ratio(a; b): if a and b then a / b else null end;
   . as $runs
-  | [group_by([.test, .size, .way])[] | {test: .[0].test, size: .[0].size, way: .[0].way,
-      runs: length, ok: (map(select(.ok)) | length), error: (map(select(.ok | not) | .error) | first),
-      value: (map(select(.ok) | if .test == "write-lat" then .t_typical_usec else .bw_avg end) | median)}] as $cells
-  | {description: "write-lat (t_typical, usec) and write-bw (bw_avg, MiB/s) over swnic between two ufab perf processes: plain, --flush global, --flush persistent with --pmem files (msync); ratio = flush / plain",
+  | [group_by([.test, .size, .way])[]
+     | (.[0].test == "write-lat") as $lat
+     | (map(select(.ok) | if $lat then .t_typical_usec else .bw_avg end)) as $v
+     | {test: .[0].test, size: .[0].size, way: .[0].way, runs: length, ok: ($v | length),
+        error: (map(select(.ok | not) | .error) | first),
+        median: ($v | median), best: (if ($v | length) == 0 then null elif $lat then ($v | min) else ($v | max) end)}] as $cells
+  | {description: "write-lat (t_typical, usec) and write-bw (bw_avg, MiB/s) over swnic between two ufab perf processes: plain, --flush global, --flush persistent with --pmem files (msync); ratios flush / plain of the medians and of the best rounds",
      command: $cmd, date: $date, machine: $machine, rounds: ($runs | map(.round) | max),
      cells: $cells,
-     table: [$cells | group_by([.test, .size])[] | {test: .[0].test, size: .[0].size,
-       plain: (map(select(.way == "plain"))[0].value), global: (map(select(.way == "global"))[0].value),
-       persistent: (map(select(.way == "persistent"))[0].value),
-       persistent_error: (map(select(.way == "persistent"))[0] | if .ok == 0 then .error else null end)}
-       | . + {global_ratio: (if .plain and .global then .global / .plain else null end),
-              persistent_ratio: (if .plain and .persistent then .persistent / .plain else null end)}],
+     table: [$cells | group_by([.test, .size])[]
+       | (map({key: .way, value: .}) | from_entries) as $w
+       | {test: .[0].test, size: .[0].size,
+          plain: $w.plain.median, global: $w.global.median, persistent: $w.persistent.median,
+          plain_best: $w.plain.best, global_best: $w.global.best, persistent_best: $w.persistent.best,
+          persistent_error: (if $w.persistent.ok == 0 then $w.persistent.error else null end)}
+       | . + {global_ratio: ratio(.global; .plain), persistent_ratio: ratio(.persistent; .plain),
+              global_ratio_best: ratio(.global_best; .plain_best), persistent_ratio_best: ratio(.persistent_best; .plain_best)}],
      runs: $runs}' "$tmp/runs.jsonl" >"$json"
 
-fmt() { jq -r "$1" "$json"; }
 echo
-fmt '.machine' | head -n 1
-printf '%-9s %6s %12s %12s %12s %9s %9s\n' test bytes plain global persistent glob/pl pers/pl
-jq -r '.table | sort_by(.test, .size)[] | [.test, .size,
-    (.plain // "n/a" | if type == "number" then (. * 100 | round / 100) else . end),
-    (.global // "n/a" | if type == "number" then (. * 100 | round / 100) else . end),
-    (.persistent // "n/a" | if type == "number" then (. * 100 | round / 100) else . end),
-    (.global_ratio // "n/a" | if type == "number" then (. * 1000 | round / 1000) else . end),
-    (.persistent_ratio // "n/a" | if type == "number" then (. * 1000 | round / 1000) else . end)] | @tsv' "$json" |
-  while IFS=$'\t' read -r t s p g q gr qr; do printf '%-9s %6s %12s %12s %12s %9s %9s\n' "$t" "$s" "$p" "$g" "$q" "$gr" "$qr"; done
-echo "(write-lat: t_typical usec, half a round trip; write-bw: bw_avg MiB/s; ratio: flush / plain)"
+jq -r '.machine' "$json" | sed -n '1p;3,4p'
+printf '%-9s %6s %16s %16s %16s %15s %15s\n' test bytes "plain (best)" "global (best)" "persist. (best)" "glob/pl (best)" "pers/pl (best)"
+jq -r 'def f(d): if . == null then "n/a" else (. * d | round / d | tostring) end;
+  .table | sort_by(.test, .size)[] | [.test, .size,
+    "\(.plain | f(100)) (\(.plain_best | f(100)))", "\(.global | f(100)) (\(.global_best | f(100)))",
+    "\(.persistent | f(100)) (\(.persistent_best | f(100)))",
+    "\(.global_ratio | f(1000)) (\(.global_ratio_best | f(1000)))", "\(.persistent_ratio | f(1000)) (\(.persistent_ratio_best | f(1000)))"] | @tsv' "$json" |
+  while IFS=$'\t' read -r t s p g q gr qr; do printf '%-9s %6s %16s %16s %16s %15s %15s\n' "$t" "$s" "$p" "$g" "$q" "$gr" "$qr"; done
+echo "(medians over the rounds, the best round in parentheses; write-lat: t_typical usec, half a round trip;"
+echo " write-bw: bw_avg MiB/s; ratio: flush / plain)"
 jq -r '[.table[] | select(.persistent_error) | .persistent_error] | unique[] | "persistent n/a: " + .' "$json"
 echo "written: $json"
