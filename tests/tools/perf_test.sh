@@ -2,9 +2,13 @@
 # Runs `ufab perf` against itself over a software NIC link (swnic:pfPID:0
 # server at 10.0.0.1, swnic:pfPID:1 client at 10.0.0.2, the TCP exchange on
 # 127.0.0.1 on a port the server picks with -p 0): all eight tests, -a,
-# several QPs, -D, loss, --json; then the errors: bad options, a client
-# without a server, mismatched tests on the two sides, and (with python3) a
-# peer that is not perftest; then over the shared-memory provider
+# several QPs, -D, loss, --json; FLUSH (write-lat/write-bw --flush,
+# flush-lat, --flush persistent into a --pmem file, and their errors:
+# options, a peer without the same --flush, a perftest peer, shm) and
+# `ufab info` of a software device's RDMA caps; then the errors: bad
+# options, a client without a server, mismatched tests on the two sides,
+# and (with python3) a peer that is not perftest; then over the
+# shared-memory provider
 # (shm:pfPID..., no --ip): the tests, text output, errors. The
 # rxe/perftest interop runs in the VM suite rxe_interop
 # (tests/vm/rxe_perftest_guest.sh).
@@ -31,6 +35,7 @@ server_pid=
 cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; fi
   rm -rf "$dir"
+  [ -z "${pmem_dir:-}" ] || rm -rf "$pmem_dir"
   rm -f "/dev/shm/ufab-swnic-$link"*
 }
 trap cleanup EXIT
@@ -157,6 +162,193 @@ if [ "$client_rc" -eq 0 ] && grep -q '^                    RDMA_Read Latency Tes
   pass "text output in perftest's format"
 else fail "text output (client $client_rc)"; show client.out client.err server.out; fi
 
+# ------------------------------------------------------------------ FLUSH
+# --flush TYPE: a FLUSH of each WRITE's range behind it; flush-lat: one
+# FLUSH at a time. Both sides get the same options.
+# TEST|OPTS|EXPECTED_SIZE|EXPECTED_ITERS|EXPECTED_FLUSH
+while IFS='|' read -r test opts size iters ftype; do
+  name="$test $opts"
+  run "fl${test//-/}" "$test $opts" "$test $opts"
+  why=()
+  [ "$server_rc" -eq 0 ] || why+=("server exited $server_rc")
+  [ "$client_rc" -eq 0 ] || why+=("client exited $client_rc")
+  jq_ok ".ok == true and .test == \"$test\" and .flush == \"$ftype\"" client.out || why+=("client JSON")
+  jq_ok ".ok == true and .role == \"server\" and .flush == \"$ftype\"" server.out || why+=("server JSON")
+  jq_ok ".results[-1].size == $size and .results[-1].iters == $iters" client.out ||
+    why+=("client reports $(jq -c '[.results[-1].size, .results[-1].iters]' "$dir/client.out" 2>/dev/null), expected [$size,$iters]")
+  case $test in
+    *-lat) jq_ok ".results[-1].t_typical_usec > 0 and .results[-1].t_min_usec <= .results[-1].t_typical_usec" client.out ||
+      why+=("latency figures") ;;
+    *-bw) jq_ok ".results[-1].bw_avg > 0 and .results[-1].bw_avg == $(jq '.results[-1].bw_avg' "$dir/client.out" 2>/dev/null || echo -1)" server.out ||
+      why+=("bandwidth figures, or the server's copy differs") ;;
+  esac
+  # The FLUSHes went on the wire: the client's RoCE frames outnumber what
+  # the plain test sends (one request per message) by the FLUSHes and their
+  # answers; each FLUSH is answered, so no NAK.
+  jq_ok ".transport.naks_received == 0 and .transport.naks_sent == 0" client.out || why+=("NAKs counted")
+  if [ ${#why[@]} -eq 0 ]; then pass "$name: both sides OK"; else fail "$name: ${why[*]}"; show server.err client.err client.out; fi
+done <<'EOF_FLUSH'
+write-lat|-n 200 --flush global|2|200|global
+write-lat|-s 5000 -n 50 --flush global|5000|50|global
+write-bw|-s 4096 -n 500 --flush global|4096|500|global
+write-bw|-q 2 -s 64 -n 300 --flush global|64|600|global
+flush-lat|-n 200|2|200|global
+flush-lat|-s 1M -n 20 --flush global|1048576|20|global
+EOF_FLUSH
+
+# The FLUSHes are on the wire: write-bw with --flush sends twice the
+# requests of write-bw without (a WRITE and a FLUSH per message).
+run flplain "write-bw -s 64 -n 400 -Q 1" "write-bw -s 64 -n 400 -Q 1"
+plain=$(jq '.transport.tx_frames' "$dir/client.out" 2>/dev/null || echo 0)
+run flcount "write-bw -s 64 -n 400 -Q 1 --flush global" "write-bw -s 64 -n 400 -Q 1 --flush global"
+flushed=$(jq '.transport.tx_frames' "$dir/client.out" 2>/dev/null || echo 0)
+if [ "$client_rc" -eq 0 ] && [ "$plain" -ge 400 ] && [ "$flushed" -ge $((plain + 400)) ]; then
+  pass "write-bw --flush global: $flushed frames sent against $plain without (400 FLUSHes more)"
+else fail "write-bw --flush frame count: $flushed with, $plain without (client $client_rc)"; show client.err; fi
+
+# Under loss: every FLUSH is retried until answered, the run completes.
+run flloss "write-bw -s 8K -n 300 --flush global --param loss=0.03 --param seed=5" \
+  "write-bw -s 8K -n 300 --flush global --param loss=0.03 --param seed=11"
+if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && jq_ok '.transport.retransmits > 0' client.out; then
+  pass "write-bw --flush global with 3% loss: complete, $(jq '.transport.retransmits' "$dir/client.out") retransmissions"
+else fail "write-bw --flush with loss (server $server_rc client $client_rc)"; show client.err server.err; fi
+
+# --flush persistent: the server's buffer is a --pmem file on a disk (the
+# test's temporary directory: ext4 or the like, not tmpfs), registered as
+# persistent memory; each FLUSH is an msync of its range there, and
+# soft-RoCE says it offers that (`ufab info`).
+pmem="$dir/pmem.file"
+if [ "$(stat -f -c %T "$dir")" = tmpfs ]; then  # no durable memory there: a disk's temporary directory
+  pmem_dir=$(mktemp -d "${UFAB_PMEM_DIR:-/var/tmp}/perf_test_pmem.XXXXXX")
+  pmem="$pmem_dir/pmem.file"
+fi
+persistent=$("$bin" info --json "swnic:${link}cap:0" 2>/dev/null | jq -r '.rdma.flush_persistent and (.rdma.mem_types | index("persistent") != null)')
+rm -f "/dev/shm/ufab-swnic-${link}cap"*
+if [ "$persistent" = true ]; then pass "info: soft-RoCE offers FLUSH PERSISTENT and persistent memory"
+else fail "info: soft-RoCE should offer FLUSH PERSISTENT and persistent memory (got '$persistent')"; fi
+run flpm "write-bw -s 4096 -n 200 --flush persistent --pmem $pmem" "write-bw -s 4096 -n 200 --flush persistent"
+if [ "$server_rc" -eq 0 ] && [ "$client_rc" -eq 0 ] && jq_ok '.flush == "persistent" and .results[-1].iters == 200' client.out &&
+  jq_ok ".pmem == \"$pmem\" and (.memory | startswith(\"file\"))" server.out && [ "$(stat -c %s "$pmem")" -ge 8192 ]; then
+  pass "write-bw --flush persistent into a --pmem file: both sides OK, the file holds the buffer"
+else fail "write-bw --flush persistent --pmem (server $server_rc client $client_rc)"; show server.err client.err server.out; fi
+run flpmlat "flush-lat -s 4096 -n 100 --flush persistent --pmem $pmem" "flush-lat -s 4096 -n 100 --flush persistent"
+if [ "$server_rc" -eq 0 ] && [ "$client_rc" -eq 0 ] && jq_ok '.results[-1].iters == 100 and .results[-1].t_typical_usec > 0' client.out; then
+  pass "flush-lat --flush persistent into a --pmem file"
+else fail "flush-lat --flush persistent --pmem (server $server_rc client $client_rc)"; show server.err client.err; fi
+# write-lat: each side's buffer a file; the last byte of every message is
+# its iteration number, so after 100 the byte at the remote area's offset
+# 1 (the areas are 4096 bytes: local, then remote) reads 100 in both files.
+run flpmwl "write-lat -n 100 --flush persistent --pmem $pmem.s" "write-lat -n 100 --flush persistent --pmem $pmem.c"
+if [ "$server_rc" -eq 0 ] && [ "$client_rc" -eq 0 ] && jq_ok '.results[-1].iters == 100' client.out &&
+  [ "$(od -An -tu1 -j 4097 -N1 "$pmem.s" | tr -d ' ')" = 100 ] && [ "$(od -An -tu1 -j 4097 -N1 "$pmem.c" | tr -d ' ')" = 100 ]; then
+  pass "write-lat --flush persistent, each side a --pmem file holding the peer's last message"
+else fail "write-lat --flush persistent --pmem (server $server_rc client $client_rc)"; show server.err client.err; fi
+# Where the provider refuses the memory, the server stops at registration,
+# before it listens, and says why: tmpfs is no durable memory.
+pmem_refused() { # DESCRIPTION PATH
+  timeout 20 "$bin" perf write-bw "swnic:${link}pmr:0" --ip 10.0.0.1 -p 0 --timeout 2 --flush persistent --pmem "$2" \
+    >"$dir/e.out" 2>"$dir/e.err"
+  local rc=$?
+  rm -f "/dev/shm/ufab-swnic-${link}pmr"*
+  if [ "$rc" -eq 1 ] && grep -q "registering the [0-9]*-byte buffer ($2, file) as persistent memory with FLUSH_PERSISTENT: " "$dir/e.err" &&
+    ! grep -q "waiting for a client" "$dir/e.err"; then
+    pass "$1: the server's registration refuses it and says why"
+  else fail "$1 (exit $rc)"; show e.err; fi
+}
+pmem_refused "--pmem on tmpfs" "/dev/shm/ufab-perf-$link"
+rm -f "/dev/shm/ufab-perf-$link"
+
+# A side with --flush and one without (or another type): both refuse right
+# after the version exchange, saying what the other runs.
+run flmm "write-bw -n 50" "write-bw -n 50 --flush global"
+if [ "$server_rc" -eq 1 ] && [ "$client_rc" -eq 1 ] &&
+  grep -q "the peer runs with --flush global, this side with none: give both sides the same --flush" "$dir/server.err" &&
+  grep -q "the peer runs with no --flush, this side with --flush global" "$dir/client.err"; then
+  pass "--flush on one side only: both refuse and say why"
+else fail "--flush on one side only (server $server_rc client $client_rc)"; show server.err client.err; fi
+
+# A perftest peer (python3 speaking perftest's first steps, version "6.06"
+# padded with NULs as perftest's strncpy leaves it): no FLUSH there, so a
+# --flush run stops after the version exchange, in either role, bounded.
+if command -v python3 >/dev/null; then
+  fake_perftest() { # ROLE PORTFILE|HOST:PORT
+    python3 - "$@" <<'PY'
+import socket, struct, sys, time
+role, where = sys.argv[1], sys.argv[2]
+if role == "server":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+    open(where, "w").write(str(s.getsockname()[1]))
+    s.settimeout(30); c, _ = s.accept()
+else:
+    host, port = where.split(":")
+    for _ in range(200):
+        try:
+            c = socket.create_connection((host, int(port))); break
+        except OSError:
+            time.sleep(0.05)
+c.settimeout(30)
+def swap(mine, n):  # perftest: the client writes first, the server reads first
+    if role == "client": c.sendall(mine); got = c.recv(n)
+    else: got = c.recv(n); c.sendall(mine)
+    return got
+swap(b"6.06".ljust(16, b"\0"), 16)
+swap(struct.pack(">i", 4096), 4)
+swap(struct.pack(">i", 64), 4)
+swap(b"3\0", 2)
+# perftest would now swap keys; hold until the peer hangs up.
+try:
+    c.recv(108)
+except OSError:
+    pass
+PY
+  }
+  fake_perftest server "$dir/fakepf.port" &
+  fake=$!
+  for _ in $(seq 100); do [ -s "$dir/fakepf.port" ] && break; sleep 0.05; done
+  timeout 30 "$bin" perf write-bw "swnic:${link}fp:1" --ip 10.0.0.2 --flush global -p "$(cat "$dir/fakepf.port")" --timeout 10 \
+    127.0.0.1 >"$dir/e.out" 2>"$dir/e.err"
+  rc=$?
+  wait "$fake"
+  if [ "$rc" -eq 1 ] && grep -q "the peer is not \`ufab perf\` (it announced perftest 6.06 without ufab's mark): perftest's tools .* have no FLUSH" "$dir/e.err"; then
+    pass "--flush client against a perftest server: exit 1, says perftest has no FLUSH"
+  else fail "--flush client against perftest (exit $rc)"; show e.err; fi
+  start_server perf flush-lat "swnic:${link}fq:0" --ip 10.0.0.1 -p 0 --timeout 10
+  fake_perftest client "127.0.0.1:$port" &
+  fake=$!
+  wait_server
+  wait "$fake"
+  if [ "$server_rc" -eq 1 ] && grep -q "perftest's tools .* have no FLUSH" "$dir/server.err"; then
+    pass "flush-lat server against a perftest client: exit 1, says perftest has no FLUSH"
+  else fail "flush-lat server against perftest (exit $server_rc)"; show server.err; fi
+  rm -f "/dev/shm/ufab-swnic-${link}fp"* "/dev/shm/ufab-swnic-${link}fq"*
+fi
+
+# shm has no FLUSH: refused as the device opens, before any exchange.
+timeout 20 "$bin" perf write-lat "shm:${link}flshm" --flush global -p 0 --timeout 2 >"$dir/e.out" 2>"$dir/e.err"
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q "shm:${link}flshm (provider shm) has no FLUSH" "$dir/e.err" && ! grep -q "waiting for a client" "$dir/e.err"; then
+  pass "--flush on shm: exit 1 before listening, says shm has no FLUSH"
+else fail "--flush on shm (exit $rc)"; show e.err; fi
+
+# `ufab info` of a software device: the RDMA device's caps, text and JSON.
+"$bin" info --json "swnic:${link}inf:0" >"$dir/info.json" 2>"$dir/e.err"
+rc=$?
+if [ "$rc" -eq 0 ] && jq_ok '.ok and .rdma.provider == "soft-roce" and .rdma.flush_global == true and .rdma.atomic_write == true and
+    (.rdma.caps | index("flush_global")) and (.rdma.mem_types | index("host")) and .rdma.ip == null and
+    (.rdma.flush_persistent == ((.rdma.mem_types | index("persistent")) != null))' info.json; then
+  pass "info --json swnic: soft-RoCE caps (flush_global, atomic_write, memory types)"
+else fail "info --json swnic (exit $rc)"; show info.json e.err; fi
+"$bin" info "swnic:${link}inf:0" --ip 10.9.8.7 >"$dir/info.txt" 2>"$dir/e.err"
+if grep -q "^    placement   flush global yes, flush persistent \(yes\|no\), atomic write yes$" "$dir/info.txt" &&
+  grep -q "^    address     10.9.8.7$" "$dir/info.txt" && grep -q "^    memory      host" "$dir/info.txt"; then
+  pass "info swnic: text shows the placement caps, memory types and --ip"
+else fail "info swnic text"; show info.txt e.err; fi
+rm -f "/dev/shm/ufab-swnic-${link}inf"*
+"$bin" info --json "shm:${link}inf" >"$dir/info.json" 2>"$dir/e.err"
+if jq_ok '.rdma.provider == "shm" and .rdma.flush_global == false and .rdma.flush_persistent == false and .rdma.atomic_write == false' info.json; then
+  pass "info --json shm: no FLUSH, no ATOMIC_WRITE"
+else fail "info --json shm"; show info.json e.err; fi
+
 # ------------------------------------------------ the shared-memory provider
 # shm:DOMAIN: no --ip; the GID carries the device's endpoint id. Both sides
 # are processes of this host, the exchange on loopback.
@@ -263,6 +455,18 @@ expect_usage "-a with -D" "duration mode runs one size" perf write-bw swnic:x:0 
 expect_usage "-n below perftest's 5" "--iters 2" perf write-bw swnic:x:0 --ip 10.0.0.1 -n 2
 expect_usage "bad -A" "expected CMP_AND_SWAP or FETCH_AND_ADD" perf atomic-lat swnic:x:0 --ip 10.0.0.1 -A SWAP
 expect_usage "-a on pingpong" "applies only to" pingpong swnic:x:0 --ip 10.0.0.1 -a
+expect_usage "--flush of an unknown type" "--flush durable: expected global or persistent" perf write-lat swnic:x:0 --ip 10.0.0.1 --flush durable
+for t in read-lat read-bw send-lat send-bw atomic-lat atomic-bw; do
+  expect_usage "--flush on $t" "--flush applies to write-lat, write-bw .* and flush-lat; $t has no WRITE" \
+    perf "$t" swnic:x:0 --ip 10.0.0.1 --flush global
+done
+expect_usage "--flush persistent on a server without --pmem" "--flush persistent: the client flushes this server's buffer, which must be durable memory: give --pmem PATH" \
+  perf write-bw swnic:x:0 --ip 10.0.0.1 --flush persistent
+expect_usage "write-lat --flush persistent on a client without --pmem" "in write-lat the server flushes this client's buffer too" \
+  perf write-lat swnic:x:0 --ip 10.0.0.1 --flush persistent 127.0.0.1
+expect_usage "--pmem with no path" "--pmem: expected a path" perf write-bw swnic:x:0 --ip 10.0.0.1 --pmem ""
+expect_usage "-I on flush-lat" "inline data is for WRITE and SEND" perf flush-lat swnic:x:0 --ip 10.0.0.1 -I 64
+expect_usage "-q on flush-lat" "multiple QPs only in the bandwidth tests" perf flush-lat swnic:x:0 --ip 10.0.0.1 -q 2
 
 # A client with no server: bounded by --timeout, says what it tried.
 timeout 20 "$bin" perf write-bw "swnic:${link}ns:1" --ip 10.0.0.2 -p 1 --timeout 2 127.0.0.1 >"$dir/e.out" 2>"$dir/e.err"

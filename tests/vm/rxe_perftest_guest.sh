@@ -20,6 +20,8 @@
 #   UFAB_PERFTEST_CASES  cases to run instead of the default list below:
 #                  the same format, one case per line or ';' between cases
 #   UFAB_PERFTEST_LIMIT  seconds for one side of one run (default 150)
+#   UFAB_PERFTEST_FLUSH=0  leave out the two runs at the end that check
+#                  `ufab perf --flush` refuses a perftest peer
 #   UFAB_PERFTEST_VERBOSE=1  show both sides' output after passing runs
 #                  too (always shown after a failing one)
 #   UFAB_PERFTEST_KEEP=1  keep each run's output in W for a report
@@ -403,5 +405,53 @@ for line in "${lines[@]}"; do
   done
 done
 say "$runs runs took $((SECONDS - t_all)) s"
+
+# ------------------------------------------------- FLUSH against perftest
+# perftest has no FLUSH: `ufab perf --flush` facing it (ufab's mark is not
+# in perftest's version block) must stop after the version exchange, in
+# either role, saying so, well inside its --timeout; perftest's side is
+# only collected (it sees its peer hang up). UFAB_PERFTEST_FLUSH=0 leaves
+# these out.
+flush_refused() { # ROLE TEST
+  local role=$1 test=$2 tool=ib_${2//-/_} u r upid rpid urc t0 why=()
+  port=$((port + 1))
+  rm -f "$W"/u.* "$W"/r.*
+  u=("$ufab" perf "$test" "$ufab_bdf" --ip 10.0.0.2 -p "$port" --timeout 30 --flush global -n 20)
+  r=(stdbuf -oL "$tool" -d rxe0 -x "$gid_index" -F -p "$port" -n 20)
+  t0=$SECONDS
+  if [ "$role" = server ]; then
+    timeout -k 5 60 "${u[@]}" >"$W/u.out" 2>"$W/u.err" &
+    upid=$!
+    if wait_line "$W/u.err" "waiting for a client on TCP port $port\$" "$upid" 60; then
+      timeout -k 5 60 "${r[@]}" 127.0.0.1 >"$W/r.out" 2>"$W/r.err"
+    fi
+    reap "$upid" 20 || why+=("ufab did not end within 20 s of $tool's exit")
+    urc=$reaped
+  else
+    timeout -k 5 60 "${r[@]}" >"$W/r.out" 2>"$W/r.err" &
+    rpid=$!
+    wait_listen "$rpid" 30 "$port" || say "$tool is not listening on TCP port $port after 30 s"
+    timeout -k 5 60 "${u[@]}" 127.0.0.1 >"$W/u.out" 2>"$W/u.err"
+    urc=$?
+    reap "$rpid" 20 || why+=("$tool did not end within 20 s of ufab's exit")
+  fi
+  [ "$urc" -eq 1 ] || why+=("ufab exited $urc, expected 1")
+  grep -q "the peer is not \`ufab perf\` (it announced perftest .* without ufab's mark): perftest's tools .* have no FLUSH" "$W/u.err" ||
+    why+=("ufab did not say that perftest has no FLUSH")
+  [ $((SECONDS - t0)) -lt 30 ] || why+=("it took $((SECONDS - t0)) s, more than ufab's 30 s --timeout: something waited it out")
+  local name="$test --flush global: ufab $role against $tool: refused after the version exchange"
+  if [ ${#why[@]} -eq 0 ]; then
+    pass "$name ($((SECONDS - t0)) s)"
+  else
+    fail "$name: ${why[*]}"
+    show "$W/u.err" "ufab stderr"
+    show "$W/r.out" "$tool stdout"
+    show "$W/r.err" "$tool stderr"
+  fi
+}
+if [ "${UFAB_PERFTEST_FLUSH:-1}" != 0 ]; then
+  flush_refused client write-bw
+  flush_refused server write-lat
+fi
 [ "$runs" -gt 0 ] || [ "$failed" -gt 0 ] || fail "no run: UFAB_PERFTEST_CASES has no case"
 finish

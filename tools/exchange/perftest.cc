@@ -145,13 +145,24 @@ Status PerftestChannel::swap(std::span<const uint8_t> mine, std::span<uint8_t> t
 }
 
 Result<PerftestChannel::Agreed> PerftestChannel::hello(uint32_t cycle_buffer, uint32_t cache_line, uint32_t mtu_enum,
-                                                       milliseconds timeout) {
+                                                       milliseconds timeout, std::string_view tail) {
+  if (tail.size() > kPerftestVersionTail || tail.find('\0') != std::string_view::npos) {
+    return fail(EINVAL, "perftest exchange: a version block's tail holds at most " +
+                            std::to_string(kPerftestVersionTail) + " bytes without a NUL; got " + shown(tail));
+  }
   std::array<uint8_t, kPerftestVersionSize> mine{}, theirs{};
   std::memcpy(mine.data(), kPerftestVersion, sizeof kPerftestVersion - 1);
+  std::memcpy(mine.data() + sizeof kPerftestVersion, tail.data(), tail.size());
   if (auto s = swap(mine, theirs, timeout); !s) return std::unexpected(s.error().context("exchanging versions"));
   auto version = version_text(theirs);
   if (!version) return std::unexpected(version.error());
   peer_version_ = *version;
+  {
+    std::string_view rest(reinterpret_cast<const char*>(theirs.data()) + version->size() + 1,
+                          theirs.size() - version->size() - 1);
+    while (!rest.empty() && rest.back() == '\0') rest.remove_suffix(1);
+    peer_tail_ = std::string(rest);
+  }
 
   Agreed agreed;
   uint8_t out[4], in[4];

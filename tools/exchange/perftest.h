@@ -6,6 +6,8 @@
 // writes its bytes and then reads the peer's; the server reads first, then
 // writes. Each message is one fixed-size block. On a TCP socket, in order:
 //   1. versions: 16 bytes each, the version text NUL-padded ("6.06");
+//      perftest reads the text up to its NUL (atof), so what follows the
+//      NUL is free: `ufab perf` puts its own mark there (hello's `tail`);
 //   2. system data: cycle buffer then cache-line size, each a 4-byte
 //      big-endian int; both sides then use the larger;
 //   3. MTU: 2 bytes, the ibv_mtu enum (1..5) as one decimal digit and a NUL;
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "base/error.h"
 #include "core/roce/gid.h"
@@ -36,6 +39,8 @@ inline constexpr uint16_t kPerftestPort = 18515;
 inline constexpr char kPerftestVersion[] = "6.06";
 inline constexpr size_t kPerftestVersionSize = 16;
 inline constexpr double kPerftestOldestPeer = 5.70;
+// Room after "6.06" and its NUL in the version block.
+inline constexpr size_t kPerftestVersionTail = kPerftestVersionSize - sizeof kPerftestVersion;
 
 // One QP's data, KEY_PRINT_FMT_GID:
 //   "%04x:%04x:%06x:%06x:%08x:%016llx:" lid, out_reads, qpn, psn, rkey, vaddr
@@ -81,16 +86,23 @@ class PerftestChannel {
   const std::string& peer() const { return channel_.peer(); }
   // The peer's version text ("6.06"), known after hello().
   const std::string& peer_version() const { return peer_version_; }
+  // What the peer's version block holds after its text's NUL, trailing NULs
+  // removed: empty from perftest (strncpy pads with NULs); `ufab perf`'s
+  // mark from ufab.
+  const std::string& peer_tail() const { return peer_tail_; }
 
   // Steps 1-3. `cycle_buffer` and `cache_line` are ours; the larger of each
   // side's is returned. `mtu_enum` is our ibv_mtu (1..5); the smaller is
   // returned. Fails with what to do when the peer is too old or sends junk.
+  // `tail` goes into our version block after the text's NUL (at most
+  // kPerftestVersionTail bytes, no NUL inside; perftest ignores it).
   struct Agreed {
     uint32_t cycle_buffer = 0;
     uint32_t cache_line = 0;
     uint32_t mtu_enum = 0;
   };
-  Result<Agreed> hello(uint32_t cycle_buffer, uint32_t cache_line, uint32_t mtu_enum, std::chrono::milliseconds timeout);
+  Result<Agreed> hello(uint32_t cycle_buffer, uint32_t cache_line, uint32_t mtu_enum, std::chrono::milliseconds timeout,
+                       std::string_view tail = {});
 
   // One ctx_hand_shake: our keys out, the peer's in.
   Result<PerftestKeys> swap_keys(const PerftestKeys& mine, std::chrono::milliseconds timeout);
@@ -108,6 +120,7 @@ class PerftestChannel {
   TcpChannel channel_;
   bool client_;
   std::string peer_version_;
+  std::string peer_tail_;
 };
 
 }  // namespace ufab::exchange

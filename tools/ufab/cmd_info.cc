@@ -1,6 +1,11 @@
 // ufab info BDF: everything ufab knows about one device. From sysfs always;
-// through VFIO (regions, IRQs, IOMMU, MAC) when the device is on vfio-pci.
+// through VFIO (regions, IRQs, IOMMU, MAC) when the device is on vfio-pci,
+// and then also as an RDMA device (its provider's capabilities: FLUSH,
+// ATOMIC_WRITE, memory types, limits). `ufab info swnic:LINK:PORT` or
+// `ufab info shm:DOMAIN`: the RDMA device view of a software device.
 #include <cstdio>
+#include <map>
+#include <memory>
 
 #include "core/provider/registries.h"
 #include "base/hex.h"
@@ -13,6 +18,7 @@
 #include "tools/ufab/cli.h"
 #include "tools/ufab/render.h"
 #include "tools/ufab/table.h"
+#include "ufab/rdma.hpp"
 #include "vfio/container.h"
 #include "vfio/device.h"
 
@@ -223,6 +229,155 @@ void print_text(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
   }
 }
 
+// ---------------------------------------------------------- the RDMA view
+
+struct RdmaView {
+  ufab_device_attr attr{};
+  bool placeholder_ip = false;  // opened with kQueryIp: the address means nothing
+};
+
+// A soft-RoCE port needs an IPv4 address to open; none of what info shows
+// depends on it. Without --ip, this one (TEST-NET-1, RFC 5737) is used for
+// the query and not shown. Nothing is sent.
+constexpr const char* kQueryIp = "192.0.2.1";
+
+// Opens `name` through the RDMA API (the provider the name picks), reads
+// its attributes, closes it again.
+Result<RdmaView> inspect_rdma(const Options& opts, const std::string& name) {
+  auto p = provider::providers().for_device(name);
+  if (!p) return std::unexpected(p.error());
+  RdmaView v;
+  std::string ip;
+  if (const std::string* given = opts.value("ip")) {
+    ip = *given;
+  } else if ((*p)->name == "soft-roce") {
+    ip = kQueryIp;
+    v.placeholder_ip = true;
+  }
+  std::map<std::string, std::string> params;
+  if (auto it = opts.values.find("param"); it != opts.values.end()) {
+    for (const auto& kv : it->second) {
+      auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) return fail(EINVAL, "--param " + kv + ": expected KEY=VALUE");
+      params[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  }
+  auto dev = rdma::Device::open(name, {.ip = ip, .params = params});
+  if (!dev) return std::unexpected(dev.error().context("opening " + name + " as an RDMA device"));
+  v.attr = (*dev)->attr();
+  return v;
+}
+
+struct CapName {
+  uint32_t bit;
+  const char* name;
+};
+constexpr CapName kCaps[] = {
+    {UFAB_DEVICE_CAP_UD, "ud"},
+    {UFAB_DEVICE_CAP_ATOMICS, "atomics"},
+    {UFAB_DEVICE_CAP_WIRE_ROCEV2, "rocev2"},
+    {UFAB_DEVICE_CAP_FLUSH_GLOBAL, "flush_global"},
+    {UFAB_DEVICE_CAP_FLUSH_PERSISTENT, "flush_persistent"},
+    {UFAB_DEVICE_CAP_ATOMIC_WRITE, "atomic_write"},
+};
+constexpr CapName kMemTypes[] = {
+    {UFAB_MEM_HOST, "host"},
+    {UFAB_MEM_CUDA, "cuda"},
+    {UFAB_MEM_PERSISTENT, "persistent"},
+};
+
+std::vector<std::string> cap_names(uint32_t caps) {
+  std::vector<std::string> out;
+  uint32_t known = 0;
+  for (const auto& c : kCaps) {
+    known |= c.bit;
+    if (caps & c.bit) out.emplace_back(c.name);
+  }
+  for (uint32_t b = 0; b < 32; ++b) {
+    if ((caps & ~known) & (1u << b)) out.push_back("bit" + std::to_string(b));
+  }
+  return out;
+}
+
+std::vector<std::string> mem_type_names(uint32_t mask) {
+  std::vector<std::string> out;
+  uint32_t known = 0;
+  for (const auto& m : kMemTypes) {
+    known |= 1u << m.bit;
+    if (mask & (1u << m.bit)) out.emplace_back(m.name);
+  }
+  for (uint32_t b = 0; b < 32; ++b) {
+    if ((mask & ~known) & (1u << b)) out.push_back("type" + std::to_string(b));
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out.empty() ? "none" : out;
+}
+
+std::string ipv4_text(uint32_t ip) {
+  return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 255) + "." + std::to_string((ip >> 8) & 255) +
+         "." + std::to_string(ip & 255);
+}
+
+const char* yes(bool b) { return b ? "yes" : "no"; }
+
+void print_rdma(const Result<RdmaView>& r, const char* indent) {
+  if (!r) {
+    std::printf("%srdma device   unavailable: %s\n", indent, r.error().message().c_str());
+    return;
+  }
+  const ufab_device_attr& a = r->attr;
+  std::printf("%srdma device   %s (provider %s): %s\n", indent, a.name, a.provider, a.transport);
+  if (!r->placeholder_ip) {
+    std::printf("%s  address     %s\n", indent, ipv4_text(a.ip).c_str());
+  }
+  std::printf("%s  mtu         %u (active)\n", indent, a.active_mtu);
+  std::printf("%s  caps        %s\n", indent, joined(cap_names(a.caps), " ").c_str());
+  // IBA's memory placement extensions.
+  std::printf("%s  placement   flush global %s, flush persistent %s, atomic write %s\n", indent,
+              yes(a.caps & UFAB_DEVICE_CAP_FLUSH_GLOBAL), yes(a.caps & UFAB_DEVICE_CAP_FLUSH_PERSISTENT),
+              yes(a.caps & UFAB_DEVICE_CAP_ATOMIC_WRITE));
+  std::printf("%s  memory      %s\n", indent, joined(mem_type_names(a.mem_types), ", ").c_str());
+  std::printf("%s  limits      qp %u, wr %u, sge %u, inline %u, cqe %u, rd_atom %u, mr %s\n", indent, a.max_qp,
+              a.max_qp_wr, a.max_sge, a.max_inline_data, a.max_cqe, a.max_qp_rd_atom, human_size(a.max_mr_size).c_str());
+}
+
+void write_rdma_json(JsonWriter& w, const std::optional<Result<RdmaView>>& r) {
+  w.key("rdma");
+  if (!r) {
+    w.null();
+    return;
+  }
+  if (!*r) {
+    w.begin_object().field("error", r->error().message()).end_object();
+    return;
+  }
+  const ufab_device_attr& a = (*r)->attr;
+  w.begin_object().field("name", std::string(a.name)).field("provider", std::string(a.provider));
+  w.field("transport", std::string(a.transport)).key("ip");
+  if ((*r)->placeholder_ip) {
+    w.null();
+  } else {
+    w.value(ipv4_text(a.ip));
+  }
+  w.field("active_mtu", a.active_mtu).field("caps_mask", a.caps).key("caps").begin_array();
+  for (const auto& c : cap_names(a.caps)) w.value(c);
+  w.end_array();
+  w.field("flush_global", (a.caps & UFAB_DEVICE_CAP_FLUSH_GLOBAL) != 0);
+  w.field("flush_persistent", (a.caps & UFAB_DEVICE_CAP_FLUSH_PERSISTENT) != 0);
+  w.field("atomic_write", (a.caps & UFAB_DEVICE_CAP_ATOMIC_WRITE) != 0);
+  w.field("mem_types_mask", a.mem_types).key("mem_types").begin_array();
+  for (const auto& m : mem_type_names(a.mem_types)) w.value(m);
+  w.end_array();
+  w.field("max_qp", a.max_qp).field("max_qp_wr", a.max_qp_wr).field("max_sge", a.max_sge);
+  w.field("max_inline_data", a.max_inline_data).field("max_cqe", a.max_cqe).field("max_qp_rd_atom", a.max_qp_rd_atom);
+  w.field("max_mr_size", a.max_mr_size).end_object();
+}
+
 void write_plugin_json(JsonWriter& w, const std::optional<Result<PluginView>>& plugin) {
   w.key("plugin");
   if (!plugin) {
@@ -252,7 +407,8 @@ void write_plugin_json(JsonWriter& w, const std::optional<Result<PluginView>>& p
 }
 
 void write_json(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& details,
-                const std::optional<Result<VfioView>>& vfio, const std::optional<Result<PluginView>>& plugin) {
+                const std::optional<Result<VfioView>>& vfio, const std::optional<Result<PluginView>>& plugin,
+                const std::optional<Result<RdmaView>>& rdma) {
   JsonWriter w;
   w.begin_object().field("ok", true);
   write_device_fields(w, d);
@@ -312,27 +468,53 @@ void write_json(const pci::DeviceInfo& d, const Result<pci::DeviceDetails>& deta
     w.end_object();
   }
   write_plugin_json(w, plugin);
+  write_rdma_json(w, rdma);
   w.end_object();
   std::printf("%s\n", w.str().c_str());
+}
+
+// `ufab info swnic:LINK:PORT`, `ufab info shm:DOMAIN`: a device that is no
+// PCI function, only its RDMA view.
+int info_software_device(const Options& opts, const std::string& name) {
+  auto r = inspect_rdma(opts, name);
+  if (!r) return report_error(opts, "info", r.error());
+  if (opts.json) {
+    JsonWriter w;
+    w.begin_object().field("ok", true).field("device", name);
+    write_rdma_json(w, std::optional<Result<RdmaView>>(std::move(r)));
+    w.end_object();
+    std::printf("%s\n", w.str().c_str());
+  } else {
+    std::printf("%s  software device\n", name.c_str());
+    print_rdma(r, "  ");
+  }
+  return kExitOk;
 }
 
 }  // namespace
 
 int cmd_info(const Options& opts) {
+  // A name with a prefix (swnic:, shm:) that is no PCI address.
+  if (!PciAddress::parse(opts.args[0]) && opts.args[0].find(':') != std::string::npos) {
+    return info_software_device(opts, opts.args[0]);
+  }
   auto d = pci::describe(opts.host, opts.args[0]);
   if (!d) return report_error(opts, "info", d.error());
   auto details = pci::read_details(opts.host, d->address);
   std::optional<Result<VfioView>> vfio;
   std::optional<Result<PluginView>> plugin;
+  std::optional<Result<RdmaView>> rdma;
   if (d->driver == "vfio-pci") {
     vfio = inspect_through_vfio(opts, *d);  // closes the device again before the plugin opens it
-    plugin = inspect_through_plugin(opts, *d);
+    plugin = inspect_through_plugin(opts, *d);  // and the plugin before the RDMA provider does
+    rdma = inspect_rdma(opts, d->address.str());
   }
   if (opts.json) {
-    write_json(*d, details, vfio, plugin);
+    write_json(*d, details, vfio, plugin, rdma);
   } else {
     print_text(*d, details, vfio);
     print_plugin(plugin);
+    if (rdma) print_rdma(*rdma, "  ");
   }
   return kExitOk;
 }

@@ -1,8 +1,11 @@
 // ufab perf TEST DEVICE --ip A.B.C.D [SERVER_HOST]: perftest's RC tests on
 // a ufab port (tools/ufab/perf/), against perftest's ib_* tools or another
 // ufab; `ufab perf TEST shm:DOMAIN [SERVER_HOST]` (no --ip) between two
-// processes of this host over the shared-memory provider. Options are perftest's, with its defaults per test; the output is
-// perftest's, or one JSON object with --json.
+// processes of this host over the shared-memory provider. Options are
+// perftest's, with its defaults per test; the output is perftest's, or one
+// JSON object with --json. ufab's own: --flush global|persistent (a FLUSH
+// behind every WRITE), the flush-lat test, --pmem PATH (durable memory as
+// the buffer).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -33,6 +36,7 @@ constexpr TestName kTests[] = {
     {"read-lat", Verb::kRead, Kind::kLatency},   {"read-bw", Verb::kRead, Kind::kBandwidth},
     {"send-lat", Verb::kSend, Kind::kLatency},   {"send-bw", Verb::kSend, Kind::kBandwidth},
     {"atomic-lat", Verb::kAtomic, Kind::kLatency}, {"atomic-bw", Verb::kAtomic, Kind::kBandwidth},
+    {"flush-lat", Verb::kFlush, Kind::kLatency},
 };
 
 int usage_failure(const Options& opts, const Error& err) {
@@ -93,6 +97,24 @@ Result<Config> configure(const Options& opts, const TestName& t) {
   }
   const bool lat = t.kind == Kind::kLatency;
   const bool atomic = t.verb == Verb::kAtomic;
+  // --flush TYPE: a FLUSH behind every WRITE (write-lat, write-bw), or
+  // flush-lat's type (global unless given). --pmem PATH: the buffer is
+  // durable memory.
+  if (const std::string* f = opts.value("flush")) {
+    if (*f == "global") c.flush_type = rdma::kFlushTypeGlobal;
+    else if (*f == "persistent") c.flush_type = rdma::kFlushTypePersistent;
+    else return fail(EINVAL, "--flush " + *f + ": expected global or persistent");
+    if (t.verb != Verb::kWrite && t.verb != Verb::kFlush) {
+      return fail(EINVAL, "--flush applies to write-lat, write-bw (a FLUSH behind every WRITE) and flush-lat; " +
+                              std::string(t.name) + " has no WRITE to flush");
+    }
+  } else if (t.verb == Verb::kFlush) {
+    c.flush_type = rdma::kFlushTypeGlobal;
+  }
+  if (const std::string* p = opts.value("pmem")) {
+    if (p->empty()) return fail(EINVAL, "--pmem: expected a path (a file on a disk, a block device or /dev/daxN.M)");
+    c.pmem = *p;
+  }
   c.all_sizes = opts.flags.count("all");
   if (const std::string* s = opts.value("size")) {
     if (atomic) return fail(EINVAL, "-s: the message size of the atomic tests is 8 bytes and cannot be changed");
@@ -134,8 +156,17 @@ Result<Config> configure(const Options& opts, const TestName& t) {
     if (*duration / 4 * 2 >= *duration) return fail(EINVAL, "-D " + std::to_string(*duration) + ": at least 3 seconds");
     c.duration_s = uint32_t(*duration);
   }
-  if (opts.value("inline") && (t.verb == Verb::kRead || atomic)) {
+  if (opts.value("inline") && (t.verb == Verb::kRead || atomic || t.verb == Verb::kFlush)) {
     return fail(EINVAL, "-I: inline data is for WRITE and SEND, as in perftest");
+  }
+  // FLUSH PERSISTENT to memory that is not durable is refused by the
+  // target's registration: say so before anything opens.
+  if (c.flush_target() && c.flush_type == rdma::kFlushTypePersistent && c.pmem.empty()) {
+    return fail(EINVAL, std::string("--flush persistent: ") +
+                            (c.server() ? "the client flushes this server's buffer"
+                                        : "in write-lat the server flushes this client's buffer too") +
+                            ", which must be durable memory: give --pmem PATH (a file on a disk, a block device or "
+                            "/dev/daxN.M)");
   }
   if (const std::string* a = opts.value("atomic-type")) {
     if (!atomic) return fail(EINVAL, "-A applies to atomic-lat and atomic-bw");
@@ -188,7 +219,7 @@ int cmd_perf(const Options& opts) {
   if (!test) {
     return usage_failure(opts, Error(EINVAL, "unknown test '" + opts.args[0] +
                                                  "'; expected write-lat, write-bw, read-lat, read-bw, send-lat, "
-                                                 "send-bw, atomic-lat or atomic-bw"));
+                                                 "send-bw, atomic-lat, atomic-bw or flush-lat"));
   }
   auto cfg = configure(opts, *test);
   if (!cfg) return usage_failure(opts, cfg.error());
@@ -248,6 +279,14 @@ int cmd_perf(const Options& opts) {
     w.field("role", cfg->role()).field("device", cfg->device).field("path_mtu", session.path_mtu());
     w.field("qps", cfg->qps).field("tx_depth", cfg->tx_depth).field("cq_mod", cfg->cq_mod);
     if (cfg->duration_s) w.field("duration_s", cfg->duration_s);
+    w.key("flush");
+    if (cfg->flush_type != 0) {
+      w.value(perf::flush_type_name(cfg->flush_type));
+    } else {
+      w.null();
+    }
+    w.field("memory", session.memory_kind());
+    if (!cfg->pmem.empty()) w.field("pmem", cfg->pmem);
     w.field("units", cfg->report_gbits ? "Gb/s" : "MiB/s");
     w.key("results").begin_array();
     for (const auto& r : lat) {

@@ -18,7 +18,13 @@ commands:
   list                 network PCI devices: driver, IOMMU group, NUMA node,
                        interface, readiness for ufab
   info BDF             one device: BARs, capabilities, MSI-X, IOMMU group;
-                       through VFIO (MAC, regions, IRQs) when bound to vfio-pci
+                       through VFIO (MAC, regions, IRQs) when bound to
+                       vfio-pci, and its RDMA device: FLUSH global/persistent,
+                       ATOMIC_WRITE, memory types, limits
+  info swnic:LINK:PORT | shm:DOMAIN
+                       a software device's RDMA view (as above)
+      --ip A.B.C.D     the address to open a soft-RoCE port with (not needed)
+      --param K=V      driver parameter (repeatable)
   bind BDF [--force]   hand a NIC to vfio-pci; refuses the NIC that carries
                        this machine's connection unless --force
   unbind BDF           give a NIC back to the driver it had before bind
@@ -57,8 +63,10 @@ commands:
                        shm:DOMAIN (shared memory, two processes of this
                        host) takes no --ip.
                        TEST: write-lat write-bw read-lat read-bw send-lat
-                       send-bw atomic-lat atomic-bw. Options as perftest's,
-                       with its defaults per test; give both sides the same:
+                       send-bw atomic-lat atomic-bw, and ufab's flush-lat
+                       (FLUSH of -s bytes, one at a time). Options as
+                       perftest's, with its defaults per test; give both
+                       sides the same:
       -s, --size N[K|M] message size (lat 2, bw 65536, atomic 8)
       -n, --iters N    iterations (1000; write-bw 5000)
       -a, --all        every size from 2 to 8 MiB
@@ -74,6 +82,14 @@ commands:
       -x, --gid-index 0  the port's one GID; -F is accepted and ignored
       --report_gbits   Gb/s instead of MB/s (2^20 bytes)
       --timeout S      bound on each wait (default 30); --param K=V
+      --flush global|persistent  write-lat/-bw: a FLUSH of each WRITE's
+                       range behind it, done when the FLUSH completes
+                       (persistent: commit-complete WRITEs, the same wire);
+                       flush-lat: the FLUSH's type (global). ufab peers only
+      --pmem PATH      the buffer is PATH mapped shared (file: created or
+                       extended; block device; /dev/daxN.M), registered as
+                       persistent memory: needed where --flush persistent
+                       flushes this side (server; write-lat: both)
 
 options:
   --json               machine-readable output on stdout
@@ -94,9 +110,9 @@ const std::map<std::string, std::set<std::string>> kValueOptions = {
     {"size", {"pktgen", "pingpong", "perf"}},
     {"burst", {"pktgen"}},
     {"timeout", {"pktgen", "pingpong", "perf"}},
-    {"param", {"pktgen", "pingpong", "perf"}},
+    {"param", {"info", "pktgen", "pingpong", "perf"}},
     {"verify", {"pktgen"}},
-    {"ip", {"pingpong", "perf"}},
+    {"ip", {"info", "pingpong", "perf"}},
     {"port", {"pingpong", "perf"}},
     {"iters", {"pingpong", "perf"}},
     {"rx-depth", {"pingpong", "perf"}},
@@ -107,6 +123,8 @@ const std::map<std::string, std::set<std::string>> kValueOptions = {
     {"inline", {"perf"}},
     {"atomic-type", {"perf"}},
     {"gid-index", {"perf"}},
+    {"flush", {"perf"}},
+    {"pmem", {"perf"}},
 };
 
 // Options without a value, and their commands.
@@ -221,7 +239,7 @@ int run(int argc, char** argv) {
   };
   static const std::map<std::string, Spec> commands = {
       {"list", {cmd_list, 0, 0, "ufab list"}},
-      {"info", {cmd_info, 1, 1, "ufab info BDF"}},
+      {"info", {cmd_info, 1, 1, "ufab info BDF|swnic:LINK:PORT|shm:DOMAIN"}},
       {"bind", {cmd_bind, 1, 1, "ufab bind BDF [--force]"}},
       {"unbind", {cmd_unbind, 1, 1, "ufab unbind BDF"}},
       {"doctor", {cmd_doctor, 0, 1, "ufab doctor [BDF]"}},

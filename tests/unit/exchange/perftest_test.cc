@@ -169,6 +169,7 @@ TEST(PerftestChannel, ClientSpeaksPerftestsSequence) {
   auto agreed = ch->hello(4096, 64, 5, kLong);
   ASSERT_TRUE(agreed) << error_of(agreed);
   EXPECT_EQ(ch->peer_version(), "6.06");
+  EXPECT_EQ(ch->peer_tail(), "");  // perftest pads with NULs
   EXPECT_EQ(agreed->cycle_buffer, 8192u);  // the larger
   EXPECT_EQ(agreed->cache_line, 64u);
   EXPECT_EQ(agreed->mtu_enum, 3u);  // the smaller
@@ -252,6 +253,49 @@ TEST(PerftestChannel, ServerAndClientMeet) {
   server.join();
   ASSERT_TRUE(server_saw && *server_saw);
   EXPECT_EQ((*server_saw)->qpn, 0x11u);
+}
+
+// The version block's padding carries a tail (ufab perf's mark) that
+// perftest ignores: the text up to the NUL is still "6.06", byte for byte
+// what perftest's atof reads.
+TEST(PerftestChannel, VersionTailTravelsInThePadding) {
+  auto l = TcpChannel::listen(0, "127.0.0.1");
+  ASSERT_TRUE(l);
+  std::string server_saw;
+  std::thread server([&] {
+    auto ch = PerftestChannel::accept(*l, kLong);
+    ASSERT_TRUE(ch) << error_of(ch);
+    auto a = ch->hello(4096, 64, 3, kLong, "srv:2");
+    ASSERT_TRUE(a) << error_of(a);
+    EXPECT_EQ(ch->peer_version(), "6.06");
+    server_saw = ch->peer_tail();
+  });
+  auto ch = PerftestChannel::connect("127.0.0.1", l->port(), kLong);
+  ASSERT_TRUE(ch) << error_of(ch);
+  auto a = ch->hello(4096, 64, 3, kLong, "ufab:1abcde");  // the most that fits: 16 - "6.06" and its NUL
+  ASSERT_TRUE(a) << error_of(a);
+  EXPECT_EQ(ch->peer_version(), "6.06");
+  EXPECT_EQ(ch->peer_tail(), "srv:2");
+  server.join();
+  EXPECT_EQ(server_saw, "ufab:1abcde");
+}
+
+TEST(PerftestChannel, VersionTailMustFit) {
+  FakePerftestServer server("6.06");
+  auto ch = PerftestChannel::connect("127.0.0.1", server.listener->port(), kLong);
+  ASSERT_TRUE(ch) << error_of(ch);
+  auto too_long = ch->hello(4096, 64, 3, kLong, "ufab:1abcdef");
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(too_long.error().code(), EINVAL);
+  EXPECT_NE(too_long.error().message().find("at most 11 bytes"), std::string::npos) << too_long.error().message();
+  auto nul = ch->hello(4096, 64, 3, kLong, std::string_view("a\0b", 3));
+  ASSERT_FALSE(nul);
+  EXPECT_EQ(nul.error().code(), EINVAL);
+  // Nothing was sent: the exchange still works.
+  auto ok = ch->hello(4096, 64, 3, kLong, "ufab:0");
+  ASSERT_TRUE(ok) << error_of(ok);
+  server.thread.join();
+  EXPECT_EQ(server.got_version, std::vector<uint8_t>({'6', '.', '0', '6', 0, 'u', 'f', 'a', 'b', ':', '0', 0, 0, 0, 0, 0}));
 }
 
 TEST(PerftestChannel, PeerClosingIsAnError) {

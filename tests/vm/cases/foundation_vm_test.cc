@@ -319,6 +319,17 @@ TEST_F(FoundationVm, InfoShowsThePluginViewAndPktgenCarriesFrames) {
     ASSERT_EQ(info.status, 0) << info.out;
     EXPECT_EQ(trim(sh("echo '" + info.out + "' | jq -r .plugin.mac").out), n->mac) << info.out;
     EXPECT_EQ(trim(sh("echo '" + info.out + "' | jq -r .plugin.link.up").out), "true") << info.out;
+    // The RDMA device soft-RoCE opens on it: FLUSH of both types, ATOMIC
+    // WRITE, host and persistent memory; no address without --ip.
+    EXPECT_EQ(trim(sh("echo '" + info.out +
+                      "' | jq -r '[.rdma.provider, .rdma.flush_global, .rdma.flush_persistent, .rdma.atomic_write, "
+                      "(.rdma.mem_types | join(\",\")), .rdma.ip] | map(tostring) | join(\" \")'")
+                       .out),
+              "soft-roce true true true host,persistent null")
+        << info.out;
+    Shell text = ufab_run("info " + n->bdf + " --ip 10.0.0.9");
+    EXPECT_TRUE(contains(text.out, "placement   flush global yes, flush persistent yes, atomic write yes")) << text.out;
+    EXPECT_TRUE(contains(text.out, "address     10.0.0.9")) << text.out;
   }
   EXPECT_EQ(trim(sh("echo '" + ufab_run("info --json " + e.bdf).out + "' | jq -r .plugin.name").out), "e1000e");
   EXPECT_EQ(trim(sh("echo '" + ufab_run("info --json " + v.bdf).out + "' | jq -r .plugin.name").out), "virtio_net");

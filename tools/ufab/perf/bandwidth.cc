@@ -8,6 +8,10 @@
 //     (4 KiB) when the message fits its half. The server does nothing but
 //     answer; it learns the end from the client's handshake, then receives
 //     and prints the client's report.
+//   write-bw --flush: each message is a WRITE and a FLUSH of its range
+//     behind it (the pair counts as one request of the window; the FLUSH
+//     carries the signal); a message is done when its FLUSH completes.
+//     persistent posts commit-complete WRITEs (kSendCommit), the same wire.
 //   send-bw: the server posts rx_depth receives per QP, a handshake says so,
 //     the client sends; both print their own figures. With -a the sides
 //     meet again after every size.
@@ -30,6 +34,7 @@ std::string title(const Config& cfg) {
     case Verb::kWrite: return "RDMA_Write BW Test";
     case Verb::kRead: return "RDMA_Read BW Test";
     case Verb::kAtomic: return cfg.cmp_and_swap ? "Atomic CMP_AND_SWAP BW Test" : "Atomic FETCH_AND_ADD BW Test";
+    case Verb::kFlush: break;  // flush-lat only
   }
   return "";
 }
@@ -69,8 +74,14 @@ class BandwidthTest {
     std::array<rdma::WorkCompletion, 16> wcs;
     std::vector<rdma::Sge> sges;
     std::vector<rdma::SendWr> wrs;
+    // --flush global: a FLUSH work request behind each WRITE; persistent: a
+    // commit-complete WRITE (kSendCommit: WRITE and FLUSH PERSISTENT on the
+    // wire, one work request, one completion).
+    const bool commit = cfg_.flush_type == rdma::kFlushTypePersistent;
+    const bool flush = cfg_.flush_type != 0 && !commit;
+    const uint64_t per_msg = flush ? 2 : 1;  // work requests per message
     sges.reserve(cfg_.tx_depth);
-    wrs.reserve(cfg_.tx_depth);
+    wrs.reserve(cfg_.tx_depth * per_msg);
     int64_t last_completion = now_ns();
     while ((clock && !ended()) || totscnt < total || totccnt < total) {
       // Each QP's free window as one list: one doorbell for the lot (perftest
@@ -78,31 +89,44 @@ class BandwidthTest {
       for (uint32_t q = 0; q < n_qps; ++q) {
         sges.clear();
         wrs.clear();
-        while ((clock || scnt[q] + wrs.size() < iters) && scnt[q] + wrs.size() - ccnt[q] + 1 <= cfg_.tx_depth) {
+        uint64_t n = 0;  // messages in this list
+        while ((clock || scnt[q] + n < iters) && scnt[q] + n - ccnt[q] + 1 <= cfg_.tx_depth) {
           if (ended()) break;
-          const uint64_t k = scnt[q] + wrs.size();
+          const uint64_t k = scnt[q] + n;
           const bool signaled = k % cq_mod == cq_mod - 1 || (!clock && k == iters - 1);
           const uint64_t offset = (k % slots) * inc(msg);
           sges.push_back(s_.mr().sge(s_.local_area(q) - static_cast<uint8_t*>(s_.mr().addr()) + offset, uint32_t(msg)));
           rdma::SendWr& wr = wrs.emplace_back();
           wr.wr_id = q;
           wr.opcode = op;
-          wr.flags = (signaled ? rdma::kSendSignaled : 0) |
+          wr.flags = (signaled && !flush ? rdma::kSendSignaled : 0) | (commit ? rdma::kSendCommit : 0) |
                      (op != rdma::WrOpcode::kRdmaRead && msg <= cfg_.inline_size ? rdma::kSendInline : 0);
           wr.remote_addr = s_.remote(q).vaddr + offset;
           wr.rkey = s_.remote(q).rkey;
           wr.compare_add = cfg_.cmp_and_swap ? 0 : 1;
+          if (flush) {
+            rdma::SendWr& f = wrs.emplace_back();
+            f.wr_id = q;
+            f.opcode = rdma::WrOpcode::kFlush;
+            f.flags = signaled ? rdma::kSendSignaled : 0;
+            f.remote_addr = s_.remote(q).vaddr + offset;
+            f.rkey = s_.remote(q).rkey;
+            f.flush_type = cfg_.flush_type;
+            f.flush_level = rdma::kFlushRange;
+            f.flush_length = msg;
+          }
+          ++n;
           if (!clock) posted.push_back(now_ns());
           signaled_posts += signaled;
         }
         if (wrs.empty()) continue;
-        for (size_t i = 0; i < wrs.size(); ++i) wrs[i].sgl = {&sges[i], 1};
+        for (size_t i = 0; i < n; ++i) wrs[i * per_msg].sgl = {&sges[i], 1};
         if (auto p = s_.qp(q).post_send(wrs); !p) {
           return std::unexpected(p.error().context("posting requests " + std::to_string(scnt[q] + 1) + ".." +
-                                                   std::to_string(scnt[q] + wrs.size()) + " on QP " + std::to_string(q)));
+                                                   std::to_string(scnt[q] + n) + " on QP " + std::to_string(q)));
         }
-        scnt[q] += wrs.size();
-        totscnt += wrs.size();
+        scnt[q] += n;
+        totscnt += n;
       }
       if (totccnt < total || (clock && totccnt < totscnt)) {
         auto n = s_.send_cq().poll(wcs);

@@ -10,6 +10,11 @@
 //   read-lat, atomic-lat: only the client works, one READ (FETCH_AND_ADD 1
 //     or CMP_AND_SWP 0/0) at a time; the server waits in the closing
 //     handshake, answering the client's requests meanwhile.
+//   flush-lat (ufab's, not perftest's): as read-lat, one FLUSH of `size`
+//     bytes (RANGE) of the server's buffer at a time.
+//   write-lat --flush: every WRITE is followed by a FLUSH of its range
+//     (one doorbell); an iteration's send completes with the FLUSH. With
+//     persistent, a commit-complete WRITE (kSendCommit): the same wire.
 // Nothing of the test (size, count, -a, -D) is exchanged: both sides must
 // be given the same options, as with perftest.
 #include <cstdio>
@@ -30,6 +35,7 @@ const char* verb_title(const Config& cfg) {
     case Verb::kWrite: return "RDMA_Write Latency Test";
     case Verb::kRead: return "RDMA_Read Latency Test";
     case Verb::kAtomic: return cfg.cmp_and_swap ? "Atomic CMP_AND_SWAP Latency Test" : "Atomic FETCH_AND_ADD Latency Test";
+    case Verb::kFlush: return "RDMA_Flush Latency Test";
   }
   return "";
 }
@@ -89,6 +95,7 @@ class LatencyTest {
   }
 
   Status post(rdma::WrOpcode opcode, bool signaled) {
+    if (opcode == rdma::WrOpcode::kFlush) return s_.qp(0).post_send(flush_wr(signaled));
     rdma::Sge sge = s_.mr().sge(s_.local_area(0) - static_cast<uint8_t*>(s_.mr().addr()),
                                 uint32_t(cfg_.verb == Verb::kAtomic ? 8 : size_));
     rdma::SendWr wr;
@@ -102,7 +109,33 @@ class LatencyTest {
     wr.rkey = s_.remote(0).rkey;
     wr.compare_add = cfg_.cmp_and_swap ? 0 : 1;  // perftest: FETCH_AND_ADD 1; CMP_AND_SWP 0 -> 0
     wr.swap = 0;
+    if (cfg_.flush_type == rdma::kFlushTypePersistent && opcode == rdma::WrOpcode::kRdmaWrite) {
+      // --flush persistent: a commit-complete WRITE, which is the WRITE and
+      // a FLUSH PERSISTENT of its range on the wire, one completion.
+      wr.flags |= rdma::kSendCommit;
+      return s_.qp(0).post_send(wr);
+    }
+    if (cfg_.flush_type != 0 && opcode == rdma::WrOpcode::kRdmaWrite) {
+      // --flush global: the WRITE unsignaled, a FLUSH of its range behind
+      // it, one doorbell; the FLUSH's completion says the WRITE is placed.
+      wr.flags &= ~rdma::kSendSignaled;
+      rdma::SendWr pair[2] = {wr, flush_wr(signaled)};
+      return s_.qp(0).post_send(std::span<const rdma::SendWr>(pair, 2));
+    }
     return s_.qp(0).post_send(wr);
+  }
+
+  // A FLUSH of the message's range at the peer's buffer.
+  rdma::SendWr flush_wr(bool signaled) const {
+    rdma::SendWr f;
+    f.opcode = rdma::WrOpcode::kFlush;
+    f.flags = signaled ? rdma::kSendSignaled : 0;
+    f.remote_addr = s_.remote(0).vaddr;
+    f.rkey = s_.remote(0).rkey;
+    f.flush_type = cfg_.flush_type;
+    f.flush_level = rdma::kFlushRange;
+    f.flush_length = size_;
+    return f;
   }
 
   // run_iter_lat_write.
@@ -128,7 +161,9 @@ class LatencyTest {
       }
       if (ended()) break;
       if (more(ccnt)) {
-        auto wc = s_.wait_completion(s_.send_cq(), "our RDMA WRITE " + where(ccnt));
+        auto wc = s_.wait_completion(s_.send_cq(), std::string(cfg_.flush_type ? "the FLUSH behind our RDMA WRITE "
+                                                                                   : "our RDMA WRITE ") +
+                                                         where(ccnt));
         if (!wc) return std::unexpected(wc.error());
         ++ccnt;
         count_completion();
@@ -173,16 +208,17 @@ class LatencyTest {
     return {};
   }
 
-  // run_iter_lat: one READ or atomic at a time (client only).
+  // run_iter_lat: one READ, atomic or FLUSH at a time (client only).
   Status request_loop() {
-    const rdma::WrOpcode op = cfg_.verb == Verb::kRead ? rdma::WrOpcode::kRdmaRead
-                              : cfg_.cmp_and_swap      ? rdma::WrOpcode::kAtomicCmpAndSwp
-                                                       : rdma::WrOpcode::kAtomicFetchAndAdd;
+    const rdma::WrOpcode op = cfg_.verb == Verb::kRead    ? rdma::WrOpcode::kRdmaRead
+                              : cfg_.verb == Verb::kFlush ? rdma::WrOpcode::kFlush
+                              : cfg_.cmp_and_swap         ? rdma::WrOpcode::kAtomicCmpAndSwp
+                                                          : rdma::WrOpcode::kAtomicFetchAndAdd;
+    const char* name = cfg_.verb == Verb::kRead ? "our RDMA READ " : cfg_.verb == Verb::kFlush ? "our FLUSH " : "our atomic ";
     for (uint64_t scnt = 0; clock_ ? !ended() : scnt < cfg_.iters; ++scnt) {
       if (!clock_) posted_.push_back(now_ns());
       if (auto p = post(op, true); !p) return p;
-      auto wc = s_.wait_completion(s_.send_cq(), std::string(cfg_.verb == Verb::kRead ? "our RDMA READ " : "our atomic ") +
-                                                     where(scnt));
+      auto wc = s_.wait_completion(s_.send_cq(), name + where(scnt));
       if (!wc) return std::unexpected(wc.error());
       count_completion();
       tick(scnt + 1);

@@ -1,7 +1,15 @@
 #include "tools/ufab/perf/session.h"
 
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
 
 #include <cstdio>
 #include <cstdlib>
@@ -27,13 +35,25 @@ rdma::AccessFlags remote_access(Verb verb) {
     case Verb::kRead: return rdma::kRemoteRead;
     case Verb::kAtomic: return rdma::kRemoteAtomic;
     case Verb::kSend: return rdma::kRemoteWrite;  // as perftest's INIT
+    case Verb::kFlush: return 0;                   // flush_access() has its rights
   }
   return 0;
 }
 
-// READs and atomics we let the peer have outstanding at us; perftest sends
-// its device's maximum and uses ours as its initiator depth.
-uint16_t out_reads(Verb verb) { return verb == Verb::kRead || verb == Verb::kAtomic ? 16 : 1; }
+// The FLUSH rights of this side's buffer and QPs: those of --flush's type
+// where the peer flushes us.
+rdma::AccessFlags flush_access(const Config& cfg) {
+  if (!cfg.flush_target()) return 0;
+  return cfg.flush_type == rdma::kFlushTypePersistent ? rdma::kFlushPersistent : rdma::kFlushGlobal;
+}
+
+// READs, atomics and FLUSHes we let the peer have outstanding at us;
+// perftest sends its device's maximum and uses ours as its initiator
+// depth. A FLUSH behind every WRITE needs the same room (they count
+// against max_rd_atomic like READs).
+uint16_t out_reads(const Config& cfg) {
+  return cfg.verb == Verb::kRead || cfg.verb == Verb::kAtomic || cfg.flush_type != 0 ? 16 : 1;
+}
 
 uint32_t mtu_enum(uint32_t mtu) {
   uint32_t e = 1;
@@ -72,30 +92,12 @@ Status Session::open_device() {
   if (!pd) return std::unexpected(pd.error().context("allocating a PD"));
   pd_.emplace(std::move(*pd));
 
+  if (cfg_.flush_type != 0) {
+    if (auto c = check_flush_caps(false); !c) return c;
+  }
   area_ = round_up(std::max<uint64_t>(cfg_.size, kCycleBuffer), kCacheLine);
   const uint64_t total = 2 * uint64_t(cfg_.qps) * area_;
-  // A memfd mapped MAP_SHARED and kept open: a provider that maps its
-  // peers' shared regions (shm) then copies straight into this buffer
-  // instead of through the kernel. Heap memory where there is no memfd.
-  if (int fd = memfd_create("ufab-perf", MFD_CLOEXEC); fd >= 0) {
-    void* p = MAP_FAILED;
-    if (ftruncate(fd, off_t(total)) == 0) p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p != MAP_FAILED) {
-      memory_ = {static_cast<uint8_t*>(p), [fd, total](uint8_t* q) {
-                   munmap(q, total);
-                   ::close(fd);
-                 }};
-    } else {
-      ::close(fd);
-    }
-  }
-  if (!memory_) {
-    void* mem = nullptr;
-    if (int rc = posix_memalign(&mem, kCycleBuffer, total); rc != 0) {
-      return fail(rc, "allocating the " + std::to_string(total) + "-byte buffer");
-    }
-    memory_ = {static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); }};
-  }
+  if (auto m = cfg_.pmem.empty() ? map_buffer(total) : map_pmem(total); !m) return m;
   buffer_ = memory_.get();
   // write-lat polls the last byte of what arrives, so its buffer starts
   // zeroed; the other tests send perftest's random bytes.
@@ -108,9 +110,21 @@ Status Session::open_device() {
       std::memcpy(buffer_ + i, &r, std::min<uint64_t>(8, total - i));
     }
   }
-  auto mr = pd_->register_mr(buffer_, total, rdma::kLocalWrite | remote_access(cfg_.verb));
-  if (!mr) return std::unexpected(mr.error().context("registering the " + std::to_string(total) + "-byte buffer"));
+  const rdma::AccessFlags access = rdma::kLocalWrite | remote_access(cfg_.verb) | flush_access(cfg_);
+  const rdma::MemoryType type = cfg_.pmem.empty() ? rdma::MemoryType::kHost : rdma::MemoryType::kPersistent;
+  auto mr = pd_->register_mr(buffer_, total, access, type);
+  if (!mr) {
+    return std::unexpected(mr.error().context(
+        "registering the " + std::to_string(total) + "-byte buffer" +
+        (cfg_.pmem.empty() ? std::string() : " (" + cfg_.pmem + ", " + memory_kind_ + ") as persistent memory") +
+        (access & rdma::kFlushPersistent ? " with FLUSH_PERSISTENT" : "")));
+  }
   mr_.emplace(std::move(*mr));
+  // The target's capability once its memory is in: with --pmem the
+  // registration has said first whether the provider takes durable memory.
+  if (cfg_.flush_type != 0) {
+    if (auto c = check_flush_caps(true); !c) return c;
+  }
 
   auto cq = dev_->create_cq(cfg_.tx_depth * cfg_.qps + 16);
   if (!cq) return std::unexpected(cq.error().context("creating the send CQ"));
@@ -124,7 +138,8 @@ Status Session::open_device() {
     auto qp = pd_->create_qp({.type = rdma::QpType::kRc,
                               .send_cq = send_cq_.get(),
                               .recv_cq = recv_cq_ ? recv_cq_.get() : send_cq_.get(),
-                              .caps = {.max_send_wr = cfg_.tx_depth,
+                              // A FLUSH rides behind every WRITE with --flush.
+                              .caps = {.max_send_wr = cfg_.tx_depth * (cfg_.flush_type != 0 ? 2 : 1),
                                        .max_recv_wr = cfg_.verb == Verb::kSend ? cfg_.rx_depth : 1,
                                        .max_send_sge = 1,
                                        .max_recv_sge = 1,
@@ -132,7 +147,7 @@ Status Session::open_device() {
     if (!qp) return std::unexpected(qp.error().context("creating RC QP " + std::to_string(i)));
     rdma::QpAttr a;
     a.state = rdma::QpState::kInit;
-    a.access_flags = remote_access(cfg_.verb);
+    a.access_flags = remote_access(cfg_.verb) | flush_access(cfg_);
     if (auto s = (*qp)->modify(a, rdma::kAttrState | rdma::kAttrPkeyIndex | rdma::kAttrPort | rdma::kAttrAccessFlags);
         !s) {
       return std::unexpected(s.error().context("moving QP " + std::to_string(i) + " to INIT"));
@@ -140,6 +155,170 @@ Status Session::open_device() {
     qps_.push_back(std::move(*qp));
   }
   remote_.resize(cfg_.qps);
+  return {};
+}
+
+// A memfd mapped MAP_SHARED and kept open: a provider that maps its peers'
+// shared regions (shm) then copies straight into this buffer instead of
+// through the kernel. Heap memory where there is no memfd.
+Status Session::map_buffer(uint64_t total) {
+  if (int fd = memfd_create("ufab-perf", MFD_CLOEXEC); fd >= 0) {
+    void* p = MAP_FAILED;
+    if (ftruncate(fd, off_t(total)) == 0) p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      memory_ = {static_cast<uint8_t*>(p), [fd, total](uint8_t* q) {
+                   munmap(q, total);
+                   ::close(fd);
+                 }};
+      memory_kind_ = "memfd";
+      return {};
+    }
+    ::close(fd);
+  }
+  void* mem = nullptr;
+  if (int rc = posix_memalign(&mem, kCycleBuffer, total); rc != 0) {
+    return fail(rc, "allocating the " + std::to_string(total) + "-byte buffer");
+  }
+  memory_ = {static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); }};
+  memory_kind_ = "heap";
+  return {};
+}
+
+namespace {
+// Device DAX maps in whole units of its alignment
+// (/sys/dev/char/MAJ:MIN/device/align, or 2 MiB where it does not say).
+uint64_t dax_align(dev_t rdev) {
+  std::ifstream f("/sys/dev/char/" + std::to_string(major(rdev)) + ":" + std::to_string(minor(rdev)) + "/device/align");
+  uint64_t a = 0;
+  if (f >> a && a != 0 && (a & (a - 1)) == 0) return a;
+  return 2u << 20;
+}
+uint64_t dax_size(dev_t rdev) {
+  std::ifstream f("/sys/dev/char/" + std::to_string(major(rdev)) + ":" + std::to_string(minor(rdev)) + "/size");
+  uint64_t v = 0;
+  return f >> v ? v : 0;
+}
+}  // namespace
+
+// --pmem PATH: the whole buffer is PATH, mapped MAP_SHARED from offset 0
+// (its first bytes are overwritten). A regular file is created or extended
+// (never shrunk) and its blocks allocated, so no WRITE waits for the file
+// system to find space; it is mapped MAP_SYNC where the file system is DAX.
+Status Session::map_pmem(uint64_t total) {
+  const std::string& path = cfg_.pmem;
+  const std::string what = "--pmem " + path;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int e = errno;
+    return fail(e, what + ": cannot open it read-write (" + std::strerror(e) +
+                       "); give a file on a disk, a block device or /dev/daxN.M this user may write");
+  }
+  auto closing = [&](Error err) -> Status {
+    ::close(fd);
+    return std::unexpected(std::move(err));
+  };
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return closing(Error(errno, what + ": fstat failed"));
+  uint64_t length = total;
+  int flags = MAP_SHARED;
+  if (S_ISREG(st.st_mode)) {
+    if (uint64_t(st.st_size) < total) {
+      if (int rc = posix_fallocate(fd, 0, off_t(total)); rc != 0) {
+        return closing(Error(rc, what + ": cannot extend it to " + std::to_string(total) + " bytes (" +
+                                     std::strerror(rc) + "); is its file system full?"));
+      }
+    }
+    memory_kind_ = "file";
+  } else if (S_ISBLK(st.st_mode)) {
+    uint64_t size = 0;
+    if (ioctl(fd, BLKGETSIZE64, &size) != 0) return closing(Error(errno, what + ": cannot read the block device's size"));
+    if (size < total) {
+      return closing(Error(ENOSPC, what + ": the block device holds " + std::to_string(size) + " bytes; the buffer needs " +
+                                       std::to_string(total)));
+    }
+    memory_kind_ = "block device";
+  } else if (S_ISCHR(st.st_mode)) {
+    // Device DAX: no file system, no MAP_SYNC needed (nothing to sync).
+    length = round_up(total, dax_align(st.st_rdev));
+    if (uint64_t size = dax_size(st.st_rdev); size != 0 && size < length) {
+      return closing(Error(ENOSPC, what + ": the DAX device holds " + std::to_string(size) + " bytes; the buffer needs " +
+                                       std::to_string(length)));
+    }
+    memory_kind_ = "device DAX";
+  } else {
+    return closing(Error(EINVAL, what + ": not a regular file, a block device or a DAX character device"));
+  }
+  void* p = MAP_FAILED;
+  if (S_ISREG(st.st_mode)) {
+    // MAP_SYNC succeeds only on a DAX file system; elsewhere plain MAP_SHARED.
+    p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED_VALIDATE | MAP_SYNC, fd, 0);
+    if (p != MAP_FAILED) memory_kind_ = "file, DAX (MAP_SYNC)";
+  }
+  if (p == MAP_FAILED) p = mmap(nullptr, length, PROT_READ | PROT_WRITE, flags, fd, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    return closing(Error(e, what + ": mmap of " + std::to_string(length) + " bytes failed (" + std::strerror(e) + ")"));
+  }
+  memory_ = {static_cast<uint8_t*>(p), [fd, length](uint8_t* q) {
+               munmap(q, length);
+               ::close(fd);
+             }};
+  return {};
+}
+
+// --flush needs a provider that speaks FLUSH (shm does not), and where the
+// peer flushes this side, the placement type's capability.
+Status Session::check_flush_caps(bool as_target) const {
+  const uint32_t caps = dev_->attr().caps;
+  const char* type = flush_type_name(cfg_.flush_type);
+  if (!as_target && !(caps & (UFAB_DEVICE_CAP_FLUSH_GLOBAL | UFAB_DEVICE_CAP_FLUSH_PERSISTENT))) {
+    return fail(EOPNOTSUPP, "--flush " + std::string(type) + ": " + cfg_.device + " (provider " + dev_->provider() +
+                                ") has no FLUSH (its device caps lack UFAB_DEVICE_CAP_FLUSH_GLOBAL and _PERSISTENT; "
+                                "`ufab info " + cfg_.device + "` shows them); use a soft-RoCE port (swnic:LINK:PORT or "
+                                "a NIC on vfio-pci)");
+  }
+  const uint32_t needed =
+      cfg_.flush_type == rdma::kFlushTypePersistent ? UFAB_DEVICE_CAP_FLUSH_PERSISTENT : UFAB_DEVICE_CAP_FLUSH_GLOBAL;
+  if (as_target && cfg_.flush_target() && !(caps & needed)) {
+    return fail(EOPNOTSUPP, "--flush " + std::string(type) + ": " + cfg_.device + " (provider " + dev_->provider() +
+                                ") cannot be the target of a FLUSH " + type + " (no UFAB_DEVICE_CAP_FLUSH_" +
+                                (needed == UFAB_DEVICE_CAP_FLUSH_PERSISTENT ? "PERSISTENT" : "GLOBAL") +
+                                "; `ufab info " + cfg_.device + "` shows what it offers)");
+  }
+  return {};
+}
+
+const char* flush_type_name(uint8_t type) {
+  switch (type) {
+    case 0: return "none";
+    case rdma::kFlushTypeGlobal: return "global";
+    case rdma::kFlushTypePersistent: return "persistent";
+  }
+  return "global+persistent";
+}
+
+std::string ufab_mark(uint8_t flush_type) { return "ufab:" + std::to_string(flush_type); }
+
+// Both sides of a run with --flush must be `ufab perf` with the same
+// --flush: perftest has no FLUSH (its target would refuse it, or, as the
+// requester, never send one), and a ufab peer without it grants no FLUSH
+// rights. Checked right after the version exchange, before any QP moves.
+Status Session::check_peer_flush(const std::string& peer_version, const std::string& peer_tail) const {
+  const bool ufab = peer_tail.rfind("ufab:", 0) == 0 && peer_tail.size() > 5;
+  const std::string mine = flush_type_name(cfg_.flush_type);
+  if (!ufab) {
+    if (cfg_.flush_type == 0) return {};
+    return fail(EPROTO, "--flush " + mine + ": the peer is not `ufab perf` (it announced perftest " + peer_version +
+                            " without ufab's mark): perftest's tools (ib_write_bw, ib_write_lat, ...) have no FLUSH. "
+                            "Run `ufab perf` with the same --flush on both sides, or leave --flush out");
+  }
+  const uint8_t theirs = uint8_t(std::strtoul(peer_tail.c_str() + 5, nullptr, 10));
+  if (theirs != cfg_.flush_type) {
+    return fail(EPROTO, std::string("the peer runs with ") +
+                            (theirs ? "--flush " + std::string(flush_type_name(theirs)) : "no --flush") +
+                            ", this side with " + (cfg_.flush_type ? "--flush " + mine : "none") +
+                            ": give both sides the same --flush (and the same test and options)");
+  }
   return {};
 }
 
@@ -162,8 +341,9 @@ Status Session::open_channel() {
       if (!ch) return std::unexpected(ch.error());
       channel_.emplace(std::move(*ch));
     }
-    auto agreed = channel_->hello(kCycleBuffer, kCacheLine, mtu_enum(mtu), cfg_.timeout);
+    auto agreed = channel_->hello(kCycleBuffer, kCacheLine, mtu_enum(mtu), cfg_.timeout, ufab_mark(cfg_.flush_type));
     if (!agreed) return std::unexpected(agreed.error());
+    if (auto f = check_peer_flush(channel_->peer_version(), channel_->peer_tail()); !f) return f;
     path_mtu_ = 128u << agreed->mtu_enum;
     // perftest walks its requests through the larger of the two page sizes
     // from our vaddr; our areas are sized for 4 KiB pages.
@@ -184,7 +364,7 @@ Status Session::open() {
 exchange::PerftestKeys Session::my_keys(uint32_t i) const {
   exchange::PerftestKeys k;
   k.lid = 0;
-  k.out_reads = out_reads(cfg_.verb);
+  k.out_reads = out_reads(cfg_);
   auto local = qps_[i]->local();
   k.qpn = local.qpn;
   k.psn = local.psn;
@@ -219,7 +399,7 @@ Status Session::connect() {
     a.path_mtu = path_mtu_;
     a.dest_qpn = peer.qpn;
     a.rq_psn = peer.psn;
-    a.max_dest_rd_atomic = uint8_t(out_reads(cfg_.verb));
+    a.max_dest_rd_atomic = uint8_t(out_reads(cfg_));
     a.min_rnr_timer = 12;
     a.av.dest_ip = *ip;
     // perftest asks for hop limit 255; the kernel puts its route's TTL (64)
@@ -282,11 +462,17 @@ void Session::print_banner(const char* title) const {
   std::fprintf(out, " Mtu             : %u[B]\n", path_mtu_);
   std::fprintf(out, " Link type       : Ethernet\n");
   std::fprintf(out, " GID index       : 0\n");
-  if (cfg_.verb == Verb::kRead || cfg_.verb == Verb::kAtomic) {
-    std::fprintf(out, " Outstand reads  : %u\n", unsigned(out_reads(cfg_.verb)));
+  if (cfg_.verb == Verb::kRead || cfg_.verb == Verb::kAtomic || cfg_.verb == Verb::kFlush) {
+    std::fprintf(out, " Outstand reads  : %u\n", unsigned(out_reads(cfg_)));
   } else {
     std::fprintf(out, " Max inline data : %u[B]\n", cfg_.inline_size);
   }
+  // Not perftest's: what a FLUSH run flushes, and durable memory.
+  if (cfg_.flush_type != 0) {
+    std::fprintf(out, " FLUSH           : %s%s\n", flush_type_name(cfg_.flush_type),
+                 cfg_.verb == Verb::kFlush ? ", RANGE of the message size" : ", RANGE, behind each WRITE");
+  }
+  if (!cfg_.pmem.empty()) std::fprintf(out, " Memory          : persistent, %s (%s)\n", cfg_.pmem.c_str(), memory_kind_.c_str());
   std::fprintf(out, " rdma_cm QPs\t : OFF\n");
   std::fprintf(out, " Data ex. method : Ethernet\n");
   std::fputs(kResultLine, out);
@@ -304,7 +490,7 @@ void Session::print_addresses(bool remote) const {
     std::fprintf(out, " %s address: LID %s QPN %s PSN %s", side, hex(k.lid, 4).c_str(), hex(k.qpn, 6).c_str(),
                  hex(k.psn, 6).c_str());
     if (cfg_.verb == Verb::kRead) std::fprintf(out, " OUT %s", hex(k.out_reads, 4).c_str());
-    if (cfg_.verb == Verb::kRead || cfg_.verb == Verb::kWrite) {
+    if (cfg_.verb == Verb::kRead || cfg_.verb == Verb::kWrite || cfg_.verb == Verb::kFlush) {
       std::fprintf(out, " RKey %s VAddr %s", hex(k.rkey, 8).c_str(), hex(k.vaddr, 16).c_str());
     }
     std::fprintf(out, "\n GID: %s\n", roce::gid_to_perftest_text(k.gid).c_str());

@@ -24,8 +24,9 @@
 namespace ufab::cli::perf {
 
 // perftest's verb numbering (perftest_parameters.h VerbType): it picks the
-// address line's fields.
-enum class Verb { kSend = 0, kWrite = 1, kRead = 2, kAtomic = 3 };
+// address line's fields. kFlush is ufab's own (flush-lat; perftest has no
+// FLUSH test).
+enum class Verb { kSend = 0, kWrite = 1, kRead = 2, kAtomic = 3, kFlush = 100 };
 enum class Kind { kLatency, kBandwidth };
 
 struct Config {
@@ -51,7 +52,18 @@ struct Config {
   std::chrono::milliseconds timeout{30000};
   std::map<std::string, std::string> params;
   bool json = false;
+  // --flush: rdma::kFlushTypeGlobal or kFlushTypePersistent, 0 for none. A
+  // FLUSH of that type behind every WRITE (write-lat, write-bw), or what
+  // flush-lat's FLUSHes ask for.
+  uint8_t flush_type = 0;
+  // --pmem PATH: the buffer is PATH mapped MAP_SHARED (a regular file,
+  // created or extended to the buffer's size, a block device, or a
+  // /dev/daxN.M), registered as MemoryType::kPersistent.
+  std::string pmem;
   bool server() const { return server_host.empty(); }
+  // Whether the peer writes and flushes this side's buffer: both sides of
+  // write-lat, the server of the others.
+  bool flush_target() const { return flush_type != 0 && (server() || (verb == Verb::kWrite && kind == Kind::kLatency)); }
   const char* role() const { return server() ? "server" : "client"; }
 };
 
@@ -59,6 +71,14 @@ struct Config {
 inline constexpr uint64_t kAllSizesMax = 8u << 20;
 inline constexpr uint32_t kCycleBuffer = 4096;  // perftest: the page size
 inline constexpr uint32_t kCacheLine = 64;
+
+// "global", "persistent" (or "none") for --flush's value.
+const char* flush_type_name(uint8_t type);
+// What ufab perf writes after the version text's NUL in perftest's
+// exchange: "ufab:" and this side's --flush type as a digit. perftest
+// ignores it; a `ufab perf` peer with --flush insists on it, so a FLUSH
+// never goes to a peer that cannot take it.
+std::string ufab_mark(uint8_t flush_type);
 
 // The sizes a run measures: -s, or with -a 2, 4, ... 8 MiB.
 std::vector<uint64_t> test_sizes(const Config& cfg);
@@ -113,6 +133,9 @@ class Session {
   uint8_t* remote_area(uint32_t qp) const { return buffer_ + uint64_t(cfg_.qps + qp) * area_; }
   uint64_t area() const { return area_; }
   const rdma::MemoryRegion& mr() const { return *mr_; }
+  // The buffer's memory: "memfd", "heap", or --pmem's kind ("file",
+  // "block device", "device DAX") and whether MAP_SYNC took.
+  const std::string& memory_kind() const { return memory_kind_; }
   rdma::QueuePair& qp(uint32_t i) { return *qps_[i]; }
   rdma::CompletionQueue& send_cq() { return *send_cq_; }
   rdma::CompletionQueue& recv_cq() { return recv_cq_ ? *recv_cq_ : *send_cq_; }
@@ -139,6 +162,10 @@ class Session {
 
  private:
   Status open_device();
+  Status map_buffer(uint64_t total);
+  Status map_pmem(uint64_t total);
+  Status check_flush_caps(bool as_target) const;
+  Status check_peer_flush(const std::string& peer_version, const std::string& peer_tail) const;
   Status open_channel();
   exchange::PerftestKeys my_keys(uint32_t qp) const;
 
@@ -148,6 +175,7 @@ class Session {
   std::unique_ptr<uint8_t, std::function<void(uint8_t*)>> memory_;
   uint8_t* buffer_ = nullptr;
   uint64_t area_ = 0;
+  std::string memory_kind_;
   std::optional<rdma::MemoryRegion> mr_;
   std::unique_ptr<rdma::CompletionQueue> send_cq_, recv_cq_;
   std::vector<std::unique_ptr<rdma::QueuePair>> qps_;
