@@ -535,12 +535,22 @@ int run_check(const Options& o) {
       say("FAIL: committed block " + std::to_string(n) + " is not on the disk: " + describe(got, want));
     }
   }
-  for (uint32_t n : log->control) {
+  std::string present_list;  // "block 1733 (completed 1st of the control blocks), ...", the first 10
+  for (size_t i = 0; i < log->control.size(); ++i) {
+    const uint32_t n = log->control[i];
     if (auto s = read_block(kControl, n); !s) {
       complain("check: " + s.error().message());
       return 2;
     }
-    if (got == want) ++control_present;
+    if (got != want) continue;
+    if (++control_present <= 10) {
+      present_list += (present_list.empty() ? "" : ", ") + std::string("block ") + std::to_string(n) +
+                      " (completed as control block number " + std::to_string(i + 1) + ")";
+    }
+  }
+  if (control_present > 0) {
+    say("control blocks on the disk although only FLUSH GLOBAL followed them (the guest wrote them back on its "
+        "own): " + present_list + (control_present > 10 ? ", ..." : ""));
   }
   const uint64_t committed = seen.size(), control = log->control.size();
   std::string verdict = "PASS";
