@@ -95,14 +95,18 @@ echo "power_loss: guest: disk \$UFAB_VM_DISK1, dirty_writeback_centisecs \$(cat 
   "dirty_expire_centisecs \$(cat /proc/sys/vm/dirty_expire_centisecs), dirty_background_ratio" \
   "\$(cat /proc/sys/vm/dirty_background_ratio), dirty_ratio \$(cat /proc/sys/vm/dirty_ratio)"
 [ -b "\$UFAB_VM_DISK1" ] || { echo "power_loss: no disk in the guest" >&2; exit 1; }
-$prog target --map "\$UFAB_VM_DISK1" --seconds $vm_seconds $co_flag &
-$prog initiator --seed $seed --seconds $vm_seconds $co_flag
-wait
+$prog target --map "\$UFAB_VM_DISK1" --seconds $vm_seconds $co_flag & t=\$!
+$prog initiator --seed $seed --seconds $vm_seconds $co_flag & i=\$!
+# Both run until the kill; one that ends early failed: stop the other.
+wait -n \$t \$i; rc=\$?
+kill \$t \$i 2>/dev/null; wait
+echo "power_loss: guest: a program ended before the kill (status \$rc)" >&2
+exit 1
 GUEST
 )
   start=$EPOCHSECONDS
   tests/vm/run-vm --quiet --timeout $((vm_seconds + 120)) --disk "$img" \
-    --qemu-arg -pidfile --qemu-arg "$dir/qemu.pid" -- sh -c "$guest" >"$dir/out.log" 2>"$dir/err.log" &
+    --qemu-arg -pidfile --qemu-arg "$dir/qemu.pid" -- bash -c "$guest" >"$dir/out.log" 2>"$dir/err.log" &
   vm=$!
   # Wait for `after` completed blocks (bounded), then the random delay,
   # then SIGKILL to QEMU (not run-vm: it must see QEMU die, as on a crash).
