@@ -8,9 +8,10 @@
 # 90/95 %: nothing is written back on its own), a ufab target that maps the
 # disk (/dev/vda) MAP_SHARED and registers it as durable memory, and a ufab
 # initiator that writes 4 KiB blocks into it over swnic, alternating
-# committed blocks (WRITE, then FLUSH PERSISTENT of its range: the target
-# msyncs it to the disk before answering) and control blocks (WRITE, then
-# FLUSH GLOBAL only), printing each block once it completed. After a random
+# committed blocks (a WRITE with UFAB_SEND_COMMIT: on the wire the WRITE and
+# a FLUSH PERSISTENT of its range, which the target answers once it msynced
+# the range to the disk) and control blocks (WRITE, then FLUSH GLOBAL only),
+# printing each block once it completed. After a random
 # number of completed blocks and a random delay, QEMU gets SIGKILL. Then, on
 # the host, `power_loss check`: every committed block must be in the image
 # byte for byte; control blocks are expected missing, and a kill after which
@@ -18,7 +19,7 @@
 #
 #   tests/bench/power_loss.sh [--kills N] [--json FILE] [--size MIB]
 #                             [--min-blocks K] [--max-blocks K] [--control-only]
-#                             [--keep DIR]
+#                             [--commit-style flag|flush] [--keep DIR]
 #
 #   --kills N         VMs to kill (default 3)
 #   --json FILE       write the per-kill figures and the totals as JSON
@@ -29,6 +30,8 @@
 #                     (default 4 and 80), plus 0 to 500 ms
 #   --control-only    no durable target: control blocks only (tests the
 #                     kill and the check without FLUSH PERSISTENT)
+#   --commit-style S  flag: WRITE with UFAB_SEND_COMMIT (default); flush: a
+#                     WRITE and then a FLUSH PERSISTENT posted by the initiator
 #   --keep DIR        keep each kill's image and logs under DIR (default:
 #                     only a failed kill's are kept, under $PWD/power_loss-failed)
 #
@@ -39,7 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
-kills=3 json= size=32 min_blocks=4 max_blocks=80 control_only=0 keep=
+kills=3 json= size=32 min_blocks=4 max_blocks=80 control_only=0 keep= style=flag
 die() { echo "power_loss: $*" >&2; exit 2; }
 while (($#)); do
   case $1 in
@@ -49,8 +52,9 @@ while (($#)); do
     --min-blocks) min_blocks=${2:?}; shift 2 ;;
     --max-blocks) max_blocks=${2:?}; shift 2 ;;
     --control-only) control_only=1; shift ;;
+    --commit-style) style=${2:?}; shift 2 ;;
     --keep) keep=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -59,6 +63,7 @@ for v in kills size min_blocks max_blocks; do
 done
 ((kills >= 1 && size >= 1 && size <= 2048 && min_blocks >= 2 && max_blocks >= min_blocks)) ||
   die "need --kills >= 1, --size 1..2048, --min-blocks >= 2, --max-blocks >= --min-blocks"
+[[ $style == flag || $style == flush ]] || die "--commit-style '$style': flag or flush"
 # Room for the largest K in either area, so the initiator never runs out
 # before the kill (an idle guest is fine, but the kill should find work).
 ((max_blocks / 2 + 1 < size * 1024 / 4 / 2)) || die "--max-blocks $max_blocks does not fit a ${size} MiB disk"
@@ -96,7 +101,7 @@ echo "power_loss: guest: disk \$UFAB_VM_DISK1, dirty_writeback_centisecs \$(cat 
   "\$(cat /proc/sys/vm/dirty_background_ratio), dirty_ratio \$(cat /proc/sys/vm/dirty_ratio)"
 [ -b "\$UFAB_VM_DISK1" ] || { echo "power_loss: no disk in the guest" >&2; exit 1; }
 $prog target --map "\$UFAB_VM_DISK1" --seconds $vm_seconds $co_flag & t=\$!
-$prog initiator --seed $seed --seconds $vm_seconds $co_flag & i=\$!
+$prog initiator --seed $seed --seconds $vm_seconds --commit-style $style $co_flag & i=\$!
 # Both run until the kill; one that ends early failed: stop the other.
 wait -n \$t \$i; rc=\$?
 kill \$t \$i 2>/dev/null; wait
@@ -170,8 +175,8 @@ if [[ -n $json ]]; then
   {
     printf '{\n  "kills": %s, "committed": %s, "lost": %s, "control": %s, "control_present": %s, "failed": %s,\n' \
       "$kills" "$total_committed" "$total_lost" "$total_control" "$total_present" "$failures"
-    printf '  "control_only": %s, "size_mib": %s, "min_blocks": %s, "max_blocks": %s,\n' \
-      "$([[ $control_only == 1 ]] && echo true || echo false)" "$size" "$min_blocks" "$max_blocks"
+    printf '  "control_only": %s, "commit_style": "%s", "size_mib": %s, "min_blocks": %s, "max_blocks": %s,\n' \
+      "$([[ $control_only == 1 ]] && echo true || echo false)" "$style" "$size" "$min_blocks" "$max_blocks"
     printf '  "runs": [\n'
     for ((i = 0; i < ${#rows[@]}; i++)); do
       printf '    %s%s\n' "${rows[i]}" "$([[ $i -lt $((${#rows[@]} - 1)) ]] && echo ,)"

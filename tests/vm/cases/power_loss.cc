@@ -8,12 +8,14 @@
 //     FLUSH_GLOBAL | FLUSH_PERSISTENT), hands the initiator its QP, address
 //     and rkey over TCP on 127.0.0.1:P and serves it for S seconds.
 //   power_loss initiator --seed N [--device SPEC] [--ip A.B.C.D] [--port P]
-//                        [--seconds S] [--control-only]
+//                        [--seconds S] [--control-only] [--commit-style flag|flush]
 //     Writes 4 KiB blocks into the target's mapping, in a random order (from
 //     the seed), alternating two areas: the commit area (first half), each
-//     WRITE made durable before it counts (a WRITE then a FLUSH PERSISTENT
-//     of its range), and the control area (second half), each WRITE followed
-//     only by a FLUSH GLOBAL. After each completion it prints
+//     WRITE commit-complete (UFAB_SEND_COMMIT: its completion comes once the
+//     target answered a FLUSH PERSISTENT of its range; --commit-style flush
+//     posts that WRITE and FLUSH PERSISTENT itself, the same on the wire), and
+//     the control area (second half), each WRITE followed only by a FLUSH
+//     GLOBAL. After each completion it prints
 //     "power_loss: committed block N" or "power_loss: control block N",
 //     flushed at once. Then it idles until S seconds are up: the host kills
 //     the VM before that.
@@ -154,6 +156,7 @@ struct Options {
   bool have_seed = false;
   int seconds = 600;
   bool control_only = false;
+  std::string commit_style = "flag";
 };
 
 void say(const std::string& line) {
@@ -177,7 +180,7 @@ constexpr const char* kUsage =
     "usage: power_loss target --map PATH [--device SPEC] [--ip A.B.C.D] [--port P] [--length BYTES]\n"
     "                         [--seconds S] [--control-only]\n"
     "       power_loss initiator --seed N [--device SPEC] [--ip A.B.C.D] [--port P] [--seconds S]\n"
-    "                            [--control-only]\n"
+    "                            [--control-only] [--commit-style flag|flush]\n"
     "       power_loss check --image FILE --log FILE\n";
 
 Result<Options> parse(int argc, char** argv) {
@@ -210,6 +213,12 @@ Result<Options> parse(int argc, char** argv) {
       auto v = value(); if (!v) return std::unexpected(v.error()); o.image = *v;
     } else if (a == "--log") {
       auto v = value(); if (!v) return std::unexpected(v.error()); o.log = *v;
+    } else if (a == "--commit-style") {
+      auto v = value(); if (!v) return std::unexpected(v.error()); o.commit_style = *v;
+      if (o.commit_style != "flag" && o.commit_style != "flush") {
+        return fail(EINVAL, "--commit-style '" + o.commit_style +
+                                "': flag (WRITE with UFAB_SEND_COMMIT) or flush (WRITE, then FLUSH PERSISTENT)");
+      }
     } else if (a == "--port") {
       s = number(o.port);
     } else if (a == "--length") {
@@ -391,6 +400,11 @@ int run_initiator(const Options& o) {
   }
   // The check on the host reads these two lines.
   say("seed " + std::to_string(o.seed));
+  say(std::string("committed blocks: ") +
+      (o.control_only ? "none (--control-only)"
+       : o.commit_style == "flag" ? "WRITE with UFAB_SEND_COMMIT"
+                                  : "WRITE, then FLUSH PERSISTENT of its range") +
+      "; control blocks: WRITE, then FLUSH GLOBAL of its range");
   say("layout length " + std::to_string(length) + " block " + std::to_string(kBlock) + " control_at " +
       std::to_string(length / 2) + " blocks_per_area " + std::to_string(per_area));
   const auto commit_order = order(o.seed, kCommit, per_area);
@@ -405,7 +419,10 @@ int run_initiator(const Options& o) {
     const rdma::Sge sge = mr->sge(0, kBlock);
     std::vector<rdma::SendWr> wrs;
     const uint64_t id = (uint64_t{area} << 32) | n;
-    {
+    if (area == kCommit && o.commit_style == "flag") {
+      wrs.push_back({.wr_id = id, .opcode = rdma::WrOpcode::kRdmaWrite, .flags = rdma::kSendSignaled | rdma::kSendCommit,
+                     .sgl = {&sge, 1}, .remote_addr = at, .rkey = remote->rkey});
+    } else {
       wrs.push_back({.wr_id = id, .opcode = rdma::WrOpcode::kRdmaWrite, .sgl = {&sge, 1}, .remote_addr = at,
                      .rkey = remote->rkey});
       wrs.push_back({.wr_id = id,
