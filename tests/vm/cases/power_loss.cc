@@ -398,7 +398,7 @@ int run_initiator(const Options& o) {
     complain("the target offers " + std::to_string(length) + " bytes: too few for two areas of 4 KiB blocks");
     return 1;
   }
-  // The check on the host reads these two lines.
+  // The check on the host reads the seed and the layout lines.
   say("seed " + std::to_string(o.seed));
   say(std::string("committed blocks: ") +
       (o.control_only ? "none (--control-only)"
@@ -419,7 +419,11 @@ int run_initiator(const Options& o) {
     const rdma::Sge sge = mr->sge(0, kBlock);
     std::vector<rdma::SendWr> wrs;
     const uint64_t id = (uint64_t{area} << 32) | n;
-    if (area == kCommit && o.commit_style == "flag") {
+    const bool commit_flag = area == kCommit && o.commit_style == "flag";
+    // The completion that ends the block: the WRITE's with the commit
+    // flag, the FLUSH's otherwise.
+    const rdma::WcOpcode last = commit_flag ? rdma::WcOpcode::kRdmaWrite : rdma::WcOpcode::kFlush;
+    if (commit_flag) {
       wrs.push_back({.wr_id = id, .opcode = rdma::WrOpcode::kRdmaWrite, .flags = rdma::kSendSignaled | rdma::kSendCommit,
                      .sgl = {&sge, 1}, .remote_addr = at, .rkey = remote->rkey});
     } else {
@@ -445,7 +449,10 @@ int run_initiator(const Options& o) {
           return fail(EIO, std::string(rdma::wc_opcode_name(wc[i].opcode)) + " failed: " +
                                rdma::wc_status_name(wc[i].status) + ": " + wc[i].error);
         }
-        if (wc[i].wr_id == id) return {};
+        if (wc[i].wr_id == id && wc[i].opcode == last) return {};
+        return fail(EPROTO, std::string("unexpected completion: ") + rdma::wc_opcode_name(wc[i].opcode) +
+                                " for wr_id " + std::to_string(wc[i].wr_id) + ", waiting for the " +
+                                rdma::wc_opcode_name(last) + " of wr_id " + std::to_string(id));
       }
     }
     return fail(ETIMEDOUT, "no completion within 60 s");
