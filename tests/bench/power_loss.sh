@@ -43,10 +43,10 @@
 # C, lost L, control K, control present P, failed F"); exits 1 if any kill
 # failed. Under TCG a kill takes about 15 to 30 s (boot included).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 repo=$PWD
 
-kills=3 json= size=32 min_blocks=4 max_blocks=80 control_only=0 keep= style=flag
+kills=3 json='' size=32 min_blocks=4 max_blocks=80 control_only=0 keep='' style=flag
 die() { echo "power_loss: $*" >&2; exit 2; }
 while (($#)); do
   case $1 in

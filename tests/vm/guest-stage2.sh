@@ -89,7 +89,7 @@ if [[ ${UFAB_VM_DISK_COUNT:-0} -gt 0 ]]; then
     bdf_var=UFAB_VM_DISK${i}_BDF
     name=
     for _ in $(seq 100); do # probe is synchronous; a safety net (10 s)
-      for b in /sys/bus/pci/devices/${!bdf_var}/virtio*/block/*; do
+      for b in "/sys/bus/pci/devices/${!bdf_var}"/virtio*/block/*; do
         [[ -e $b && -e /dev/${b##*/} ]] && { name=${b##*/}; break; }
       done
       [[ -n $name ]] && break

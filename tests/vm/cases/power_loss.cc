@@ -202,20 +202,26 @@ Result<Options> parse(int argc, char** argv) {
       if (!parse_number(*v, out)) return fail(EINVAL, a + " '" + *v + "' is not a whole number in range");
       return {};
     };
+    auto text = [&](std::string& out) -> Status {
+      auto v = value();
+      if (!v) return std::unexpected(v.error());
+      out = *v;
+      return {};
+    };
     Status s;
     if (a == "--device") {
-      auto v = value(); if (!v) return std::unexpected(v.error()); o.device = *v;
+      s = text(o.device);
     } else if (a == "--ip") {
-      auto v = value(); if (!v) return std::unexpected(v.error()); o.ip = *v;
+      s = text(o.ip);
     } else if (a == "--map") {
-      auto v = value(); if (!v) return std::unexpected(v.error()); o.map = *v;
+      s = text(o.map);
     } else if (a == "--image") {
-      auto v = value(); if (!v) return std::unexpected(v.error()); o.image = *v;
+      s = text(o.image);
     } else if (a == "--log") {
-      auto v = value(); if (!v) return std::unexpected(v.error()); o.log = *v;
+      s = text(o.log);
     } else if (a == "--commit-style") {
-      auto v = value(); if (!v) return std::unexpected(v.error()); o.commit_style = *v;
-      if (o.commit_style != "flag" && o.commit_style != "flush") {
+      s = text(o.commit_style);
+      if (s && o.commit_style != "flag" && o.commit_style != "flush") {
         return fail(EINVAL, "--commit-style '" + o.commit_style +
                                 "': flag (WRITE with UFAB_SEND_COMMIT) or flush (WRITE, then FLUSH PERSISTENT)");
       }

@@ -10,7 +10,7 @@
 # Needs `bazel build //tests/vm/cases:power_loss` (the script builds it).
 # About 15 to 30 s per kill under TCG. Ends with "power_loss: N passed, M failed".
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
