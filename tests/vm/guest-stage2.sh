@@ -80,6 +80,29 @@ fi
 # shellcheck source=/dev/null
 . "$JOB/env.sh" || { say "cannot read $JOB/env.sh"; finish 125; }
 
+# Disks (run-vm --disk): load virtio_blk (there is no udev), then tell the
+# command which /dev/vdX each one became: UFAB_VM_DISK<N>, found through the
+# PCI address, so the order never depends on probe order.
+if [[ ${UFAB_VM_DISK_COUNT:-0} -gt 0 ]]; then
+  timeout 60 modprobe -q virtio_blk || say "warning: could not load virtio_blk"
+  for ((i = 1; i <= UFAB_VM_DISK_COUNT; i++)); do
+    bdf_var=UFAB_VM_DISK${i}_BDF
+    name=
+    for _ in $(seq 100); do # probe is synchronous; a safety net (10 s)
+      for b in "/sys/bus/pci/devices/${!bdf_var}"/virtio*/block/*; do
+        [[ -e $b && -e /dev/${b##*/} ]] && { name=${b##*/}; break; }
+      done
+      [[ -n $name ]] && break
+      sleep 0.1
+    done
+    if [[ -n $name ]]; then
+      export "UFAB_VM_DISK$i=/dev/$name"
+    else
+      say "warning: disk $i (${!bdf_var}) has no block device"
+    fi
+  done
+fi
+
 # Time bound: what is left of run-vm's deadline (guest and host clocks agree
 # to about a second; the RTC is the host's), less a margin for a SIGTERM
 # that is ignored (SIGKILL 5 s later) and the power-off.

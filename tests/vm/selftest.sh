@@ -10,6 +10,8 @@
 #     the --pcap file holds those frames
 #   - modprobe vfio-pci works, and binding the e1000e to vfio-pci through
 #     driver_override + unbind + drivers_probe creates /dev/vfio/<group>
+#   - --disk: the guest finds the disk as UFAB_VM_DISK1, reads what the host
+#     put in the image, and what it writes (fsync'd) is in the image after
 # Prints PASS/FAIL per check; exits 0 only if all pass.
 #
 # Usage: tests/vm/selftest.sh [--verbose]
@@ -19,7 +21,7 @@ HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 MAC1=52:54:00:00:00:01 # the default of NIC 1
 MAC2=52:54:00:5e:1f:02 # given explicitly, to test MODEL:MAC
 GUEST_STATUS=3
-GUEST_CHECKS=16
+GUEST_CHECKS=18
 
 # ----------------------------------------------------------- guest side
 if [[ ${1:-} == --guest ]]; then
@@ -97,6 +99,14 @@ if [[ ${1:-} == --guest ]]; then
   exec 3<>"/dev/vfio/$group"
   verdict $? "/dev/vfio/$group opens" "cannot open /dev/vfio/$group"
   exec 3>&-
+
+  # --disk: a block device, the host's marker in block 0; write block 1.
+  [[ -b ${UFAB_VM_DISK1:-} ]]
+  verdict $? "--disk is block device ${UFAB_VM_DISK1:-} (UFAB_VM_DISK1)" "UFAB_VM_DISK1='${UFAB_VM_DISK1:-}' is not a block device"
+  got=$(dd if="${UFAB_VM_DISK1:-/dev/null}" bs=4096 count=1 status=none 2>/dev/null | tr -d '\0')
+  [[ $got == "host-$UFAB_SELFTEST_TOKEN" ]] &&
+    printf 'guest-%s' "$UFAB_SELFTEST_TOKEN" | dd of="$UFAB_VM_DISK1" bs=4096 seek=1 conv=sync,fsync status=none
+  verdict $? "the disk holds the host's marker; wrote ours to block 1" "read '$got' from the disk, or the write failed"
   exit "$GUEST_STATUS"
 fi
 
@@ -106,6 +116,8 @@ if [[ ${1:-} == --verbose ]]; then RUNVM_OPTS+=(--verbose); fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/ufab-selftest.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
 token=$RANDOM$RANDOM
+truncate -s 1M "$work/disk.img"
+printf 'host-%s' "$token" | dd of="$work/disk.img" conv=notrunc status=none
 fails=0
 pass() { printf 'PASS host:  %s\n' "$*"; }
 fail() { printf 'FAIL host:  %s\n' "$*"; fails=$((fails + 1)); }
@@ -116,7 +128,7 @@ rc=0
 UFAB_SELFTEST_TOKEN=$token UFAB_SELFTEST_EXPECT=$token UFAB_SELFTEST_CWD=$(pwd -P) \
   UFAB_SELFTEST_MAC1=$MAC1 UFAB_SELFTEST_MAC2=$MAC2 \
   timeout 400 "$HERE/run-vm" "${RUNVM_OPTS[@]}" --timeout 300 \
-  --nic e1000e --nic "virtio:$MAC2" --pcap "$work/hub.pcap" \
+  --nic e1000e --nic "virtio:$MAC2" --pcap "$work/hub.pcap" --disk "$work/disk.img" \
   -- bash "$HERE/selftest.sh" --guest >"$work/out" 2>"$work/err" || rc=$?
 took=$(($(date +%s) - start))
 
@@ -138,6 +150,14 @@ if grep -qx 'selftest-stderr-line' "$work/err" && ! grep -q 'selftest-stderr-lin
   pass "the command's stderr came out on run-vm's stderr"
 else
   fail "the command's stderr line is not (only) on run-vm's stderr"
+fi
+
+# --disk: what the guest wrote is in the image.
+disk_block1=$(dd if="$work/disk.img" bs=4096 skip=1 count=1 status=none | tr -d '\0')
+if [[ $disk_block1 == "guest-$token" ]]; then
+  pass "--disk: the guest's write is in the host's image"
+else
+  fail "--disk: block 1 of the image holds '$disk_block1', not the guest's 'guest-$token'"
 fi
 
 # The pcap: the file starts with the pcap magic and holds frames both ways
