@@ -80,7 +80,7 @@ fi
 # the ACPI NFIT and brings libnvdimm, nd_pmem serves pmem namespaces,
 # dax_pmem devdax ones (with device_dax). Then wait for region0 (bounded).
 if [[ ${UFAB_VM_NVDIMM_MB:-0} != 0 ]]; then
-  for m in nfit nd_pmem dax_pmem; do
+  for m in nfit nd_pmem device_dax dax_pmem; do
     timeout 60 modprobe -q "$m" || say "warning: modprobe $m failed (--nvdimm)"
   done
   for _ in $(seq 100); do
