@@ -44,7 +44,7 @@ extern "C" {
 
 /* The API's version; libufab.so.UFAB_API_MAJOR. Additions bump the minor. */
 #define UFAB_API_MAJOR 1
-#define UFAB_API_MINOR 1 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_* */
+#define UFAB_API_MINOR 2 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_*; 2: UFAB_SEND_COMMIT, persistent memory */
 
 struct ufab_device;
 struct ufab_pd;
@@ -86,6 +86,15 @@ enum ufab_send_flags {
   UFAB_SEND_SIGNALED = 1u << 1,  /* a completion on success too */
   UFAB_SEND_SOLICITED = 1u << 2, /* the receiver's solicited event */
   UFAB_SEND_INLINE = 1u << 3,    /* data copied at post time; lkeys ignored */
+  /* RDMA_WRITE(_WITH_IMM) only: the completion means the data is durable
+   * at the target (commit-complete; libfabric's FI_COMMIT_COMPLETE). The
+   * WRITE goes out followed by a FLUSH PERSISTENT of its range and
+   * completes (as RDMA_WRITE) when the FLUSH is answered. Needs: the
+   * target region's and QP's UFAB_ACCESS_FLUSH_PERSISTENT, two free
+   * send-queue entries (the FLUSH takes a responder resource, like a READ). A SEND has no range to flush: a
+   * receive posted into persistent memory lands durably before the SEND
+   * is acknowledged (soft-RoCE targets), so that SEND completes durable. */
+  UFAB_SEND_COMMIT = 1u << 4,
 };
 
 enum ufab_wc_status {
@@ -139,7 +148,11 @@ enum ufab_access_flags {
 enum ufab_mem_type {
   UFAB_MEM_HOST = 0,
   UFAB_MEM_CUDA = 1,       /* device memory of a CUDA GPU */
-  UFAB_MEM_PERSISTENT = 2, /* a durable FLUSH target */
+  /* A durable FLUSH target: persistent memory mapped with DAX (/dev/daxN.M,
+   * a file mapped MAP_SYNC), or a file or block device mapped MAP_SHARED
+   * (its page cache, synced with msync). Learned from the mapping; the
+   * registration fails, saying why, on anything else. docs/persistence.md. */
+  UFAB_MEM_PERSISTENT = 2,
 };
 
 enum ufab_qp_type { UFAB_QPT_RC = 2, UFAB_QPT_UD = 4 };

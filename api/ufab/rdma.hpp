@@ -78,6 +78,7 @@ inline constexpr SendFlags kSendFence = UFAB_SEND_FENCE;
 inline constexpr SendFlags kSendSignaled = UFAB_SEND_SIGNALED;
 inline constexpr SendFlags kSendSolicited = UFAB_SEND_SOLICITED;
 inline constexpr SendFlags kSendInline = UFAB_SEND_INLINE;
+inline constexpr SendFlags kSendCommit = UFAB_SEND_COMMIT;  // WRITE: complete once durable at the target
 
 // Where a UD send goes.
 struct UdDestination {

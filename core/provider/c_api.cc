@@ -218,14 +218,6 @@ int ufab_mr_reg_attr(ufab_pd* pd, const ufab_mr_attr* attr, ufab_mr** out) {
   ufab_mr_attr a{};
   std::memcpy(&a, attr, std::min<size_t>(attr->size, sizeof a));
   a.size = sizeof a;
-  // Issue 13's rule, for every provider: a FLUSH PERSISTENT answered from
-  // DRAM would report durable what a power loss erases.
-  UFAB_REQUIRE(!(a.access & UFAB_ACCESS_FLUSH_PERSISTENT) || a.mem_type != UFAB_MEM_HOST,
-               "registering host memory (UFAB_MEM_HOST) with UFAB_ACCESS_FLUSH_PERSISTENT: host memory is DRAM, "
-               "which no flush makes durable, so a peer's FLUSH PERSISTENT would be told its data survives a "
-               "power loss when it does not; register it with UFAB_ACCESS_FLUSH_GLOBAL (visibility), or register "
-               "durable memory (UFAB_MEM_PERSISTENT: DAX persistent memory or a shared file mapping) where the "
-               "device offers it (ufab_device_attr.mem_types)");
   ufab_rdma_mr* p = nullptr;
   uint32_t lkey = 0, rkey = 0;
   if (int rc = ops(pd)->reg_mr(pd->p, &a, &p, &lkey, &rkey); rc < 0) return rc;

@@ -275,11 +275,9 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
   std::snprintf(a->transport, sizeof a->transport, "RoCEv2 over %s", dev->name.c_str());
   a->ip = dev->ctx->ip().value;
   a->active_mtu = dev->ctx->active_mtu();
-  // FLUSH PERSISTENT needs a durable memory type, which soft-RoCE does not
-  // register yet (mem_types): global visibility and ATOMIC_WRITE only.
   a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2 |
-            UFAB_DEVICE_CAP_FLUSH_GLOBAL | UFAB_DEVICE_CAP_ATOMIC_WRITE;
-  a->mem_types = 1u << UFAB_MEM_HOST;
+            UFAB_DEVICE_CAP_FLUSH_GLOBAL | UFAB_DEVICE_CAP_FLUSH_PERSISTENT | UFAB_DEVICE_CAP_ATOMIC_WRITE;
+  a->mem_types = 1u << UFAB_MEM_HOST | 1u << UFAB_MEM_PERSISTENT;
   a->max_qp = 1u << 20;  // Context::create_qp's limit
   a->max_qp_wr = 1u << 16;
   a->max_sge = verbs::kMaxSge;
@@ -334,9 +332,28 @@ int dealloc_pd(ufab_rdma_pd* p) {
 int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uint32_t* lkey, uint32_t* rkey) {
   Pd* pd = h(p);
   return guarded(pd->dev->host, "registering memory", [&]() -> int {
-    if (attr->mem_type != UFAB_MEM_HOST) {
+    if (attr->mem_type != UFAB_MEM_HOST && attr->mem_type != UFAB_MEM_PERSISTENT) {
       return report(pd->dev->host, Error(EOPNOTSUPP, "registering memory of type " + std::to_string(attr->mem_type) +
-                                                         ": soft-RoCE takes host memory only (UFAB_MEM_HOST)"));
+                                                         ": soft-RoCE takes host memory (UFAB_MEM_HOST) and "
+                                                         "persistent memory (UFAB_MEM_PERSISTENT)"));
+    }
+    // Persistent memory, or a FLUSH PERSISTENT target: how its bytes are
+    // made durable is learned from the mapping (core/rdma/durable.h).
+    verbs::Durability durability = verbs::Durability::kNone;
+    if (attr->mem_type == UFAB_MEM_PERSISTENT || (attr->access & UFAB_ACCESS_FLUSH_PERSISTENT)) {
+      auto kind = verbs::classify_mapping(attr->addr, attr->length);
+      if (!kind) {
+        const bool told = attr->mem_type == UFAB_MEM_PERSISTENT;
+        return report(pd->dev->host,
+                      Error(kind.error().code(),
+                            std::string(told ? "registering persistent memory (UFAB_MEM_PERSISTENT)"
+                                             : "registering memory with UFAB_ACCESS_FLUSH_PERSISTENT") +
+                                ": " + kind.error().message() +
+                                ". Plain host memory (DRAM) is never durable: a peer's FLUSH PERSISTENT would be "
+                                "told its data survives a power loss when it does not; register DRAM with "
+                                "UFAB_ACCESS_FLUSH_GLOBAL (visibility) instead (docs/persistence.md)"));
+      }
+      durability = kind->kind;
     }
     // A NIC that reads frames from memory by DMA reads payloads straight
     // from a region mapped for it. Mapping pins the pages; where it fails
@@ -352,7 +369,7 @@ int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uin
       }
     }
     auto keys = pd->dev->ctx->memory().register_mr(pd->id, attr->addr, attr->length, attr->access, std::nullopt,
-                                                   device_addr);
+                                                   device_addr, durability);
     if (!keys) return report(pd->dev->host, keys.error());
     *result = out<ufab_rdma_mr>(new Mr{pd->dev, *keys, std::move(mapping)});
     *lkey = keys->lkey;

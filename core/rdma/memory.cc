@@ -26,6 +26,7 @@ struct MemoryRegionTable::Slot {
   std::atomic<uint64_t> length{0};
   std::atomic<uint64_t> host{0};
   std::atomic<uint64_t> device{0};  // the device's address of host byte 0; 0: none
+  std::atomic<uint8_t> durability{0};  // Durability
   // Live Access objects (successful checks not yet released). On a cache
   // line of its own: every check writes it, and the fields above, which
   // only change on (de)registration, stay shared in every reader's cache.
@@ -47,6 +48,7 @@ struct MemoryRegionTable::Snapshot {
   uint64_t length;
   uint64_t host;
   uint64_t device;
+  uint8_t durability;
 };
 
 namespace {
@@ -351,7 +353,8 @@ Result<uint32_t> MemoryRegionTable::draw(uint32_t bits, std::optional<uint32_t> 
 }
 
 Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
-                                                  std::optional<uint64_t> iova_opt, uint64_t device_addr) {
+                                                  std::optional<uint64_t> iova_opt, uint64_t device_addr,
+                                                  Durability durability) {
   uint64_t host = reinterpret_cast<uintptr_t>(addr);
   uint64_t iova = iova_opt.value_or(host);
   if (access & ~kSupportedAccess) {
@@ -363,6 +366,11 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
     return fail(EINVAL, "access " + access_string(access) +
                             " is invalid: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (verbs rule); "
                             "add LOCAL_WRITE");
+  }
+  if ((access & kFlushPersistent) && durability == Durability::kNone) {
+    return fail(EINVAL, "access FLUSH_PERSISTENT on memory that nothing makes durable (DRAM): a peer's FLUSH "
+                        "PERSISTENT would be told its data survives a power loss when it does not; use FLUSH_GLOBAL, "
+                        "or register a durable mapping (DAX persistent memory, a file or block device mapped shared)");
   }
   if (length == 0) return fail(EINVAL, "memory region of length 0: register at least one byte");
   if (addr == nullptr) return fail(EINVAL, "memory region at a null address: pass the buffer's address");
@@ -413,6 +421,7 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   put(s.length, length);
   put(s.host, host);
   put(s.device, device_addr);
+  put(s.durability, static_cast<uint8_t>(durability));
   put(s.key, key);
   write_end(s);
 
@@ -516,6 +525,7 @@ Result<RegionInfo> MemoryRegionTable::query(uint32_t lkey) const {
   info.iova = s.iova.load(std::memory_order_relaxed);
   info.length = s.length.load(std::memory_order_relaxed);
   info.access = s.access.load(std::memory_order_relaxed);
+  info.durability = static_cast<Durability>(s.durability.load(std::memory_order_relaxed));
   info.keys = MemoryKeys{lkey, (info.access & kRemoteAny) ? lkey : 0u};
   info.bound = s.bound;
   return info;
@@ -536,6 +546,7 @@ bool MemoryRegionTable::read_snapshot(const Slot& s, Snapshot* out) const {
   out->length = s.length.load(std::memory_order_acquire);
   out->host = s.host.load(std::memory_order_acquire);
   out->device = s.device.load(std::memory_order_acquire);
+  out->durability = s.durability.load(std::memory_order_acquire);
   if (s.seq.load(std::memory_order_relaxed) != s1) return false;
   out->seq = s1;
   return true;
@@ -626,7 +637,8 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
       continue;
     }
     uint64_t device = snap.device ? snap.device + (host - snap.host) : 0;
-    return Access(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(host)), length, key, &s->pins, device);
+    return Access(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(host)), length, key, &s->pins, device,
+                  static_cast<Durability>(snap.durability));
   }
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "core/rdma/durable.h"
 #include "core/rdma/key_permutation.h"
 
 namespace ufab::verbs {
@@ -138,7 +139,12 @@ class Access {
  public:
   Access() = default;
   Access(Access&& other) noexcept
-      : data_(other.data_), length_(other.length_), key_(other.key_), pin_(other.pin_), device_(other.device_) {
+      : data_(other.data_),
+        length_(other.length_),
+        key_(other.key_),
+        pin_(other.pin_),
+        device_(other.device_),
+        durability_(other.durability_) {
     other.data_ = nullptr;
     other.length_ = 0;
     other.key_ = 0;
@@ -152,6 +158,7 @@ class Access {
       key_ = other.key_;
       pin_ = other.pin_;
       device_ = other.device_;
+      durability_ = other.durability_;
       other.data_ = nullptr;
       other.length_ = 0;
       other.key_ = 0;
@@ -169,6 +176,9 @@ class Access {
   // The device's address of data() when the region was registered with
   // one (a DMA mapping for a NIC that gathers), else 0.
   uint64_t device_addr() const { return device_; }
+  // How a FLUSH PERSISTENT (or a receive into the region) makes these
+  // bytes durable: make_durable(durability(), data(), length()).
+  Durability durability() const { return durability_; }
   // Gives the pin back early; data() must not be used afterwards. Inline:
   // it runs once per packet on the data path.
   void release() {
@@ -183,14 +193,16 @@ class Access {
 
  private:
   friend class MemoryRegionTable;
-  Access(uint8_t* data, uint64_t length, uint32_t key, std::atomic<uint32_t>* pin, uint64_t device)
-      : data_(data), length_(length), key_(key), pin_(pin), device_(device) {}
+  Access(uint8_t* data, uint64_t length, uint32_t key, std::atomic<uint32_t>* pin, uint64_t device,
+         Durability durability)
+      : data_(data), length_(length), key_(key), pin_(pin), device_(device), durability_(durability) {}
 
   uint8_t* data_ = nullptr;
   uint64_t length_ = 0;
   uint32_t key_ = 0;
   std::atomic<uint32_t>* pin_ = nullptr;
   uint64_t device_ = 0;
+  Durability durability_ = Durability::kNone;
 };
 
 // Everything known about one live region (cold path: tools, tests).
@@ -201,6 +213,7 @@ struct RegionInfo {
   uint64_t length = 0;
   AccessFlags access = 0;
   MemoryKeys keys;
+  Durability durability = Durability::kNone;
   uint32_t bound = 0;  // bind() count
 };
 
@@ -240,9 +253,12 @@ class MemoryRegionTable {
   // deregister_mr returns. `device_addr`, when not 0, is where a device
   // sees addr (the caller mapped the region for a NIC that gathers frames
   // from memory, and keeps it mapped until deregister_mr returns); checks
-  // hand it out as Access::device_addr().
+  // hand it out as Access::device_addr(). `durability` is how the memory
+  // is made durable (classify_mapping tells); FLUSH_PERSISTENT needs one
+  // (EINVAL on Durability::kNone: no flush would make it durable).
   Result<MemoryKeys> register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
-                                 std::optional<uint64_t> iova = std::nullopt, uint64_t device_addr = 0);
+                                 std::optional<uint64_t> iova = std::nullopt, uint64_t device_addr = 0,
+                                 Durability durability = Durability::kNone);
 
   // Removes a region. EBUSY while bind() holds it (a memory window or QP
   // still uses it), or when an Access stays alive past drain_timeout. On

@@ -248,7 +248,37 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   if (!is_rc() && !net::Ipv4Address{wr.ud.ip}.is_unicast()) {
     return fail(EINVAL, who() + ": UD destination " + net::Ipv4Address{wr.ud.ip}.str() + " is not unicast");
   }
+  if ((wr.flags & kSendCommit) && attr_.state == QpState::kRts) {
+    if (auto s = check_commit_wr(wr); !s) return fail(s.error().code(), who() + ": " + s.error().message());
+    SendWr write = wr;
+    write.flags &= ~(kSendCommit | kSendSignaled);
+    enqueue(write, length, is_inline, SendWqe::Commit::kWrite);
+    SendWr flush{.wr_id = wr.wr_id, .opcode = WrOpcode::kFlush, .flags = wr.flags & kSendSignaled,
+                 .remote_addr = wr.remote_addr, .rkey = wr.rkey, .flush_type = roce::feth::kPersistent,
+                 .flush_level = roce::feth::kRange, .flush_length = length};
+    enqueue(flush, 0, false, SendWqe::Commit::kFlush);
+    return {};
+  }
+  enqueue(wr, length, is_inline, SendWqe::Commit::kNone);
+  return {};
+}
 
+// A commit-complete WRITE: its range at the peer is flushed PERSISTENT.
+Status QueuePairImpl::check_commit_wr(const SendWr& wr) const {
+  if (wr.opcode != WrOpcode::kRdmaWrite && wr.opcode != WrOpcode::kRdmaWriteWithImm) {
+    return fail(EINVAL, std::string("UFAB_SEND_COMMIT on ") + wr_opcode_name(wr.opcode) +
+                            ": only RDMA_WRITE and RDMA_WRITE_WITH_IMM name a range to make durable (a SEND "
+                            "lands durably when the receiver posts its receive into persistent memory)");
+  }
+  if (sq_tail_ - sq_head_ + 2 > sq_.size()) {
+    return fail(ENOMEM, "the send queue has no room for a commit-complete WRITE, which takes two entries (" +
+                            std::to_string(sq_tail_ - sq_head_) + " of " + std::to_string(sq_.size()) +
+                            " in use); poll the CQ or create the QP with a larger max_send_wr");
+  }
+  return {};
+}
+
+void QueuePairImpl::enqueue(const SendWr& wr, uint64_t length, bool is_inline, SendWqe::Commit commit) {
   SendWqe& w = sq_at(sq_tail_);
   // The slot's inline buffer survives the reset: once a slot has held
   // inline data of some size, posting that much again allocates nothing.
@@ -261,7 +291,8 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   w.num_sge = static_cast<uint32_t>(wr.sgl.size());
   std::copy(wr.sgl.begin(), wr.sgl.end(), w.sge.begin());
   w.length = length;
-  w.signaled = sq_sig_all_ || (wr.flags & kSendSignaled);
+  w.commit = commit;
+  w.signaled = commit != SendWqe::Commit::kWrite && (sq_sig_all_ || (wr.flags & kSendSignaled));
   if (is_inline) {
     // Inline data is read now, through plain pointers as verbs does (the
     // lkey is not consulted), so the caller may reuse the buffer at once.
@@ -277,7 +308,6 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
     // Verbs: work posted to a QP in ERROR completes, flushed.
     complete_send(w, WcStatus::kWrFlushErr, "posted while the QP is in ERROR (" + error_why_ + ")");
   }
-  return {};
 }
 
 // FLUSH and ATOMIC_WRITE carry their operands in the work request, never in
@@ -343,17 +373,22 @@ void QueuePairImpl::push_completion(CompletionQueueImpl* cq, WorkCompletion&& wc
 
 void QueuePairImpl::complete_send(SendWqe& w, WcStatus status, std::string error) {
   if (is_read_or_atomic(w) && w.started && rd_atomic_outstanding_ > 0) --rd_atomic_outstanding_;
-  if (status != WcStatus::kSuccess || w.signaled) {
+  if (w.commit == SendWqe::Commit::kWrite && status != WcStatus::kSuccess) sq_at(sq_head_ + 1).quiet = true;
+  if ((status != WcStatus::kSuccess || w.signaled) && !w.quiet) {
     WorkCompletion wc;
     wc.wr_id = w.wr.wr_id;
     wc.status = status;
-    wc.opcode = wc_opcode_for(w.wr.opcode);
+    wc.opcode = w.commit == SendWqe::Commit::kFlush ? WcOpcode::kRdmaWrite : wc_opcode_for(w.wr.opcode);
     wc.qp_num = qpn_;
     if (status == WcStatus::kSuccess &&
         (w.wr.opcode == WrOpcode::kRdmaRead || wc.opcode == WcOpcode::kCompSwap || wc.opcode == WcOpcode::kFetchAdd)) {
       wc.byte_len = static_cast<uint32_t>(w.length);
     }
     wc.error = std::move(error);
+    if (w.commit == SendWqe::Commit::kFlush && status != WcStatus::kSuccess && status != WcStatus::kWrFlushErr) {
+      wc.error = "commit-complete RDMA_WRITE: the FLUSH PERSISTENT of its range failed (the target region needs "
+                 "FLUSH_PERSISTENT on durable memory, the target QP FLUSH_PERSISTENT access): " + wc.error;
+    }
     push_completion(send_cq_, std::move(wc));
   }
   // Completions leave in order: only the head completes.
@@ -411,8 +446,8 @@ void QueuePairImpl::fail_from(uint64_t index, WcStatus status, std::string error
 
 // -------------------------------------------------------------- data copies
 
-std::optional<KeyCheckError> QueuePairImpl::scatter(const Sge* sge, uint32_t n, uint64_t offset,
-                                                    std::span<const uint8_t> data) {
+std::optional<Error> QueuePairImpl::scatter(const Sge* sge, uint32_t n, uint64_t offset,
+                                            std::span<const uint8_t> data) {
   for (uint32_t i = 0; i < n && !data.empty(); ++i) {
     if (offset >= sge[i].length) {
       offset -= sge[i].length;
@@ -420,8 +455,14 @@ std::optional<KeyCheckError> QueuePairImpl::scatter(const Sge* sge, uint32_t n, 
     }
     uint64_t take = std::min<uint64_t>(sge[i].length - offset, data.size());
     auto access = ctx_.memory().check_local(sge[i].lkey, pd_, sge[i].addr + offset, take, true);
-    if (!access) return access.error();
+    if (!access) return access.error().to_error();
     std::memcpy(access->data(), data.data(), take);
+    // Durable memory takes what lands through a receive (a SEND, a READ
+    // response) durably before it is acknowledged or completed: no FLUSH
+    // can name a receive buffer.
+    if (access->durability() != Durability::kNone) {
+      if (auto s = make_durable(access->durability(), access->data(), take); !s) return s.error();
+    }
     data = data.subspan(take);
     offset = 0;
   }

@@ -80,6 +80,12 @@ class QueuePairImpl {
     uint32_t read_seen = 0;    // READ: one past the highest response seen (npkts once its tail is known lost)
     uint32_t read_ask_at = kNoAsk;  // READ: the first missing response when it was last asked for again
     uint32_t read_got = 0;    // READ: response packets taken in all (holes filled later included)
+    // A commit-complete WRITE (kSendCommit) is two WQEs: the WRITE, never
+    // signaled, and a FLUSH PERSISTENT of its range that completes as the
+    // application's RDMA_WRITE. One completion per work request: an error
+    // of the WRITE part silences its FLUSH part.
+    enum class Commit : uint8_t { kNone, kWrite, kFlush } commit = Commit::kNone;
+    bool quiet = false;  // a FLUSH part whose WRITE part already reported an error
   };
   struct RecvWqe {
     uint64_t wr_id = 0;
@@ -173,6 +179,9 @@ class QueuePairImpl {
   void apply(const verbs::QpAttr& a, verbs::QpAttrMask given);
 
   // Requester.
+  Status check_commit_wr(const verbs::SendWr& wr) const;  // kSendCommit
+  // Fills the next send queue entry (post_send checked everything).
+  void enqueue(const verbs::SendWr& wr, uint64_t length, bool is_inline, SendWqe::Commit commit);
   bool start_wqe(SendWqe& w, bool sending_now);
   int send_request_packet(SendWqe& w);  // 1 sent, 0 no buffer/MAC yet, 2 WQE failed (completed), -1 QP left RTS
   // One request packet as built, before its payload is gathered.
@@ -262,8 +271,7 @@ class QueuePairImpl {
                      uint32_t src_qp, std::string error = {});
 
   // Copies data into / out of SGE lists through the key table.
-  std::optional<verbs::KeyCheckError> scatter(const verbs::Sge* sge, uint32_t n, uint64_t offset,
-                                             std::span<const uint8_t> data);
+  std::optional<Error> scatter(const verbs::Sge* sge, uint32_t n, uint64_t offset, std::span<const uint8_t> data);
   roce::FrameSpec frame_spec(uint8_t opcode, uint32_t psn, bool ack_req);
   void push_completion(CompletionQueueImpl* cq, verbs::WorkCompletion&& wc);
 

@@ -463,13 +463,14 @@ AccessFlags QueuePairImpl::flush_access(const roce::Packet& pkt) {
 
 // FLUSH (IBA memory placement extensions, rxe's process_flush): the rkey
 // must grant the flag of each placement type asked for; a RANGE flush
-// must lie inside the region (a whole-region flush names no range). The
-// bytes of this host's memory regions are plain DRAM: a release fence
-// makes every earlier write to them (this responder's, in PSN order)
-// visible to every thread and device that reads after it, which is what
-// GLOBAL promises. PERSISTENT cannot reach here on DRAM: the API refuses to
-// register host memory with FLUSH_PERSISTENT, so the rkey check fails
-// first (remote access error).
+// must lie inside the region (a whole-region flush names no range).
+// GLOBAL: a release fence makes every earlier write (this responder's, in
+// PSN order) visible to every thread and device that reads after it.
+// PERSISTENT: the range is made durable the way its region's memory is
+// (core/rdma/durable.h: cache-line write-back on DAX, msync on a file or
+// block device) before the answer leaves. Only durable memory is ever
+// registered with FLUSH_PERSISTENT, so DRAM fails the rkey check first
+// (remote access error).
 void QueuePairImpl::execute_flush(const roce::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
   const roce::Feth& f = pkt.ext.feth;
@@ -497,6 +498,12 @@ void QueuePairImpl::execute_flush(const roce::Packet& pkt) {
     return;
   }
   std::atomic_thread_fence(std::memory_order_release);
+  if (f.placement_type & roce::feth::kPersistent) {
+    if (auto s = make_durable(a->durability(), a->data(), a->length()); !s) {
+      send_nak(kNakRemoteOp, psn, "FLUSH PERSISTENT: " + s.error().message(), WcStatus::kSuccess);
+      return;
+    }
+  }
   finish_replayed(pkt, Reply::kReadRespAck, 0);
 }
 

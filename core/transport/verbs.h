@@ -50,6 +50,10 @@ inline constexpr SendFlags kSendFence = 1u << 0;      // wait for earlier READs/
 inline constexpr SendFlags kSendSignaled = 1u << 1;   // produce a completion on success
 inline constexpr SendFlags kSendSolicited = 1u << 2;  // set SE in the last packet
 inline constexpr SendFlags kSendInline = 1u << 3;     // copy the data at post time; lkeys ignored
+// RDMA_WRITE(_WITH_IMM): complete only once the data is durable at the
+// target (the WRITE, then a FLUSH PERSISTENT of its range, answered).
+// Not an ibv_send_flags bit: libfabric's FI_COMMIT_COMPLETE.
+inline constexpr SendFlags kSendCommit = 1u << 4;
 
 // Where a UD send goes (what verbs keeps in an ibv_ah plus the WR's
 // remote_qpn/remote_qkey).
@@ -231,6 +235,7 @@ static_assert(static_cast<uint32_t>(WrOpcode::kFlush) == UFAB_WR_FLUSH &&
               static_cast<uint32_t>(WcOpcode::kFlush) == UFAB_WC_FLUSH &&
               static_cast<uint32_t>(WcOpcode::kAtomicWrite) == UFAB_WC_ATOMIC_WRITE);
 static_assert(kFlushGlobal == UFAB_ACCESS_FLUSH_GLOBAL && kFlushPersistent == UFAB_ACCESS_FLUSH_PERSISTENT);
+static_assert(kSendCommit == UFAB_SEND_COMMIT && kSendInline == UFAB_SEND_INLINE);
 
 // Counters of the transport on one device: the C API's struct, so the
 // provider hands them out as they are (api/ufab/rdma.h says what each is).

@@ -485,8 +485,10 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
   };
   for (; i < n; ++i) {
     const ufab_send_wr& wr = wrs[i];
-    if (wr.opcode == UFAB_WR_FLUSH || wr.opcode == UFAB_WR_ATOMIC_WRITE) {
-      fail(EOPNOTSUPP, std::string(wr.opcode == UFAB_WR_FLUSH ? "FLUSH" : "ATOMIC_WRITE") +
+    if (wr.opcode == UFAB_WR_FLUSH || wr.opcode == UFAB_WR_ATOMIC_WRITE || (wr.send_flags & UFAB_SEND_COMMIT)) {
+      fail(EOPNOTSUPP, std::string(wr.opcode == UFAB_WR_FLUSH          ? "FLUSH"
+                                   : wr.opcode == UFAB_WR_ATOMIC_WRITE ? "ATOMIC_WRITE"
+                                                                       : "UFAB_SEND_COMMIT (a commit-complete WRITE)") +
                            " is not implemented by the shm provider (its peers share this host's memory, but it "
                            "has no FLUSH or ATOMIC_WRITE messages yet); use a soft-RoCE device (swnic or a NIC)");
       break;

@@ -1,8 +1,8 @@
 // The C API's own behaviour (core/provider/c_api.cc), over the shared-memory
 // provider: argument errors, ufab_last_error per thread, objects destroyed
 // in any order with the device closing only with its last object, post
-// lists naming the refused request, issue 13's rule on FLUSH_PERSISTENT, and
-// the shm provider's refusal of FLUSH and ATOMIC_WRITE.
+// lists naming the refused request, and the shm provider's refusal of
+// FLUSH, ATOMIC_WRITE, commit-complete WRITEs and persistent memory.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -144,28 +144,6 @@ TEST(CApi, FlushAndAtomicWriteValuesAreVerbs) {
   EXPECT_EQ(offsetof(ufab_send_wr, swap), 56u);
 }
 
-// Issue 13's rule, whatever the provider: host memory is DRAM, and a FLUSH
-// PERSISTENT answered from it would claim a durability it does not have.
-TEST(CApi, FlushPersistentOnHostMemoryIsRefusedSayingWhatToUse) {
-  ufab_device* dev = nullptr;
-  ASSERT_EQ(ufab_device_open(domain("f").c_str(), nullptr, &dev), 0) << ufab_last_error();
-  ufab_pd* pd = nullptr;
-  ASSERT_EQ(ufab_pd_alloc(dev, &pd), 0);
-  static char buf[4096];
-  ufab_mr* mr = nullptr;
-  for (uint32_t access : {uint32_t{UFAB_ACCESS_FLUSH_PERSISTENT},
-                          uint32_t{UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_FLUSH_GLOBAL | UFAB_ACCESS_FLUSH_PERSISTENT}}) {
-    EXPECT_EQ(ufab_mr_reg(pd, buf, sizeof buf, access, &mr), -EINVAL);
-    std::string why = ufab_last_error();
-    EXPECT_NE(why.find("UFAB_ACCESS_FLUSH_PERSISTENT"), std::string::npos) << why;
-    EXPECT_NE(why.find("DRAM"), std::string::npos) << why;
-    EXPECT_NE(why.find("UFAB_ACCESS_FLUSH_GLOBAL"), std::string::npos) << "says what to use instead: " << why;
-    EXPECT_NE(why.find("UFAB_MEM_PERSISTENT"), std::string::npos) << why;
-  }
-  EXPECT_EQ(mr, nullptr);
-  ufab_pd_free(pd);
-  ufab_device_close(dev);
-}
 
 TEST(CApi, ShmRefusesFlushAndAtomicWriteAsNotSupported) {
   ufab_device* dev = nullptr;
@@ -207,6 +185,21 @@ TEST(CApi, ShmRefusesFlushAndAtomicWriteAsNotSupported) {
     EXPECT_NE(why.find(ufab_wr_opcode_str(op)), std::string::npos) << why;
     EXPECT_NE(why.find("not implemented by the shm provider"), std::string::npos) << why;
   }
+  ufab_send_wr commit{};
+  commit.opcode = UFAB_WR_RDMA_WRITE;
+  commit.send_flags = UFAB_SEND_COMMIT;
+  uint32_t bad = 99;
+  EXPECT_EQ(ufab_post_send(qp, &commit, 1, &bad), -EOPNOTSUPP) << "a commit-complete WRITE it cannot make durable";
+  EXPECT_NE(std::string(ufab_last_error()).find("UFAB_SEND_COMMIT"), std::string::npos) << ufab_last_error();
+  for (uint32_t access : {uint32_t{UFAB_ACCESS_FLUSH_PERSISTENT},
+                          uint32_t{UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_FLUSH_GLOBAL | UFAB_ACCESS_FLUSH_PERSISTENT}}) {
+    EXPECT_EQ(ufab_mr_reg(pd, buf, sizeof buf, access, &mr), -EOPNOTSUPP);
+  }
+  ufab_mr_attr pm{.size = sizeof pm, .access = UFAB_ACCESS_LOCAL_WRITE, .addr = buf, .length = sizeof buf,
+                  .mem_type = UFAB_MEM_PERSISTENT, .reserved = 0};
+  EXPECT_EQ(ufab_mr_reg_attr(pd, &pm, &mr), -EOPNOTSUPP);
+  EXPECT_NE(std::string(ufab_last_error()).find("persistent"), std::string::npos) << ufab_last_error();
+  EXPECT_EQ(mr, nullptr);
   ufab_qp_destroy(qp);
   ufab_cq_destroy(cq);
   ufab_pd_free(pd);

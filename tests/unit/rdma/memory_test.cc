@@ -418,7 +418,9 @@ TEST_F(Fixture, AccessFlagsAreEnforcedForEveryCombination) {
   for (AccessFlags reg = 0; reg <= kSupportedAccess; ++reg) {
     if (reg & ~kSupportedAccess) continue;
     if ((reg & (kRemoteWrite | kRemoteAtomic)) && !(reg & kLocalWrite)) continue;
-    auto keys = table->register_mr(pd, buf.data(), 64, reg);
+    // FLUSH_PERSISTENT needs memory the caller says is durable.
+    auto keys = table->register_mr(pd, buf.data(), 64, reg, std::nullopt, 0,
+                                   (reg & kFlushPersistent) ? Durability::kCacheFlush : Durability::kNone);
     ASSERT_TRUE(keys) << access_string(reg);
     uint32_t key = keys->lkey;  // also tests lkey-as-rkey for local-only regions
     for (AccessFlags needed : {kRemoteRead, kRemoteWrite, kRemoteAtomic, kRemoteRead | kRemoteWrite, kFlushGlobal,
@@ -436,6 +438,35 @@ TEST_F(Fixture, AccessFlagsAreEnforcedForEveryCombination) {
     EXPECT_TRUE(table->check_local(key, pd, start, 16, false)) << "local reads are always allowed";
     ASSERT_TRUE(table->deregister_mr(key));
   }
+}
+
+// FLUSH_PERSISTENT on memory nothing makes durable is refused; the
+// durability a region was registered with travels with every check.
+TEST_F(Fixture, PersistentFlushNeedsDurableMemoryAndChecksCarryIt) {
+  std::vector<uint8_t> b(256);
+  auto no = table->register_mr(pd, b.data(), b.size(), kFlushPersistent);
+  ASSERT_FALSE(no);
+  EXPECT_EQ(no.error().code(), EINVAL);
+  EXPECT_TRUE(contains(no.error().message(), "DRAM")) << no.error().message();
+  for (Durability d : {Durability::kCacheFlush, Durability::kFileSync}) {
+    auto keys = table->register_mr(pd, b.data(), b.size(), kFlushPersistent, std::nullopt, 0, d);
+    ASSERT_TRUE(keys) << keys.error().message();
+    auto a = table->check_remote(keys->rkey, pd, reinterpret_cast<uintptr_t>(b.data()) + 8, 16, kFlushPersistent);
+    ASSERT_TRUE(a);
+    EXPECT_EQ(a->durability(), d);
+    auto whole = table->check_remote_region(keys->rkey, pd, kFlushPersistent);
+    ASSERT_TRUE(whole);
+    EXPECT_EQ(whole->durability(), d);
+    auto info = table->query(keys->lkey);
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->durability, d);
+    a->release();
+    whole->release();
+    ASSERT_TRUE(table->deregister_mr(keys->lkey));
+  }
+  auto plain = table->check_local(k.lkey, pd, start, 8, false);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->durability(), Durability::kNone);
 }
 
 TEST_F(Fixture, NeededAccessMustBeRemoteFlags) {
@@ -477,8 +508,11 @@ TEST_F(Fixture, FlushRightsAreRemoteRightsPerPlacementType) {
   ASSERT_FALSE(no);
   EXPECT_EQ(no.error().kind, KeyError::kStaleKey);
 
-  auto both = table->register_mr(pd, b.data(), b.size(), kFlushGlobal | kFlushPersistent);
-  ASSERT_TRUE(both) << "the table itself does not judge the memory (the C API refuses PERSISTENT on DRAM)";
+  // The table takes the caller's word on the memory (the provider learns
+  // it from the mapping).
+  auto both = table->register_mr(pd, b.data(), b.size(), kFlushGlobal | kFlushPersistent, std::nullopt, 0,
+                                 Durability::kFileSync);
+  ASSERT_TRUE(both) << both.error().message();
   EXPECT_TRUE(table->check_remote(both->rkey, pd, bstart, 8, kFlushGlobal | kFlushPersistent));
   EXPECT_EQ(access_string(kFlushGlobal | kFlushPersistent), "FLUSH_GLOBAL|FLUSH_PERSISTENT");
 }

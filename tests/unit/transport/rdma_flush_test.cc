@@ -7,10 +7,13 @@
 // ATOMIC_WRITE under 5% loss and reordering where every operation executes
 // exactly once. The responder against crafted frames (exact NAKs,
 // duplicates) is in hostile_peer_test.cc.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -134,29 +137,222 @@ class Flush : public ::testing::Test {
 };
 int Flush::serial_ = 0;
 
-TEST_F(Flush, SoftRoceOffersGlobalFlushAndAtomicWriteNotPersistence) {
+TEST_F(Flush, SoftRoceOffersGlobalAndPersistentFlushAndAtomicWrite) {
   const ufab_device_attr& attr = a_.dev->attr();
   EXPECT_TRUE(attr.caps & UFAB_DEVICE_CAP_FLUSH_GLOBAL);
   EXPECT_TRUE(attr.caps & UFAB_DEVICE_CAP_ATOMIC_WRITE);
-  EXPECT_FALSE(attr.caps & UFAB_DEVICE_CAP_FLUSH_PERSISTENT) << "no durable memory type in this slice";
-  EXPECT_FALSE(attr.mem_types & (1u << UFAB_MEM_PERSISTENT));
+  EXPECT_TRUE(attr.caps & UFAB_DEVICE_CAP_FLUSH_PERSISTENT);
+  EXPECT_TRUE(attr.mem_types & (1u << UFAB_MEM_PERSISTENT));
 }
 
-// Issue 13's rule: host memory (DRAM) registered for FLUSH PERSISTENT is
-// refused, saying why and what to use instead.
+// Issue 13's rule: host memory (DRAM) registered for FLUSH PERSISTENT, or
+// as persistent memory, is refused, saying why and what to use instead.
 TEST_F(Flush, PersistentFlushTargetsOnDramAreRefusedAtRegistration) {
   std::vector<uint8_t> mem(4096);
   for (AccessFlags access : {kFlushPersistent, kLocalWrite | kRemoteWrite | kFlushGlobal | kFlushPersistent}) {
-    auto mr = b_.pd->register_mr(mem.data(), mem.size(), access);
-    ASSERT_FALSE(mr) << "FLUSH_PERSISTENT accepted on DRAM";
-    EXPECT_EQ(mr.error().code(), EINVAL);
-    const std::string why = mr.error().message();
-    EXPECT_NE(why.find("DRAM"), std::string::npos) << why;
-    EXPECT_NE(why.find("UFAB_ACCESS_FLUSH_GLOBAL"), std::string::npos) << why;
+    for (MemoryType type : {MemoryType::kHost, MemoryType::kPersistent}) {
+      auto mr = b_.pd->register_mr(mem.data(), mem.size(), access, type);
+      ASSERT_FALSE(mr) << "FLUSH_PERSISTENT accepted on DRAM";
+      EXPECT_EQ(mr.error().code(), EINVAL);
+      const std::string why = mr.error().message();
+      EXPECT_NE(why.find("private mapping"), std::string::npos) << "says what the memory is: " << why;
+      EXPECT_NE(why.find("DRAM"), std::string::npos) << why;
+      EXPECT_NE(why.find("UFAB_ACCESS_FLUSH_GLOBAL"), std::string::npos) << why;
+      EXPECT_NE(why.find("MAP_SHARED"), std::string::npos) << "says what to map instead: " << why;
+    }
   }
   auto ok = b_.pd->register_mr(mem.data(), mem.size(), kFlushGlobal);
   ASSERT_TRUE(ok) << ok.error().message();
   EXPECT_NE(ok->rkey(), 0u) << "a region with only FLUSH_GLOBAL is a remote target";
+}
+
+// A file of `pages` pages in the test's temporary directory (a disk file
+// system), mapped shared: a durable target whose FLUSH PERSISTENT is an
+// msync. Whether a page was written back shows in /proc/self/smaps: msync
+// cleans the pages it writes (Shared_Dirty + Private_Dirty drop).
+class FileMapping {
+ public:
+  explicit FileMapping(size_t pages) : length_(pages * 4096) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    path_ = std::string(dir ? dir : "/var/tmp") + "/pmem-" + std::to_string(::getpid()) + "-" + std::to_string(n_++);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd_ < 0 || ::ftruncate(fd_, off_t(length_)) != 0) return;
+    void* p = ::mmap(nullptr, length_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p != MAP_FAILED) data_ = static_cast<uint8_t*>(p);
+  }
+  ~FileMapping() {
+    if (data_) ::munmap(data_, length_);
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  uint8_t* data() const { return data_; }
+  size_t length() const { return length_; }
+  // Dirty kB of this mapping (it is one VMA), -1 when not found.
+  long dirty_kb() const {
+    FILE* f = std::fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    bool in = false, found = false;
+    long kb = 0;
+    const auto start = reinterpret_cast<uintptr_t>(data_);
+    while (std::fgets(line, sizeof line, f)) {
+      unsigned long lo, hi;
+      if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+        in = lo == start;
+        found = found || in;
+        continue;
+      }
+      long v;
+      if (in && (std::sscanf(line, "Shared_Dirty: %ld kB", &v) == 1 || std::sscanf(line, "Private_Dirty: %ld kB", &v) == 1)) {
+        kb += v;
+      }
+    }
+    std::fclose(f);
+    return found ? kb : -1;
+  }
+
+ private:
+  static inline int n_ = 0;
+  std::string path_;
+  int fd_ = -1;
+  size_t length_;
+  uint8_t* data_ = nullptr;
+};
+
+// B registers a shared file mapping as persistent memory; `type` kHost
+// with FLUSH_PERSISTENT learns it from the mapping just the same.
+std::optional<MemoryRegion> register_persistent(ProtectionDomain& pd, const FileMapping& m, MemoryType type) {
+  auto mr = pd.register_mr(m.data(), m.length(), kLocalWrite | kRemoteAccess | kFlushGlobal | kFlushPersistent, type);
+  EXPECT_TRUE(mr) << mr.error().message();
+  if (!mr) return std::nullopt;
+  return std::move(*mr);
+}
+
+// FLUSH PERSISTENT of a file mapping writes back exactly the pages it
+// names (RANGE), or all of them (whole region), before it completes.
+TEST_F(Flush, PersistentFlushOfAFileMappingWritesItsPagesBack) {
+  FileMapping file(4);
+  ASSERT_NE(file.data(), nullptr) << std::strerror(errno);
+  for (MemoryType type : {MemoryType::kPersistent, MemoryType::kHost}) {
+    SCOPED_TRACE(type == MemoryType::kPersistent ? "UFAB_MEM_PERSISTENT" : "UFAB_MEM_HOST, learned from the mapping");
+    auto mr = register_persistent(*b_.pd, file, type);
+    ASSERT_TRUE(mr);
+    for (size_t i = 0; i < 4 * 4096; ++i) a_.buf[i] = static_cast<uint8_t>(i * 7 + int(type));
+    Sge s = a_.mr->sge(0, 4 * 4096);
+    const uint64_t base = reinterpret_cast<uintptr_t>(file.data());
+    ASSERT_TRUE(a_.qp->post_send(SendWr{.wr_id = 1, .opcode = WrOpcode::kRdmaWrite, .sgl = {&s, 1},
+                                        .remote_addr = base, .rkey = mr->rkey()}));
+    WorkCompletion wc = run(SendWr{.wr_id = 2, .opcode = WrOpcode::kFlush, .flags = kSendSignaled,
+                                   .remote_addr = base + 4096, .rkey = mr->rkey(),
+                                   .flush_type = kFlushTypeGlobal, .flush_level = kFlushRange, .flush_length = 4096});
+    ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+    EXPECT_EQ(file.dirty_kb(), 16) << "a GLOBAL flush writes nothing back";
+    wc = run(SendWr{.wr_id = 3, .opcode = WrOpcode::kFlush, .flags = kSendSignaled, .remote_addr = base + 4096,
+                    .rkey = mr->rkey(), .flush_type = kFlushTypePersistent, .flush_level = kFlushRange,
+                    .flush_length = 100});
+    ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+    EXPECT_EQ(wc.opcode, WcOpcode::kFlush);
+    EXPECT_EQ(file.dirty_kb(), 12) << "100 bytes of page 1: that page, and no other, written back";
+    wc = run(SendWr{.wr_id = 4, .opcode = WrOpcode::kFlush, .flags = kSendSignaled, .rkey = mr->rkey(),
+                    .flush_type = kFlushTypeGlobal | kFlushTypePersistent, .flush_level = kFlushWholeRegion});
+    ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+    EXPECT_EQ(file.dirty_kb(), 0) << "the whole region written back";
+    EXPECT_EQ(0, std::memcmp(file.data(), a_.buf.data(), 4 * 4096));
+  }
+}
+
+// UFAB_SEND_COMMIT: the WRITE completes (as RDMA_WRITE, once) only after
+// its range is durable at the target; unsignaled, it is silent like any
+// WRITE; an error (the target region lacks FLUSH_PERSISTENT) completes it
+// once, with the FLUSH's status.
+TEST_F(Flush, CommitCompleteWriteCompletesOnceDurable) {
+  FileMapping file(4);
+  ASSERT_NE(file.data(), nullptr) << std::strerror(errno);
+  auto mr = register_persistent(*b_.pd, file, MemoryType::kPersistent);
+  ASSERT_TRUE(mr);
+  const uint64_t base = reinterpret_cast<uintptr_t>(file.data());
+  for (size_t i = 0; i < 8192; ++i) a_.buf[i] = static_cast<uint8_t>(i ^ 0x5A);
+  Sge s = a_.mr->sge(0, 8192);
+  WorkCompletion wc = run(SendWr{.wr_id = 7, .opcode = WrOpcode::kRdmaWrite, .flags = kSendSignaled | kSendCommit,
+                                 .sgl = {&s, 1}, .remote_addr = base + 4096, .rkey = mr->rkey()});
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_EQ(wc.opcode, WcOpcode::kRdmaWrite);
+  EXPECT_EQ(file.dirty_kb(), 0) << "completed before its pages were written back";
+  EXPECT_EQ(0, std::memcmp(file.data() + 4096, a_.buf.data(), 8192));
+
+  // Unsignaled, then signaled with immediate data: one completion, the second's.
+  Sge one = a_.mr->sge(0, 64);
+  ASSERT_TRUE(a_.qp->post_send(SendWr{.wr_id = 8, .opcode = WrOpcode::kRdmaWrite, .flags = kSendCommit,
+                                      .sgl = {&one, 1}, .remote_addr = base, .rkey = mr->rkey()}));
+  ASSERT_TRUE(b_.qp->post_recv(RecvWr{.wr_id = 50}));
+  wc = run(SendWr{.wr_id = 9, .opcode = WrOpcode::kRdmaWriteWithImm, .flags = kSendSignaled | kSendCommit,
+                  .sgl = {&one, 1}, .imm_data = 0x1234, .remote_addr = base + 3 * 4096, .rkey = mr->rkey()});
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+  EXPECT_EQ(wc.wr_id, 9u) << "the unsignaled commit WRITE completed visibly";
+  EXPECT_EQ(file.dirty_kb(), 0);
+  WorkCompletion rwc = next(b_);
+  EXPECT_EQ(rwc.wr_id, 50u);
+  EXPECT_EQ(rwc.imm_data, 0x1234u);
+
+  // A target region without FLUSH_PERSISTENT: one error completion.
+  wc = run(SendWr{.wr_id = 10, .opcode = WrOpcode::kRdmaWrite, .flags = kSendCommit, .sgl = {&one, 1},
+                  .remote_addr = b_addr(0), .rkey = b_.mr->rkey()});
+  EXPECT_EQ(wc.wr_id, 10u);
+  EXPECT_EQ(wc.status, WcStatus::kRemAccessErr) << wc.error;
+  EXPECT_EQ(wc.opcode, WcOpcode::kRdmaWrite);
+  EXPECT_NE(wc.error.find("FLUSH_PERSISTENT"), std::string::npos) << wc.error;
+  EXPECT_EQ(0, std::memcmp(b_.buf.data(), a_.buf.data(), 64)) << "the WRITE itself landed";
+  for (int r = 0; r < 100; ++r) {
+    a_.dev->progress();
+    b_.dev->progress();
+  }
+  WorkCompletion more[4];
+  auto n = a_.cq->poll(more);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 0u) << "a commit WRITE completed twice: " << more[0].wr_id << " " << more[0].error;
+}
+
+TEST_F(Flush, CommitCompletePostChecks) {
+  Sge one = a_.mr->sge(0, 64);
+  auto st = a_.qp->post_send(SendWr{.opcode = WrOpcode::kSend, .flags = kSendCommit, .sgl = {&one, 1}});
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code(), EINVAL);
+  EXPECT_NE(st.error().message().find("only RDMA_WRITE"), std::string::npos) << st.error().message();
+  st = a_.qp->post_send(SendWr{.opcode = WrOpcode::kRdmaRead, .flags = kSendCommit, .sgl = {&one, 1}});
+  ASSERT_FALSE(st);
+
+  // Two send-queue entries: 511 used of 512 leaves no room.
+  for (int i = 0; i < 511; ++i) {
+    ASSERT_TRUE(a_.qp->post_send(SendWr{.opcode = WrOpcode::kRdmaWrite, .sgl = {&one, 1}, .remote_addr = b_addr(0),
+                                        .rkey = b_.mr->rkey()}));
+  }
+  st = a_.qp->post_send(SendWr{.opcode = WrOpcode::kRdmaWrite, .flags = kSendCommit, .sgl = {&one, 1},
+                               .remote_addr = b_addr(0), .rkey = b_.mr->rkey()});
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code(), ENOMEM);
+  EXPECT_NE(st.error().message().find("two entries"), std::string::npos) << st.error().message();
+}
+
+// A SEND names no range a FLUSH could make durable: a receive posted into
+// persistent memory lands durably before the SEND is acknowledged, so the
+// sender's completion means durable too.
+TEST_F(Flush, SendIntoPersistentMemoryLandsDurably) {
+  FileMapping file(4);
+  ASSERT_NE(file.data(), nullptr) << std::strerror(errno);
+  auto mr = register_persistent(*b_.pd, file, MemoryType::kPersistent);
+  ASSERT_TRUE(mr);
+  Sge r = mr->sge(4096, 3 * 4096);
+  ASSERT_TRUE(b_.qp->post_recv(RecvWr{.wr_id = 77, .sgl = {&r, 1}}));
+  for (size_t i = 0; i < 10000; ++i) a_.buf[i] = static_cast<uint8_t>(i * 13);
+  Sge s = a_.mr->sge(0, 10000);
+  WorkCompletion wc = run(SendWr{.wr_id = 5, .opcode = WrOpcode::kSend, .flags = kSendSignaled, .sgl = {&s, 1}});
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+  EXPECT_EQ(file.dirty_kb(), 0) << "the SEND was acknowledged before its bytes were written back";
+  WorkCompletion rwc = next(b_);
+  EXPECT_EQ(rwc.wr_id, 77u);
+  EXPECT_EQ(rwc.byte_len, 10000u);
+  EXPECT_EQ(0, std::memcmp(file.data() + 4096, a_.buf.data(), 10000));
 }
 
 // GLOBAL of a range and of the whole region succeed; PERSISTENT (alone or
