@@ -16,7 +16,8 @@
 #     GLOBAL to an ordinary-memory MR (range; whole MR), ATOMIC_WRITE to
 #     both, FLUSH PERSISTENT to the ordinary MR (which lacks it: remote
 #     access error), FLUSH on a QP without the FLUSH rights (remote invalid
-#     request).
+#     request), and a commit-complete WRITE (kSendCommit: the WRITE and a
+#     FLUSH PERSISTENT of its range, one completion) to the devdax MR.
 #  2. rxe initiator -> ufab target: ibv_wr_atomic_write (rdma-core 44 has
 #     it) into ufab's memory.
 #  3. rxe initiator with FLUSH -> ufab target: flush_verbs built against
@@ -32,6 +33,8 @@
 # default 120; each wait inside is --timeout 30), UFAB_FLUSH_PARTS (default
 # "1 2 3": which of the parts above run), UFAB_FLUSH_VERBOSE=1 (both sides'
 # output after passing runs too).
+# Each part also checks that ufab's transport counted no parse errors (every
+# frame rxe sent passed ufab's parser, ICRC verified).
 # Prints "PASS ..."/"FAIL ..." per case and ends with
 # "rxe_flush_guest: N passed, M failed".
 set -uo pipefail
@@ -129,6 +132,15 @@ report() {
   if [ "$trc" -ne 0 ] || { [ "$irc" -ne 0 ] && [ "$any" -eq 0 ]; }; then
     fail "$label: initiator exited $irc, target $trc"; any=1
   fi
+  # ufab's side (whichever role) parsed every frame rxe sent, ICRC verified:
+  # FLUSH's included, whose ICRC rxe computes its own way (core/roce/icrc.h).
+  local uf
+  uf=$(grep -h '^flush_peer: transport: ' "$w/t.out" "$w/i.out" | tail -n1)
+  if [[ $uf == *", parse errors 0,"* ]]; then
+    pass "$label: ufab parsed every frame rxe sent, ICRCs verified (${uf#flush_peer: transport: })"
+  else
+    fail "$label: ufab's transport counted parse errors, or printed no counters: '${uf:-none}'"; any=1
+  fi
   if [ "$any" -ne 0 ] || [ "${UFAB_FLUSH_VERBOSE:-0}" = 1 ]; then
     show "$w/t.out" "target stdout"; [ -s "$w/t.err" ] && show "$w/t.err" "target stderr"
     show "$w/i.out" "initiator stdout"; [ -s "$w/i.err" ] && show "$w/i.err" "initiator stderr"
@@ -149,14 +161,16 @@ flush_cases=(
   "missing-type:FLUSH PERSISTENT to an MR without FLUSH_PERSISTENT is a remote access error"
   "qp-no-flush:FLUSH to a QP without the FLUSH rights is a remote invalid request"
 )
+# ufab's commit-complete WRITE, as initiator only (rxe has no such flag).
+commit_case="commit-write:RDMA_WRITE with kSendCommit (WRITE + FLUSH PERSISTENT of its range) to an MR on /dev/dax0.0, completed once"
 names() { local c out=; for c in "$@"; do out+=${out:+,}${c%%:*}; done; echo "$out"; }
 
 # ------------------------------------------------ 1. ufab -> rxe (rdma-core 44)
 if [[ $parts == *" 1 "* ]]; then
   target=("${verbs_side[@]}" --listen 0 --pmem /dev/dax0.0)
-  initiator=("${ufab_side[@]}" --cases "$(names "${flush_cases[@]}")")
+  initiator=("${ufab_side[@]}" --cases "$(names "${flush_cases[@]}" "$commit_case")")
   run_pair target initiator
-  report "ufab -> rxe" flush_peer "${flush_cases[@]}"
+  report "ufab -> rxe" flush_peer "${flush_cases[@]}" "$commit_case"
 fi
 
 # ------------------------------------------------ 2. rxe (rdma-core 44) -> ufab

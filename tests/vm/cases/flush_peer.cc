@@ -25,8 +25,11 @@
 // same with FLUSH GLOBAL, to dram), atomic-write (ATOMIC_WRITE to dram),
 // atomic-write-pmem, missing-type (FLUSH PERSISTENT to dram, which lacks
 // it: remote access error; QP 1), qp-no-flush (FLUSH GLOBAL on QP 2:
-// remote invalid request). One line each: "flush_peer: case NAME: OK: ..."
-// or "flush_peer: case NAME: FAILED: ...".
+// remote invalid request), commit-write (a WRITE with kSendCommit to pmem:
+// on the wire a WRITE and a FLUSH PERSISTENT of its range; initiator only).
+// One line each: "flush_peer: case NAME: OK: ..." or "flush_peer: case
+// NAME: FAILED: ...", and at the end the transport's counters
+// ("flush_peer: transport: ..., parse errors N, ...").
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -257,6 +260,31 @@ Result<std::string> write_and_flush(Peer& p, Local& l, exchange::TcpChannel& ch,
   return std::to_string(length) + "-byte RDMA_WRITE then FLUSH completed; target: " + *seen;
 }
 
+// A commit-complete WRITE (kSendCommit) of pattern(seed): ufab sends the
+// WRITE and a FLUSH PERSISTENT of its range and completes the WRITE once
+// the FLUSH is answered.
+Result<std::string> commit_write(Peer& p, Local& l, exchange::TcpChannel& ch, uint64_t offset, uint32_t length,
+                                 uint32_t seed, milliseconds timeout) {
+  const rdma::ConnectionData& rm = p.remote[0];
+  if (rm.rkey == 0 && rm.length == 0) return std::unexpected(Error(ENODEV, "the target has no pmem region"));
+  for (uint32_t i = 0; i < length; ++i) l.buf[i] = pattern(seed, i);
+  rdma::Sge sge = l.mr->sge(0, length);
+  rdma::SendWr write{.wr_id = seed * 10 + 1, .opcode = rdma::WrOpcode::kRdmaWrite, .flags = rdma::kSendCommit,
+                     .sgl = {&sge, 1}};
+  write.remote_addr = rm.addr + offset;
+  write.rkey = rm.rkey;
+  auto wc = execute(p, 0, write, timeout);
+  if (auto s = expect_success(wc, "RDMA_WRITE with kSendCommit"); !s) return std::unexpected(s.error());
+  if (wc->opcode != rdma::WcOpcode::kRdmaWrite) {
+    return std::unexpected(Error(EIO, std::string("the commit-complete WRITE completed as ") +
+                                          rdma::wc_opcode_name(wc->opcode)));
+  }
+  auto seen = ask(ch, "check pmem " + std::to_string(offset) + " " + std::to_string(length) + " " +
+                          std::to_string(seed), timeout);
+  if (!seen) return seen;
+  return std::to_string(length) + "-byte commit-complete RDMA_WRITE completed (once); target: " + *seen;
+}
+
 Result<std::string> atomic_write(Peer& p, exchange::TcpChannel& ch, int r, const char* region, uint64_t offset,
                                  uint64_t value, milliseconds timeout) {
   const rdma::ConnectionData& rm = p.remote[r];
@@ -297,8 +325,9 @@ Result<std::string> flush_refused(Peer& p, int q, int r, uint8_t type, rdma::WcS
          (wc->error.empty() ? "" : " (" + wc->error + ")");
 }
 
-const std::vector<std::string> kAllCases = {"persistent-range", "persistent-mr", "global-range", "global-mr",
-                                            "atomic-write",     "atomic-write-pmem", "missing-type", "qp-no-flush"};
+const std::vector<std::string> kAllCases = {"persistent-range", "persistent-mr",     "global-range",
+                                            "global-mr",        "atomic-write",      "atomic-write-pmem",
+                                            "missing-type",     "qp-no-flush",       "commit-write"};
 
 Result<std::string> run_case(const std::string& name, Peer& p, Local& l, exchange::TcpChannel& ch,
                              milliseconds timeout) {
@@ -317,6 +346,7 @@ Result<std::string> run_case(const std::string& name, Peer& p, Local& l, exchang
     return write_and_flush(p, l, ch, 1, "dram", 0x4000, 8192, 4, rdma::kFlushTypeGlobal, rdma::kFlushWholeRegion,
                            timeout);
   }
+  if (name == "commit-write") return commit_write(p, l, ch, 0x20000, 4096, 5, timeout);
   if (name == "atomic-write") return atomic_write(p, ch, 1, "dram", 8, kAtomicValue, timeout);
   if (name == "atomic-write-pmem") return atomic_write(p, ch, 0, "pmem", 16, kAtomicValuePmem, timeout);
   if (name == "missing-type") {
@@ -461,6 +491,7 @@ Result<int> run(const Options& opt) {
       if (auto s = channel->send_all(reply + "\n", opt.timeout); !s) return failed("answering", s.error());
     }
     std::printf("flush_peer: the initiator is done\n");
+    std::printf("flush_peer: transport: %s\n", rdma::to_string(dev.stats()).c_str());
     return 0;
   }
   Local local{dram->data(), &*dram_mr};
@@ -476,6 +507,7 @@ Result<int> run(const Options& opt) {
   }
   if (auto s = channel->send_all("done\n", opt.timeout); !s) return failed("telling the target", s.error());
   std::printf("flush_peer: %zu cases, %d failed\n", cases.size(), bad);
+  std::printf("flush_peer: transport: %s\n", rdma::to_string(dev.stats()).c_str());
   return bad == 0 ? 0 : 1;
 }
 

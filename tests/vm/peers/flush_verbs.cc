@@ -370,6 +370,7 @@ Result<std::string> flush_refused(Peer& p, int q, int r, uint8_t type, ibv_wc_st
 }
 #endif
 
+// flush_peer's cases but commit-write (ufab's kSendCommit).
 const std::vector<std::string> kAllCases = {"persistent-range", "persistent-mr", "global-range", "global-mr",
                                             "atomic-write",     "atomic-write-pmem", "missing-type", "qp-no-flush"};
 
