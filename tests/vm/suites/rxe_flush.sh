@@ -8,7 +8,8 @@
 #   ufab -> rxe: WRITE + FLUSH PERSISTENT (range, whole MR) to an MR on
 #     /dev/dax0.0, WRITE + FLUSH GLOBAL (range, whole MR) to ordinary
 #     memory, ATOMIC_WRITE to both, a FLUSH type the MR lacks (remote
-#     access error), a QP without the FLUSH rights (remote invalid request);
+#     access error), a QP without the FLUSH rights (remote invalid request),
+#     ufab's commit-complete WRITE (kSendCommit) to the devdax MR;
 #   rxe -> ufab: ATOMIC_WRITE with Debian 12's rdma-core 44;
 #   rxe -> ufab with FLUSH: the same cases as the first direction, with
 #     flush_verbs built against Debian 13's rdma-core 56 (ibv_wr_flush) and
@@ -16,7 +17,9 @@
 #     tests/vm/build-trixie-peer.sh (which calls fetch-trixie-verbs.sh: a
 #     debootstrap of about 190 MB the first time, cached in
 #     ~/.cache/ufab/trixie-verbs; later runs download nothing).
-# About 1 to 2 minutes in the VM under TCG. docs/interop.md describes it.
+# Each part also checks ufab's parse-error count (0: every rxe frame's
+# ICRC verified). About 45 s in all under TCG once the caches are filled.
+# docs/interop.md describes it.
 # Needs: bazel build //tools/ufab //tests/vm/cases:flush_peer
 # //tests/vm/peers:flush_verbs; ndctl, debootstrap, rdma-core,
 # ibverbs-providers, iproute2 on the host (scripts/setup.sh installs them).
