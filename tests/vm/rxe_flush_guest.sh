@@ -37,6 +37,7 @@
 # frame rxe sent passed ufab's parser, ICRC verified).
 # Prints "PASS ..."/"FAIL ..." per case and ends with
 # "rxe_flush_guest: N passed, M failed".
+# shellcheck disable=SC2034  # target, initiator: run_pair's arrays, passed by name
 set -uo pipefail
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd -- "$here/../.." && pwd)
@@ -198,7 +199,7 @@ else
   if [ "$ok" = 1 ]; then
     say "rdma-core in the chroot: $(cat "$trixie/.ufab-complete" 2>/dev/null)"
     target=("${ufab_side[@]}" --listen 0 --pmem /dev/dax0.0)
-    initiator=(chroot "$trixie" /ufab/flush_verbs --device rxe0 --gid-index "$idx" --timeout 30
+    initiator=(chroot "$trixie" /ufab/flush_verbs --device rxe0 --gid-index "$idx" --timeout "$wait_s"
       --cases "$(names "${flush_cases[@]}")")
     run_pair target initiator
     report "rxe (rdma-core 56) -> ufab" flush_verbs "${flush_cases[@]}"

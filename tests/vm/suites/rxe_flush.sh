@@ -28,7 +28,7 @@
 # trixie part (nothing is debootstrapped or built for it then).
 # Ends with "rxe_flush: N passed, M failed".
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
