@@ -98,7 +98,13 @@ uint32_t write_headers(const FrameSpec& s, const Layout& l, uint8_t* h, CrcImpl 
   write_ext_headers(l.op->headers, std::span<uint8_t>(h + kBthOffset + kBthBytes, ext), s.ext);
 
   uint32_t state = icrc_begin(std::span<const uint8_t, kIcrcHeaderBytes>(h + kEthBytes, kIcrcHeaderBytes), crc);
-  return icrc_update(state, std::span<const uint8_t>(h + kBthOffset + kBthBytes, ext), crc);
+  state = icrc_update(state, std::span<const uint8_t>(h + kBthOffset + kBthBytes, ext), crc);
+  // rxe's FLUSH ICRC covers the BTH and extension headers twice (icrc.h);
+  // a FLUSH has no payload or pad, so the repeat goes right here.
+  if (icrc_repeats_headers(bth.opcode)) {
+    state = icrc_update(state, std::span<const uint8_t>(h + kBthOffset, kBthBytes + ext), crc);
+  }
+  return state;
 }
 
 // Pad (zeros, as rxe writes it) and ICRC into `t`; returns bytes written.

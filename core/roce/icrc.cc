@@ -344,6 +344,8 @@ uint32_t icrc_ipv4(std::span<const uint8_t> datagram, CrcImpl impl) {
   if (datagram.size() < kIcrcHeaderBytes) return 0;
   uint32_t s = icrc_begin(datagram.first<kIcrcHeaderBytes>(), impl);
   s = crc32_update(s, datagram.subspan(kIcrcHeaderBytes), impl);
+  constexpr size_t kBthAt = kIcrcHeaderBytes - 12;  // IPv4 (20) + UDP (8)
+  if (icrc_repeats_headers(datagram[kBthAt])) s = crc32_update(s, datagram.subspan(kBthAt), impl);
   return icrc_finish(s);
 }
 

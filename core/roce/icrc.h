@@ -62,10 +62,22 @@ inline uint32_t icrc_update(uint32_t state, std::span<const uint8_t> data, CrcIm
 }
 inline uint32_t icrc_finish(uint32_t state) { return ~state; }
 
+// rxe's FLUSH ICRC (Linux 6.2 to at least 6.12): rxe's opcode table gives
+// RC FLUSH (0x1C) no payload offset, so the "payload" its ICRC code feeds
+// the CRC after the extension headers starts at the BTH and runs to the
+// ICRC. A FLUSH's ICRC thus covers the masked IPv4/UDP/BTH, FETH and RETH
+// as for any packet, then the BTH, FETH and RETH a second time, as they
+// are on the wire (BTH byte 4 unmasked). rxe sends it so and drops a FLUSH
+// whose ICRC is computed without the repeat (seen in the VM test bed:
+// tests/vm/rxe_flush_guest.sh), so ufab computes it rxe's way on both
+// sides. Only FLUSH: every other opcode rxe knows has its payload offset.
+inline constexpr bool icrc_repeats_headers(uint8_t opcode) { return opcode == 0x1C; }
+
 // ICRC of one contiguous IPv4 RoCEv2 datagram: `datagram` runs from the
 // first byte of the IPv4 header to the last pad byte (the ICRC itself
-// excluded). Requires datagram.size() >= kIcrcHeaderBytes; returns 0 and
-// reads nothing otherwise.
+// excluded); a FLUSH (icrc_repeats_headers) is computed rxe's way.
+// Requires datagram.size() >= kIcrcHeaderBytes; returns 0 and reads
+// nothing otherwise.
 uint32_t icrc_ipv4(std::span<const uint8_t> datagram, CrcImpl impl = CrcImpl::kAuto);
 
 }  // namespace ufab::roce

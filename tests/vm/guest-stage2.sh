@@ -76,6 +76,20 @@ if [[ ${UFAB_VM_NIC_DRIVERS:-1} == 1 && ${UFAB_VM_NIC_COUNT:-0} -gt 0 ]]; then
   done
 fi
 
+# An NVDIMM (run-vm --nvdimm): its drivers (no udev loads them): nfit reads
+# the ACPI NFIT and brings libnvdimm, nd_pmem serves pmem namespaces,
+# dax_pmem devdax ones (with device_dax). Then wait for region0 (bounded).
+if [[ ${UFAB_VM_NVDIMM_MB:-0} != 0 ]]; then
+  for m in nfit nd_pmem device_dax dax_pmem; do
+    timeout 60 modprobe -q "$m" || say "warning: modprobe $m failed (--nvdimm)"
+  done
+  for _ in $(seq 100); do
+    [[ -e /sys/bus/nd/devices/region0 ]] && break
+    sleep 0.1
+  done
+  [[ -e /sys/bus/nd/devices/region0 ]] || say "warning: --nvdimm given, but no NVDIMM region (region0) after 10 s"
+fi
+
 # The caller's environment (UFAB_*, PATH, ...), then the VM's own facts.
 # shellcheck source=/dev/null
 . "$JOB/env.sh" || { say "cannot read $JOB/env.sh"; finish 125; }

@@ -9,7 +9,9 @@ An implementation independent of the C++ one: frames are packed with
     | extension headers | payload | pad
 
 stored little-endian after the pad, which is what Linux rxe computes
-(drivers/infiniband/sw/rxe/rxe_icrc.c).
+(drivers/infiniband/sw/rxe/rxe_icrc.c). For a FLUSH (0x1C) rxe's CRC
+covers the BTH (as on the wire), FETH and RETH once more after that: its
+opcode table has no payload offset for FLUSH (core/roce/icrc.h).
 
 Regenerate the committed C++ include with:
 
@@ -113,7 +115,8 @@ def icrc(ip_hdr, udp_hdr, bth, rest):
     udp[6:8] = b"\xff\xff"   # UDP checksum
     b = bytearray(bth)
     b[4] = 0xFF             # FECN/BECN/reserved
-    return zlib.crc32(b"\xff" * 8 + bytes(ip) + bytes(udp) + bytes(b) + rest) & 0xFFFFFFFF
+    again = bytes(bth) + rest if bth[0] == 0x1C else b""  # rxe's FLUSH: the headers twice
+    return zlib.crc32(b"\xff" * 8 + bytes(ip) + bytes(udp) + bytes(b) + rest + again) & 0xFFFFFFFF
 
 
 def build_frame(f, payload):
