@@ -5,6 +5,7 @@
 //
 //   flush_peer --device 0000:00:02.0 --ip 10.0.0.2 --connect 127.0.0.1:PORT --cases LIST   (initiator)
 //   flush_peer --device 0000:00:02.0 --ip 10.0.0.2 --listen 0 [--pmem /dev/dax0.0]         (target)
+//   flush_peer --device 0000:00:02.0 --ip 10.0.0.2 --connect 127.0.0.1:PORT --latency N     (initiator)
 //
 // The protocol (flush_verbs.cc speaks it too; keep the two in step):
 //  - The target has three RC QPs and two regions: "pmem" (2 MiB of a
@@ -30,12 +31,23 @@
 // One line each: "flush_peer: case NAME: OK: ..." or "flush_peer: case
 // NAME: FAILED: ...", and at the end the transport's counters
 // ("flush_peer: transport: ..., parse errors N, ...").
+// --latency N (initiator; after the cases, if any): round trips, one at a
+// time (post, wait for the completion), of 64-byte requests, each series
+// after 10 unmeasured ones: "write" (RDMA_WRITE to dram, QP 1: the link's
+// round trip), "flush-global" (FLUSH GLOBAL of a 64-byte range of dram,
+// QP 1), and with a pmem region "flush-persistent" (FLUSH PERSISTENT of a
+// 64-byte range of pmem, QP 0) and "commit-write" (a 64-byte WRITE with
+// kSendCommit to pmem). One line per series: "flush_peer: latency NAME: n
+// N, min A, median B, p99 C, max D usec" (or "flush_peer: latency NAME:
+// FAILED: ..."); the target answers nothing for them, so either peer
+// program serves as the target.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -65,6 +77,7 @@ using ufab::Status;
 
 constexpr const char* kUsage = R"(usage: flush_peer --device SPEC --ip A.B.C.D --listen PORT [--pmem PATH]    (target)
        flush_peer --device SPEC --ip A.B.C.D --connect HOST:PORT --cases LIST   (initiator)
+       flush_peer --device SPEC --ip A.B.C.D --connect HOST:PORT --latency N    (initiator)
 
 FLUSH (GLOBAL, PERSISTENT; range and whole region) and ATOMIC_WRITE
 against tests/vm/peers/flush_verbs (libibverbs), every result checked in
@@ -79,6 +92,9 @@ options:
                      region, registered as persistent memory
   --connect H:P      be the initiator
   --cases LIST       initiator: comma-separated cases (see the source), or "all"
+  --latency N        initiator: N round trips per series, one at a time, of
+                     64-byte WRITE, FLUSH GLOBAL, FLUSH PERSISTENT and
+                     commit-complete WRITE; prints min/median/p99/max usec
   --timeout S        bound on each wait, in seconds (default 30)
 
 exit status: 0 every case passed, 1 one failed, 2 usage error.
@@ -96,6 +112,7 @@ uint8_t pattern(uint32_t seed, size_t i) {
 
 struct Options {
   std::string device, ip, host, pmem, cases;
+  unsigned latency = 0;
   bool target = false;
   uint16_t port = 0;
   milliseconds timeout{30000};
@@ -358,6 +375,79 @@ Result<std::string> run_case(const std::string& name, Peer& p, Local& l, exchang
   return std::unexpected(Error(EINVAL, "unknown case"));
 }
 
+// ------------------------------------------------------------ --latency
+
+struct LatencySeries {
+  const char* name;
+  int qp;      // the initiator's QP (0: pmem, 1: dram)
+  int region;  // remote[region]
+  rdma::WrOpcode opcode;
+  uint8_t flush_type;
+  bool commit;
+};
+
+// N round trips of one 64-byte request, one at a time; the summary line's
+// text (n, min, median, p99, max in microseconds).
+Result<std::string> latency_series(Peer& p, Local& l, const LatencySeries& s, unsigned n, milliseconds timeout) {
+  constexpr uint32_t kLength = 64;
+  constexpr unsigned kWarmup = 10;
+  const rdma::ConnectionData& rm = p.remote[s.region];
+  if (rm.rkey == 0 && rm.length == 0) return std::unexpected(Error(ENODEV, "the target has no such region"));
+  for (uint32_t i = 0; i < kLength; ++i) l.buf[i] = pattern(77, i);
+  rdma::Sge sge = l.mr->sge(0, kLength);
+  std::vector<double> usec;
+  usec.reserve(n);
+  for (unsigned i = 0; i < kWarmup + n; ++i) {
+    rdma::SendWr wr{.wr_id = 5000 + i, .opcode = s.opcode};
+    wr.remote_addr = rm.addr + 0x8000;  // away from the cases' bytes
+    wr.rkey = rm.rkey;
+    if (s.opcode == rdma::WrOpcode::kFlush) {
+      wr.flush_type = s.flush_type;
+      wr.flush_level = rdma::kFlushRange;
+      wr.flush_length = kLength;
+    } else {
+      wr.sgl = {&sge, 1};
+      if (s.commit) wr.flags = rdma::kSendCommit;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto wc = execute(p, s.qp, wr, timeout);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (auto ok = expect_success(wc, "round trip " + std::to_string(i + 1)); !ok) return std::unexpected(ok.error());
+    if (i >= kWarmup) usec.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(usec.begin(), usec.end());
+  auto at = [&](double q) { return usec[std::min(usec.size() - 1, static_cast<size_t>(q * double(usec.size())))]; };
+  char text[160];
+  std::snprintf(text, sizeof text, "n %zu, min %.1f, median %.1f, p99 %.1f, max %.1f usec", usec.size(), usec.front(),
+                at(0.5), at(0.99), usec.back());
+  return std::string(text);
+}
+
+// The series of --latency; returns how many failed.
+int run_latency(Peer& p, Local& l, unsigned n, milliseconds timeout) {
+  const LatencySeries series[] = {
+      {"write", 1, 1, rdma::WrOpcode::kRdmaWrite, 0, false},
+      {"flush-global", 1, 1, rdma::WrOpcode::kFlush, rdma::kFlushTypeGlobal, false},
+      {"flush-persistent", 0, 0, rdma::WrOpcode::kFlush, rdma::kFlushTypePersistent, false},
+      {"commit-write", 0, 0, rdma::WrOpcode::kRdmaWrite, 0, true},
+  };
+  int bad = 0;
+  for (const auto& s : series) {
+    if (s.region == 0 && p.remote[0].rkey == 0 && p.remote[0].length == 0) {
+      std::printf("flush_peer: latency %s: not run: the target has no pmem region (start it with --pmem)\n", s.name);
+      continue;
+    }
+    auto r = latency_series(p, l, s, n, timeout);
+    if (r) {
+      std::printf("flush_peer: latency %s: %s\n", s.name, r->c_str());
+    } else {
+      ++bad;
+      std::printf("flush_peer: latency %s: FAILED: %s\n", s.name, r.error().message().c_str());
+    }
+  }
+  return bad;
+}
+
 Result<std::vector<std::string>> parse_cases(const std::string& list) {
   if (list == "all") return kAllCases;
   std::vector<std::string> out;
@@ -382,7 +472,7 @@ Result<int> run(const Options& opt) {
   if (!pd) return failed("allocating a protection domain", pd.error());
 
   std::vector<std::string> cases;
-  if (!opt.target) {
+  if (!opt.target && !opt.cases.empty()) {
     auto parsed = parse_cases(opt.cases);
     if (!parsed) return failed("--cases " + opt.cases, parsed.error());
     cases = *parsed;
@@ -505,8 +595,10 @@ Result<int> run(const Options& opt) {
       std::printf("flush_peer: case %s: FAILED: %s\n", c.c_str(), r.error().message().c_str());
     }
   }
+  if (opt.latency > 0) bad += run_latency(peer, local, opt.latency, opt.timeout);
   if (auto s = channel->send_all("done\n", opt.timeout); !s) return failed("telling the target", s.error());
-  std::printf("flush_peer: %zu cases, %d failed\n", cases.size(), bad);
+  std::printf("flush_peer: %zu cases, %d failed%s\n", cases.size(), bad,
+              opt.latency > 0 ? " (latency series counted)" : "");
   std::printf("flush_peer: transport: %s\n", rdma::to_string(dev.stats()).c_str());
   return bad == 0 ? 0 : 1;
 }
@@ -566,6 +658,11 @@ int main(int argc, char** argv) {
       long seconds = std::strtol(value.c_str(), &end, 10);
       if (*end != '\0' || seconds <= 0 || seconds > 86400) return usage_error("--timeout " + value + ": 1-86400");
       opt.timeout = milliseconds(seconds * 1000);
+    } else if (arg == "--latency") {
+      char* end = nullptr;
+      long n = std::strtol(value.c_str(), &end, 10);
+      if (*end != '\0' || n <= 0 || n > 1000000) return usage_error("--latency " + value + ": 1-1000000 round trips");
+      opt.latency = static_cast<unsigned>(n);
     } else {
       return usage_error("unknown option " + arg);
     }
@@ -573,7 +670,10 @@ int main(int argc, char** argv) {
   if (opt.device.empty()) return usage_error("--device is required");
   if (listen == connect) return usage_error("give exactly one of --listen PORT and --connect HOST:PORT");
   opt.target = listen;
-  if (!opt.target && opt.cases.empty()) return usage_error("the initiator needs --cases LIST (or all)");
+  if (!opt.target && opt.cases.empty() && opt.latency == 0) {
+    return usage_error("the initiator needs --cases LIST (or all), --latency N, or both");
+  }
+  if (opt.target && (!opt.cases.empty() || opt.latency > 0)) return usage_error("--cases and --latency are the initiator's");
   if (!opt.target && !opt.pmem.empty()) return usage_error("--pmem is the target's");
 
   auto rc = run(opt);
