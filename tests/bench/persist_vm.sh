@@ -25,18 +25,18 @@
 #                             [--lat-rounds N] [--lat-n N] [--parts "1 2"]
 #                             [--work-dir DIR] [--json FILE]
 #
-# --rounds (2): rounds of part 1, the four ways alternating within each.
+# --rounds (3): rounds of part 1, the four ways alternating within each.
 # --iters (500): write-lat's -n. --seconds (2): write-bw's -D.
-# --lat-rounds (3), --lat-n (200): part 2's rounds and round trips per
+# --lat-rounds (5), --lat-n (200): part 2's rounds and round trips per
 # series. --parts: which parts run. --work-dir (.bench/ under the
 # repository, a disk here): the disk images and a private copy of the
 # binaries (the guest sees the host's / through 9p, but not its /tmp).
 # The VM is bounded (--timeout of run-vm: 300 s plus an estimate of the
-# parts); about 10 minutes with the defaults on a 2-core host.
+# parts); about 6 minutes with the defaults on a 2-core host.
 # Needs: jq, ndctl (scripts/setup.sh), the VM kernel (tests/vm/fetch-kernel.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rounds=2 iters=500 secs=2 lat_rounds=3 lat_n=200 parts="1 2" work=.bench json=docs/bench/persist_vm.json
+rounds=3 iters=500 secs=2 lat_rounds=5 lat_n=200 parts="1 2" work=.bench json=docs/bench/persist_vm.json
 usage() {
   echo "usage: $0 [--rounds N] [--iters N] [--seconds S] [--lat-rounds N] [--lat-n N] [--parts \"1 2\"] [--work-dir DIR] [--json FILE]" >&2
   exit 2
@@ -141,13 +141,13 @@ cat "$tmp/machine.txt"
 if [[ " $parts " == *" 1 "* ]]; then
   echo
   echo "1. commit cost over swnic in the VM (medians over $rounds round(s); ratio to plain, best round in parentheses)"
-  printf '%-9s %6s %9s %9s %9s %9s %15s %15s %15s\n' test bytes plain global disk devdax "glob/pl" "disk/pl" "dax/pl"
+  printf '%-9s %6s %9s %9s %9s %9s %16s %16s %16s\n' test bytes plain global disk devdax "glob/pl" "disk/pl" "dax/pl"
   jq -r 'def f(d): if . == null then "n/a" else (. * d | round / d | tostring) end;
-    .commit.table | sort_by(.test, .size)[] | [.test, .size, (.plain | f(10)), (.global | f(10)), (.disk | f(10)), (.devdax | f(10)),
+    .commit.table | sort_by(.test, .size)[] | [.test, .size, (.plain | f(100)), (.global | f(100)), (.disk | f(100)), (.devdax | f(100)),
       "\(.global_ratio | f(1000)) (\(.global_ratio_best | f(1000)))", "\(.disk_ratio | f(1000)) (\(.disk_ratio_best | f(1000)))",
       "\(.devdax_ratio | f(1000)) (\(.devdax_ratio_best | f(1000)))"] | @tsv' "$json" |
     while IFS=$'\t' read -r t s p g d x gr dr xr; do
-      printf '%-9s %6s %9s %9s %9s %9s %15s %15s %15s\n' "$t" "$s" "$p" "$g" "$d" "$x" "$gr" "$dr" "$xr"
+      printf '%-9s %6s %9s %9s %9s %9s %16s %16s %16s\n' "$t" "$s" "$p" "$g" "$d" "$x" "$gr" "$dr" "$xr"
     done
   echo "(write-lat: t_typical usec, half a round trip; write-bw: bw_avg MiB/s)"
   jq -r '.commit.table[] | .errors[] | "n/a: \(.way): \(.error)"' "$json" | sort -u

@@ -27,7 +27,8 @@
 #     (tests/vm/peers/flush_verbs --listen, NIC 2) and a ufab target
 #     (flush_peer --listen on NIC 3, 10.0.0.3), both with their pmem region
 #     on /dev/dax0.0: 64-byte WRITE, FLUSH GLOBAL (DRAM), FLUSH PERSISTENT
-#     (devdax) and commit-complete WRITE round trips, one at a time.
+#     (devdax) and commit-complete WRITE round trips, one at a time, all on
+#     the initiator's QP 0.
 #
 # Environment (from the host script): PV_ROUNDS, PV_SIZES, PV_ITERS,
 # PV_SECONDS, PV_LAT_ROUNDS, PV_LAT_N, PV_PARTS ("1 2"), UFAB_BIN,
