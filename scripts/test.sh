@@ -53,11 +53,11 @@ echo "tsan: $((tt - tf > 0 ? tt - tf : 0)) passed, $tf failed"
 
 echo "== fuzzing (30 s per parser, 60 s for the RDMA receive path; tests/fuzz/run.sh SECONDS for longer)"
 fuzz_out=$(mktemp)
-tests/fuzz/run.sh 30 roce_parse arp 2>&1 | tee "$fuzz_out"
+tests/fuzz/run.sh 30 roce_parse arp cm_mad 2>&1 | tee "$fuzz_out"
 fuzz_rc=${PIPESTATUS[0]}
 tests/fuzz/run.sh 60 rdma_receive 2>&1 | tee -a "$fuzz_out"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fuzz_rc=1
-fuzz_targets=3  # roce_parse, arp, rdma_receive
+fuzz_targets=4  # roce_parse, arp, cm_mad, rdma_receive
 fuzz_ok=$(grep -c 'runs in .* no crash$' "$fuzz_out")
 fuzz_bad=$((fuzz_targets - fuzz_ok))
 if [ "$fuzz_rc" -ne 0 ] && [ "$fuzz_bad" -eq 0 ]; then fuzz_bad=1; fi

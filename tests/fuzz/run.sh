@@ -2,7 +2,7 @@
 # Builds ufab's fuzz targets with clang (libFuzzer + ASan + UBSan) and runs
 # each for a bounded time over its committed seed corpus.
 #
-#   tests/fuzz/run.sh [SECONDS] [TARGET...]   default 30 s; targets: roce_parse arp rdma_receive
+#   tests/fuzz/run.sh [SECONDS] [TARGET...]   default 30 s; targets: roce_parse arp cm_mad rdma_receive
 #
 # Bazel builds ufab with gcc, which has no libFuzzer, so this compiles the
 # targets straight from the sources into a cache outside the repository
@@ -31,7 +31,7 @@ case "$secs" in
 esac
 shift || true
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(roce_parse arp rdma_receive)
+[ "${#targets[@]}" -gt 0 ] || targets=(roce_parse arp cm_mad rdma_receive)
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cache=${UFAB_FUZZ_CACHE:-$HOME/.cache/ufab/fuzz}
@@ -117,6 +117,7 @@ for t in "${targets[@]}"; do
       fuzz roce_parse "$root/tests/fuzz/roce_parse_fuzzer.cc" "$root"/core/roce/{builder,headers,icrc,opcodes,parser}.cc ||
         status=1 ;;
     arp) fuzz arp "$root/tests/fuzz/arp_fuzzer.cc" "$root"/core/net/{arp,addresses}.cc || status=1 ;;
+    cm_mad) fuzz cm_mad "$root/tests/fuzz/cm_mad_fuzzer.cc" "$root"/core/cm/{mad,rdma_cm}.cc || status=1 ;;
     rdma_receive)
       extra_headers="$root/abi/*.h $root/api/*.h $root/api/ufab/* $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
       extra_libs="-lrt -ldl -lpthread" \
@@ -131,7 +132,7 @@ for t in "${targets[@]}"; do
         "$root"/vfio/{container,device,group,info_caps,iommu,iova_allocator,kernel,pci_config,text}.cc \
         "$root"/base/{files,hex,json,pci_address}.cc ||
         status=1 ;;
-    *) die "unknown target '$t' (roce_parse, arp, rdma_receive)" ;;
+    *) die "unknown target '$t' (roce_parse, arp, cm_mad, rdma_receive)" ;;
   esac
 done
 exit "$status"
