@@ -62,7 +62,8 @@ trap cleanup EXIT
 # One measurement: TEST SIZE WAY ROUND; prints the client's JSON (or an
 # {"ok": false, "error": ...} object).
 measure() {
-  local test=$1 size=$2 way=$3 r=$4 sopts=() copts=() n="$link$r${test//-/}$size$way"
+  local test=$1 size=$2 way=$3 r=$4 sopts=() copts=()
+  local n="$link$r${test//-/}$size$way"
   local opts=(-s "$size")
   if [ "$test" = write-lat ]; then opts+=(-n "$iters"); else opts+=(-D "$secs"); fi
   case $way in
