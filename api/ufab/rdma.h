@@ -155,7 +155,10 @@ enum ufab_mem_type {
   UFAB_MEM_PERSISTENT = 2,
 };
 
-enum ufab_qp_type { UFAB_QPT_RC = 2, UFAB_QPT_UD = 4 };
+/* UFAB_QPT_GSI: the device's general services QP, number 1, a UD QP that
+ * sends and receives management datagrams (Q_Key 0x80010000): what the
+ * connection manager (ufab/cm.h) runs on. One per device; soft-RoCE only. */
+enum ufab_qp_type { UFAB_QPT_GSI = 1, UFAB_QPT_RC = 2, UFAB_QPT_UD = 4 };
 
 enum ufab_qp_state {
   UFAB_QPS_RESET = 0,

@@ -157,7 +157,7 @@ struct WorkCompletion {
   std::string error{};
 };
 
-enum class QpType : uint8_t { kRc = UFAB_QPT_RC, kUd = UFAB_QPT_UD };
+enum class QpType : uint8_t { kGsi = UFAB_QPT_GSI, kRc = UFAB_QPT_RC, kUd = UFAB_QPT_UD };
 
 enum class QpState : uint8_t {
   kReset = UFAB_QPS_RESET,

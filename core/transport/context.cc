@@ -19,6 +19,8 @@ uint32_t random24() {
   return v & roce::kPsnMask;
 }
 
+constexpr uint32_t kGsiQpn = 1;  // IBA 3.5.1: QP 1 is the general services QP
+
 // Waiting: how long to keep polling before sleeping. A completion that
 // comes within the spin costs no wake-up; past it, the waiter sleeps and
 // leaves the core to whoever shares it (the peer process on the same
@@ -110,8 +112,8 @@ Result<QueuePairImpl*> Context::create_qp(verbs::PdId pd, verbs::QpType type, Co
   if (send_cq == nullptr || recv_cq == nullptr) {
     return fail(EINVAL, "creating a QP: a send CQ and a receive CQ are required (they may be the same)");
   }
-  if (type != verbs::QpType::kRc && type != verbs::QpType::kUd) {
-    return fail(EINVAL, "creating a QP: only RC and UD QPs are supported");
+  if (type != verbs::QpType::kRc && type != verbs::QpType::kUd && type != verbs::QpType::kGsi) {
+    return fail(EINVAL, "creating a QP: only RC, UD and GSI QPs are supported");
   }
   auto limit = [](uint32_t v, uint32_t lo, uint32_t hi) { return v >= lo && v <= hi; };
   if (!limit(caps.max_send_wr, 1, 1u << 16) || !limit(caps.max_recv_wr, 1, 1u << 16)) {
@@ -122,6 +124,21 @@ Result<QueuePairImpl*> Context::create_qp(verbs::PdId pd, verbs::QpType type, Co
   }
   if (caps.max_inline_data > 4096) return fail(EINVAL, "creating a QP: max_inline_data is at most 4096");
   std::lock_guard lock(control_mu_);
+  if (type == verbs::QpType::kGsi) {
+    // QP 1 on its lane (the NIC steers dest QP 1 there): UD that takes MADs.
+    Lane& lane = lane_of(kGsiQpn);
+    std::lock_guard lane_lock(lane.mutex());
+    if (lane.has_qp_locked(kGsiQpn)) {
+      return fail(EBUSY, "creating the GSI QP: this device's QP 1 exists already (one connection manager per device)");
+    }
+    auto qp = std::make_unique<QueuePairImpl>(lane, kGsiQpn, pd, verbs::QpType::kUd, send_cq, recv_cq, caps, sq_sig_all,
+                                              random24());
+    QueuePairImpl* raw = qp.get();
+    lane.add_qp_locked(std::move(qp));
+    send_cq->add_lane(lane.index());
+    recv_cq->add_lane(lane.index());
+    return raw;
+  }
   // The lane with the fewest QPs; the QP number is one that maps to it.
   size_t total = 0;
   uint16_t best = 0;

@@ -145,7 +145,9 @@ struct WorkCompletion {
   std::string error{};
 };
 
-enum class QpType : uint8_t { kRc = 2, kUd = 4 };  // IBV_QPT_RC, IBV_QPT_UD
+// kGsi asks create_qp for QP 1, the general services QP: a UD QP (its
+// type() is kUd) for management datagrams, one per device.
+enum class QpType : uint8_t { kGsi = 1, kRc = 2, kUd = 4 };  // IB_QPT_GSI, IBV_QPT_RC, IBV_QPT_UD
 
 enum class QpState : uint8_t {
   kReset = 0,

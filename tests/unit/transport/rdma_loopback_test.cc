@@ -237,6 +237,41 @@ TEST_F(Loopback, UdDatagramsCarryGrhAndAreFilteredByQkey) {
   EXPECT_NE(posted.error().message().find("needs an RC QP"), std::string::npos);
 }
 
+// QP 1, the GSI: one per device, UD, takes datagrams to QP 1 with the
+// GSI Q_Key 0x80010000 (what the connection manager sends).
+TEST_F(Loopback, GsiIsQpOneOncePerDeviceAndTakesManagementDatagrams) {
+  auto ga = a_.pd->create_qp({.type = QpType::kGsi, .send_cq = a_.cq.get(), .recv_cq = a_.cq.get()});
+  auto gb = b_.pd->create_qp({.type = QpType::kGsi, .send_cq = b_.cq.get(), .recv_cq = b_.cq.get()});
+  ASSERT_TRUE(ga && gb) << (ga ? gb.error().message() : ga.error().message());
+  EXPECT_EQ((*ga)->qp_num(), 1u);
+  EXPECT_EQ((*gb)->qp_num(), 1u);
+  auto again = a_.pd->create_qp({.type = QpType::kGsi, .send_cq = a_.cq.get(), .recv_cq = a_.cq.get()});
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), EBUSY);
+  EXPECT_NE(again.error().message().find("QP 1"), std::string::npos) << again.error().message();
+  constexpr uint32_t kGsiQKey = 0x80010000;
+  ASSERT_TRUE((*ga)->connect({}, QpAttr{.qkey = kGsiQKey}));
+  ASSERT_TRUE((*gb)->connect({}, QpAttr{.qkey = kGsiQKey}));
+  Sge r = b_.mr->sge(0, 40 + 256);
+  ASSERT_TRUE((*gb)->post_recv({.wr_id = 5, .sgl = {&r, 1}}));
+  for (uint32_t i = 0; i < 256; ++i) a_.buf[i] = static_cast<uint8_t>(i * 7);
+  Sge s = a_.mr->sge(0, 256);
+  auto ah = a_.pd->create_ah({.dest_ip = b_.dev->ip()});
+  ASSERT_TRUE(ah);
+  ASSERT_TRUE((*ga)->post_send(
+      {.wr_id = 6, .opcode = WrOpcode::kSend, .flags = kSendSignaled, .sgl = {&s, 1}, .ud = ah->to(1, kGsiQKey)}));
+  EXPECT_EQ(next(a_).status, WcStatus::kSuccess);
+  WorkCompletion wc = next(b_);
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << wc.error;
+  EXPECT_EQ(wc.qp_num, 1u);
+  EXPECT_EQ(wc.src_qp, 1u);
+  EXPECT_EQ(wc.byte_len, 40u + 256u);
+  EXPECT_EQ(0, std::memcmp(b_.buf.data() + 40, a_.buf.data(), 256));
+  // Once destroyed, QP 1 can be created again.
+  ga->reset();
+  EXPECT_TRUE(a_.pd->create_qp({.type = QpType::kGsi, .send_cq = a_.cq.get(), .recv_cq = a_.cq.get()}));
+}
+
 // The state machine: transitions and required attributes as verbs has them.
 TEST_F(Loopback, ModifyChecksTransitionsAndAttributes) {
   auto qp = a_.pd->create_qp({.type = QpType::kRc, .send_cq = a_.cq.get(), .recv_cq = a_.cq.get()});
