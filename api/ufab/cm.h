@@ -1,0 +1,159 @@
+/* ufab connection management: connect RC queue pairs the way rdma_cm does.
+ *
+ * A ufab_cm is one device's connection manager: it owns the device's GSI
+ * QP (QP 1) and a thread that speaks the InfiniBand CM protocol (IBTA vol 1
+ * ch 12: REQ, REP, RTU, REJ, MRA, DREQ, DREP) inside RoCEv2 with rdma_cm's
+ * conventions (service id from port space TCP and a port, rdma_cm's
+ * private-data header), so the kernel's rdma_cm (rping, ucmatose, perftest
+ * -R) and ufab connect to each other. docs/cm.md describes the protocol,
+ * the state machines and the timeouts.
+ *
+ * Events come in order from ufab_cm_get_event; ufab_cm_event_fd becomes
+ * readable while events wait. Every call is thread-safe. Soft-RoCE only
+ * (a provider without a GSI QP fails ufab_cm_open with -EOPNOTSUPP).
+ *
+ * Functions return 0 or a negative errno; ufab_last_error() says why. */
+#ifndef UFAB_CM_H
+#define UFAB_CM_H
+
+#include <stdint.h>
+
+#include "ufab/rdma.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ufab_cm;
+struct ufab_cm_id;
+struct ufab_cm_listener;
+
+/* Private data: a REQ carries 56 bytes after rdma_cm's 36-byte header; a
+ * REP 196, a REJ 148, a DREQ and a DREP 220, an RTU 224 (ufab sends none
+ * with RTU, DREQ and DREP). */
+#define UFAB_CM_REQ_PRIVATE_DATA 56
+#define UFAB_CM_REP_PRIVATE_DATA 196
+#define UFAB_CM_REJ_PRIVATE_DATA 148
+#define UFAB_CM_MAX_PRIVATE_DATA 196
+
+struct ufab_cm_opts {
+  uint32_t size; /* sizeof(struct ufab_cm_opts) */
+  /* How long the peer's CM may take to answer before a message is sent
+   * again, as the IBA's 4.096 us * 2^code (0: 18, about 1.07 s; rdma_cm
+   * sends 20, about 4.3 s). Sent in REQs as our response timeout too. */
+  uint8_t response_timeout;
+  /* How often a REQ, REP or DREQ is sent again before giving up (0: 7,
+   * at most 15). */
+  uint8_t max_retries;
+  uint16_t reserved;
+};
+
+/* What the two sides agree on (rdma_conn_param's fields). In a
+ * CONNECT_REQUEST event: what the peer offers (its initiator depth is the
+ * most READs/atomics it will have outstanding toward us). */
+struct ufab_cm_conn_param {
+  const void* private_data; /* NULL with private_data_len 0 */
+  uint8_t private_data_len;
+  uint8_t responder_resources; /* READs/atomics we take at once (0: 1) */
+  uint8_t initiator_depth;     /* READs/atomics we send at once (0: 1) */
+  uint8_t retry_count;         /* transport retries, 0..7 (0: 7) */
+  uint8_t rnr_retry_count;     /* 0..7, 7 = infinite (0: 7) */
+  uint8_t reserved[3];
+};
+
+enum ufab_cm_event_type {
+  /* Passive: a REQ for a listener. `id` is new: ufab_cm_accept or
+   * ufab_cm_reject it, then ufab_cm_id_destroy it when done. */
+  UFAB_CM_EVENT_CONNECT_REQUEST = 1,
+  /* Both: the QP is connected (RTS) and may be used. */
+  UFAB_CM_EVENT_ESTABLISHED = 2,
+  /* Active: the peer answered REJ (reject_reason, its private data). */
+  UFAB_CM_EVENT_REJECTED = 3,
+  /* Active: the peer did not answer (no ARP reply, or every REQ went
+   * unanswered). status -EHOSTUNREACH or -ETIMEDOUT. */
+  UFAB_CM_EVENT_UNREACHABLE = 4,
+  /* Passive: after our REP the peer went silent (no RTU) or rejected it. */
+  UFAB_CM_EVENT_CONNECT_ERROR = 5,
+  /* Both: the connection ended (the peer's DREQ, or ours answered or timed
+   * out). The QP is in ERROR; its outstanding work completes flushed. */
+  UFAB_CM_EVENT_DISCONNECTED = 6,
+};
+
+/* IBA table 112's REJ reasons most often seen. */
+enum ufab_cm_reject_reason {
+  UFAB_CM_REJ_NO_QP = 1,
+  UFAB_CM_REJ_TIMEOUT = 2,
+  UFAB_CM_REJ_INVALID_SERVICE_ID = 8, /* nobody listens on the port */
+  UFAB_CM_REJ_STALE_CONN = 10,
+  UFAB_CM_REJ_CONSUMER_REJECTED = 28, /* ufab_cm_reject, rdma_reject */
+  UFAB_CM_REJ_INVALID_CLASS_VERSION = 31,
+};
+
+struct ufab_cm_event {
+  uint32_t type;   /* enum ufab_cm_event_type */
+  int32_t status;  /* 0, or a negative errno saying what failed */
+  struct ufab_cm_id* id;
+  struct ufab_cm_listener* listener; /* CONNECT_REQUEST: whose port */
+  uint32_t peer_ip;    /* host order */
+  uint16_t peer_port;  /* rdma_cm's port of the peer (its source port) */
+  uint16_t local_port;
+  uint16_t reject_reason; /* REJECTED: enum ufab_cm_reject_reason or another IBA code */
+  uint8_t private_data_len;
+  uint8_t reserved;
+  /* CONNECT_REQUEST: the peer's offer; ESTABLISHED: what the QP got.
+   * param.private_data points at private_data below. */
+  struct ufab_cm_conn_param param;
+  uint32_t peer_qpn;
+  uint32_t reserved2;
+  uint8_t private_data[UFAB_CM_MAX_PRIVATE_DATA]; /* the peer's, rdma_cm's header removed */
+};
+
+/* One connection manager per device (it takes QP 1: -EBUSY if taken). */
+int ufab_cm_open(struct ufab_device* dev, const struct ufab_cm_opts* opts, struct ufab_cm** out);
+/* Destroys every id and listener still there (connected ones are
+ * disconnected with a DREQ, not waited for). NULL is ignored. */
+void ufab_cm_close(struct ufab_cm* cm);
+/* Readable while ufab_cm_get_event has an event to return. */
+int ufab_cm_event_fd(struct ufab_cm* cm);
+/* The next event, waiting up to timeout_ms (0: do not wait; -1: forever).
+ * -ETIMEDOUT when none came. */
+int ufab_cm_get_event(struct ufab_cm* cm, struct ufab_cm_event* out, int timeout_ms);
+
+/* REQs to `port` (RDMA_PS_TCP) at the device's address become
+ * CONNECT_REQUEST events. -EADDRINUSE when the port is taken. */
+int ufab_cm_listen(struct ufab_cm* cm, uint16_t port, struct ufab_cm_listener** out);
+/* REQs not yet accepted are rejected; later ones get REJ "invalid service
+ * id", as when nobody listened. NULL is ignored. */
+int ufab_cm_listener_close(struct ufab_cm_listener* listener);
+
+/* Active side: connects `qp` (RC, in RESET or INIT, on the CM's device) to
+ * whoever listens on dest_ip:port. Returns at once with the id; the
+ * outcome is an ESTABLISHED, REJECTED or UNREACHABLE event. */
+int ufab_cm_connect(struct ufab_cm* cm, struct ufab_qp* qp, uint32_t dest_ip, uint16_t port,
+                    const struct ufab_cm_conn_param* param, struct ufab_cm_id** out);
+/* Passive side, after CONNECT_REQUEST: moves `qp` (RC, RESET or INIT) to
+ * RTS toward the peer and answers REP; ESTABLISHED follows the peer's RTU. */
+int ufab_cm_accept(struct ufab_cm_id* id, struct ufab_qp* qp, const struct ufab_cm_conn_param* param);
+/* Passive side, after CONNECT_REQUEST: answers REJ "consumer rejected"
+ * with up to UFAB_CM_REJ_PRIVATE_DATA bytes. */
+int ufab_cm_reject(struct ufab_cm_id* id, const void* private_data, uint8_t private_data_len);
+/* Sends DREQ and puts the QP in ERROR; DISCONNECTED follows (the DREP or
+ * the retries running out). */
+int ufab_cm_disconnect(struct ufab_cm_id* id);
+/* Forgets the id: a connected one is disconnected first (no event); its
+ * queued events are dropped. The QP stays the caller's. NULL is ignored. */
+int ufab_cm_id_destroy(struct ufab_cm_id* id);
+
+struct ufab_qp* ufab_cm_id_qp(const struct ufab_cm_id* id);
+void ufab_cm_id_set_context(struct ufab_cm_id* id, void* context);
+void* ufab_cm_id_context(const struct ufab_cm_id* id);
+
+const char* ufab_cm_event_str(uint32_t type);
+/* "consumer rejected", "invalid service id", ... ("reason N" otherwise). */
+const char* ufab_cm_reject_reason_str(uint16_t reason);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UFAB_CM_H */
