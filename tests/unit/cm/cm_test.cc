@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -407,6 +409,191 @@ TEST_F(Cm, AnUnansweredRequestEndsUnreachable) {
   EXPECT_EQ(ev.status, -ETIMEDOUT);
   // Three REQs, each waiting ~4 ms + 2 x 67 ms.
   EXPECT_GT(std::chrono::steady_clock::now() - t0, 300ms);
+}
+
+
+// A peer without a CM: MADs built by hand on B's bare GSI QP, to A's CM.
+class RawPeer {
+ public:
+  explicit RawPeer(Dev& d) : d_(d) {
+    ufab_qp_init_attr init{.qp_type = UFAB_QPT_GSI, .sq_sig_all = 1, .send_cq = d.cq, .recv_cq = d.cq,
+                           .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1,
+                                   .max_inline_data = 0}};
+    EXPECT_EQ(ufab_qp_create(d.pd, &init, &qp_), 0) << ufab_last_error();
+    ufab_qp_attr a;
+    ufab_qp_attr_defaults(&a);
+    a.qkey = ufab::cm::kGsiQKey;
+    ufab_conn none{};
+    EXPECT_EQ(ufab_qp_connect(qp_, &none, &a), 0) << ufab_last_error();
+    for (uint32_t i = 0; i < 8; ++i) repost(i);
+  }
+  ~RawPeer() { ufab_qp_destroy(qp_); }
+
+  void send(const ufab::cm::Mad& mad) {
+    auto bytes = ufab::cm::build_mad(mad);
+    ASSERT_TRUE(bytes) << bytes.error().message();
+    std::memcpy(&d_.buf[kSendAt], bytes->data(), bytes->size());
+    ufab_sge s{.addr = reinterpret_cast<uint64_t>(&d_.buf[kSendAt]), .length = 256, .lkey = ufab_mr_lkey(d_.mr)};
+    ufab_send_wr wr{};
+    wr.wr_id = 100;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    wr.opcode = UFAB_WR_SEND;
+    wr.send_flags = UFAB_SEND_SIGNALED;
+    wr.ud = ufab_ud_dest{.ip = kIpA, .qpn = 1, .qkey = ufab::cm::kGsiQKey, .traffic_class = 0, .hop_limit = 64,
+                         .reserved = 0};
+    ASSERT_EQ(ufab_post_send(qp_, &wr, 1, nullptr), 0) << ufab_last_error();
+  }
+  // The next MAD A sends us (nullopt after `ms`).
+  std::optional<ufab::cm::Mad> receive(int ms = 3000) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      ufab_wc wc{};
+      if (ufab_cq_wait(d_.cq, &wc, 1, 10) != 1 || wc.wr_id == 100) continue;
+      uint32_t slot = static_cast<uint32_t>(wc.wr_id);
+      auto mad = ufab::cm::parse_mad(std::span<const uint8_t>(&d_.buf[slot * 296 + 40], wc.byte_len - 40));
+      repost(slot);
+      EXPECT_TRUE(mad) << mad.error().message();
+      if (mad) return *mad;
+    }
+    return std::nullopt;
+  }
+  template <typename T>
+  T expect(int ms = 3000) {
+    auto m = receive(ms);
+    EXPECT_TRUE(m.has_value()) << "no MAD within " << ms << " ms";
+    if (!m) return T{};
+    EXPECT_TRUE(std::holds_alternative<T>(m->message))
+        << "got " << ufab::cm::attribute_name(m->header.attribute_id);
+    last_tid_ = m->header.transaction_id;
+    return std::holds_alternative<T>(m->message) ? std::get<T>(m->message) : T{};
+  }
+  uint64_t last_tid() const { return last_tid_; }
+
+ private:
+  static constexpr size_t kSendAt = 8 * 296;
+  void repost(uint32_t slot) {
+    ufab_sge r{.addr = reinterpret_cast<uint64_t>(&d_.buf[slot * 296]), .length = 296, .lkey = ufab_mr_lkey(d_.mr)};
+    ufab_recv_wr wr{.wr_id = slot, .sg_list = &r, .num_sge = 1, .reserved = 0};
+    EXPECT_EQ(ufab_post_recv(qp_, &wr, 1, nullptr), 0);
+  }
+  Dev& d_;
+  ufab_qp* qp_ = nullptr;
+  uint64_t last_tid_ = 0;
+};
+
+ufab::cm::Req raw_req(uint32_t comm_id, uint16_t port, uint32_t qpn) {
+  using namespace ufab::cm;
+  Req r;
+  r.local_comm_id = comm_id;
+  r.service_id = rdma_cm_service_id(kRdmaPsTcp, port);
+  r.local_qpn = qpn;
+  r.responder_resources = 1;
+  r.initiator_depth = 1;
+  r.remote_cm_response_timeout = 20;
+  r.starting_psn = 0x123456;
+  r.local_cm_response_timeout = 20;  // long: A's own REP retries stay out of the way
+  r.retry_count = 7;
+  r.path_mtu = 3;
+  r.rnr_retry_count = 7;
+  r.max_cm_retries = 15;
+  auto pd = build_rdma_cm_req_private_data(
+      CmaHeader{.ip_version = 4, .port = 40000, .src_addr = cma_ipv4(kIpB), .dst_addr = cma_ipv4(kIpA)}, {});
+  r.private_data = *pd;
+  return r;
+}
+
+// What a CM answers to repeated and odd messages (IBA 12.9.6, as ib_cm
+// does): a REQ again while the application decides draws an MRA; after
+// the accept, the REP again; RTU establishes; a DREQ gets a DREP, again
+// for a repeat, and also for a connection it never knew; a REQ of another
+// CM class version gets REJ 31; LAP gets APR "unsupported".
+TEST_F(Cm, DuplicatesAndStrangersGetTheAnswersIbCmGives) {
+  using namespace ufab::cm;
+  open({}, ufab_cm_opts{}, false);
+  RawPeer peer(b_);
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
+  const uint64_t tid = 0xABCD000000000001ull;
+  Req req = raw_req(0x11112222, 7174, 0x77);
+  peer.send(Mad{.header = cm_header(tid), .message = req});
+  ufab_cm_event ev = next(a_);
+  ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(ev.peer_port, 40000);
+  EXPECT_EQ(ev.peer_qpn, 0x77u);
+  // The REQ again before the application answers: MRA for the REQ.
+  peer.send(Mad{.header = cm_header(tid), .message = req});
+  Mra mra = peer.expect<Mra>();
+  EXPECT_EQ(peer.last_tid(), tid);
+  EXPECT_EQ(mra.remote_comm_id, 0x11112222u);
+  EXPECT_EQ(mra.message_mraed, MessageCode::kReq);
+  EXPECT_GT(mra.service_timeout, 0);
+  // No second CONNECT_REQUEST for the same request.
+  ufab_cm_event none{};
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+
+  ufab_qp* q = a_.qp();
+  std::string hi = "accepted";
+  auto p = with_data(hi);
+  ASSERT_EQ(ufab_cm_accept(ev.id, q, &p), 0) << ufab_last_error();
+  Rep rep = peer.expect<Rep>();
+  EXPECT_EQ(peer.last_tid(), tid);
+  EXPECT_EQ(rep.remote_comm_id, 0x11112222u);
+  EXPECT_EQ(rep.local_comm_id, mra.local_comm_id);
+  EXPECT_EQ(rep.local_qpn, ufab_qp_num(q));
+  EXPECT_EQ(0, std::memcmp(rep.private_data.data(), hi.data(), hi.size()));
+  EXPECT_EQ(query(q).dest_qpn, 0x77u);
+  EXPECT_EQ(query(q).rq_psn, 0x123456u);
+  // The REQ again now: the REP again.
+  peer.send(Mad{.header = cm_header(tid), .message = req});
+  Rep rep2 = peer.expect<Rep>();
+  EXPECT_EQ(rep2, rep);
+
+  peer.send(Mad{.header = cm_header(tid),
+                .message = Rtu{.local_comm_id = 0x11112222, .remote_comm_id = rep.local_comm_id, .private_data = {}}});
+  EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
+
+  const uint64_t dtid = 0xABCD000000000002ull;
+  Dreq dreq{.local_comm_id = 0x11112222, .remote_comm_id = rep.local_comm_id, .remote_qpn_eecn = rep.local_qpn,
+            .private_data = {}};
+  peer.send(Mad{.header = cm_header(dtid), .message = dreq});
+  Drep drep = peer.expect<Drep>();
+  EXPECT_EQ(peer.last_tid(), dtid);
+  EXPECT_EQ(drep.remote_comm_id, 0x11112222u);
+  EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_DISCONNECTED);
+  EXPECT_EQ(query(q).state, UFAB_QPS_ERR);
+  peer.send(Mad{.header = cm_header(dtid), .message = dreq});  // DREQ again: DREP again, no event
+  EXPECT_EQ(peer.expect<Drep>(), drep);
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+  // The REQ once more, in timewait: REJ stale connection.
+  peer.send(Mad{.header = cm_header(tid), .message = req});
+  EXPECT_EQ(peer.expect<Rej>().reason, static_cast<uint16_t>(RejectReason::kStaleConnection));
+
+  // A DREQ for a connection A never had: DREP all the same.
+  peer.send(Mad{.header = cm_header(9), .message = Dreq{.local_comm_id = 5, .remote_comm_id = 6,
+                                                           .remote_qpn_eecn = 7, .private_data = {}}});
+  EXPECT_EQ(peer.expect<Drep>().remote_comm_id, 5u);
+  // LAP: APR "unsupported".
+  peer.send(Mad{.header = cm_header(10), .message = Lap{.local_comm_id = 8, .remote_comm_id = 9}});
+  EXPECT_EQ(peer.expect<Apr>().status, static_cast<uint8_t>(AprStatus::kUnsupported));
+  // A REQ in CM class version 1: REJ "invalid class version".
+  auto h = cm_header(11);
+  h.class_version = 1;
+  auto odd = Mad{.header = h, .message = raw_req(0x3333, 7174, 0x78)};
+  peer.send(odd);
+  Rej rej = peer.expect<Rej>();
+  EXPECT_EQ(rej.reason, static_cast<uint16_t>(RejectReason::kInvalidClassVersion));
+  EXPECT_EQ(rej.remote_comm_id, 0x3333u);
+  // A REQ to a port nobody listens on, and one for another address.
+  peer.send(Mad{.header = cm_header(12), .message = raw_req(0x4444, 1, 0x79)});
+  EXPECT_EQ(peer.expect<Rej>().reason, static_cast<uint16_t>(RejectReason::kInvalidServiceId));
+  Req elsewhere = raw_req(0x5555, 7174, 0x7a);
+  elsewhere.private_data = *build_rdma_cm_req_private_data(
+      CmaHeader{.ip_version = 4, .port = 40001, .src_addr = cma_ipv4(kIpB), .dst_addr = cma_ipv4(0x0A0000FE)}, {});
+  peer.send(Mad{.header = cm_header(13), .message = elsewhere});
+  EXPECT_EQ(peer.expect<Rej>().reason, static_cast<uint16_t>(RejectReason::kInvalidServiceId));
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+  ufab_qp_destroy(q);
 }
 
 }  // namespace
