@@ -265,6 +265,17 @@ void Manager::send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_id, uint32
                    .private_data = PrivateData(private_data.begin(), private_data.end())});
 }
 
+void Manager::reject_timeout(Conn& c) {
+  // As ib_cm does when it gives up on a REQ: REJ "timeout" with our CA GUID
+  // as the additional information, so a peer that heard the REQ forgets it.
+  std::vector<uint8_t> guid(8);
+  for (int i = 0; i < 8; ++i) guid[i] = static_cast<uint8_t>(c.req.local_ca_guid >> (56 - 8 * i));
+  send_message(c.peer_ip, c.tid,
+               Rej{.local_comm_id = c.local_id, .remote_comm_id = c.remote_id, .message_rejected = MessageCode::kReq,
+                   .reason = static_cast<uint16_t>(RejectReason::kTimeout), .ari = std::move(guid),
+                   .private_data = {}});
+}
+
 void Manager::on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes) {
   auto mad = parse_mad(bytes);
   if (!mad) {
@@ -294,7 +305,7 @@ void Manager::on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes) {
         } else if constexpr (std::is_same_v<T, Rtu>) {
           on_rtu(m);
         } else if constexpr (std::is_same_v<T, Rej>) {
-          on_rej(m);
+          on_rej(peer_ip, m);
         } else if constexpr (std::is_same_v<T, Mra>) {
           on_mra(m);
         } else if constexpr (std::is_same_v<T, Dreq>) {
@@ -430,21 +441,28 @@ void Manager::on_rtu(const Rtu& m) {
   push(*c, UFAB_CM_EVENT_ESTABLISHED, 0);
 }
 
-void Manager::on_rej(const Rej& m) {
+void Manager::on_rej(uint32_t peer_ip, const Rej& m) {
   Conn* c = find(m.remote_comm_id);
+  if (c == nullptr && m.message_rejected == MessageCode::kReq) {
+    // The peer gave up on a REQ it never heard us answer (REJ timeout).
+    if (auto it = by_remote_.find({peer_ip, m.local_comm_id}); it != by_remote_.end()) c = find(it->second);
+  }
   if (c == nullptr) {
     ++dropped_;
     return;
   }
+  if (!c->active && (c->state == State::kReqReceived || c->state == State::kMraSent) &&
+      c->remote_id == m.local_comm_id) {
+    push(*c, UFAB_CM_EVENT_CONNECT_ERROR, -ECONNABORTED, m.private_data, m.reason);
+    forget(*c);
+    return;
+  }
   if (c->active && (c->state == State::kReqSent || c->state == State::kMraReceived)) {
-    push(*c, UFAB_CM_EVENT_REJECTED, -ECONNREFUSED, m.private_data);
-    // The reason goes with the event just queued.
-    events_.back().reject_reason = m.reason;
+    push(*c, UFAB_CM_EVENT_REJECTED, -ECONNREFUSED, m.private_data, m.reason);
     forget(*c);
   } else if (!c->active && c->state == State::kRepSent && c->remote_id == m.local_comm_id) {
     qp_to_error(*c);
-    push(*c, UFAB_CM_EVENT_CONNECT_ERROR, -ECONNREFUSED, m.private_data);
-    events_.back().reject_reason = m.reason;
+    push(*c, UFAB_CM_EVENT_CONNECT_ERROR, -ECONNREFUSED, m.private_data, m.reason);
     forget(*c);
   }
 }
@@ -551,6 +569,7 @@ void Manager::run_timers(Clock::time_point now) {
     switch (c->state) {
       case State::kReqSent:
       case State::kMraReceived:
+        reject_timeout(*c);
         push(*c, UFAB_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
         forget(*c);
         break;
@@ -632,7 +651,7 @@ Status Manager::connect_qp(Conn& c, ufab_qp* qp, uint32_t remote_qpn, uint32_t r
 
 // ------------------------------------------------------------------ events
 
-void Manager::push(Conn& c, uint32_t type, int status, std::span<const uint8_t> private_data) {
+void Manager::push(Conn& c, uint32_t type, int status, std::span<const uint8_t> private_data, uint16_t reason) {
   if (c.handle == nullptr) return;  // the application let go of it
   ufab_cm_event ev{};
   ev.type = type;
@@ -642,6 +661,7 @@ void Manager::push(Conn& c, uint32_t type, int status, std::span<const uint8_t> 
   ev.peer_ip = c.peer_ip;
   ev.peer_port = c.peer_port;
   ev.local_port = c.local_port;
+  ev.reject_reason = reason;
   size_t n = std::min(private_data.size(), sizeof ev.private_data);
   std::memcpy(ev.private_data, private_data.data(), n);
   ev.private_data_len = static_cast<uint8_t>(n);
@@ -886,6 +906,7 @@ void Manager::destroy(ufab_cm_id* id) {
         break;
       case State::kReqSent:
       case State::kMraReceived:
+        reject_timeout(*c);
         forget(*c);
         c = nullptr;
         break;

@@ -105,11 +105,13 @@ class Manager {
   void send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_id, uint32_t remote_id, MessageCode what,
                 RejectReason reason, std::span<const uint8_t> private_data = {});
 
+  void reject_timeout(Conn& c);  // REJ "timeout" for a REQ we give up on
+
   // Message handlers.
   void on_req(uint32_t peer_ip, const MadHeader& h, const Req& m);
   void on_rep(const MadHeader& h, const Rep& m);
   void on_rtu(const Rtu& m);
-  void on_rej(const Rej& m);
+  void on_rej(uint32_t peer_ip, const Rej& m);
   void on_mra(const Mra& m);
   void on_dreq(uint32_t peer_ip, const MadHeader& h, const Dreq& m);
   void on_drep(const Drep& m);
@@ -129,7 +131,7 @@ class Manager {
   std::optional<Clock::time_point> next_deadline() const;
 
   // Events.
-  void push(Conn& c, uint32_t type, int status, std::span<const uint8_t> private_data = {});
+  void push(Conn& c, uint32_t type, int status, std::span<const uint8_t> private_data = {}, uint16_t reason = 0);
   void push(ufab_cm_event event);
 
   ufab_device* dev_ = nullptr;
