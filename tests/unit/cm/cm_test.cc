@@ -412,6 +412,25 @@ TEST_F(Cm, AnUnansweredRequestEndsUnreachable) {
 }
 
 
+// The active side gives up before the accept (its id destroyed): REJ
+// "timeout" tells the listener, whose request ends in CONNECT_ERROR.
+TEST_F(Cm, AnActiveSideThatGivesUpEndsThePassiveRequest) {
+  open();
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(b_.cm, 8000, &l), 0);
+  ufab_cm_id* id = nullptr;
+  ASSERT_EQ(ufab_cm_connect(a_.cm, a_.qp(), kIpB, 8000, nullptr, &id), 0);
+  ufab_cm_event req = next(b_);
+  ASSERT_EQ(req.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  ufab_cm_id_destroy(id);
+  ufab_cm_event gone = next(b_);
+  ASSERT_EQ(gone.type, UFAB_CM_EVENT_CONNECT_ERROR) << ufab_cm_event_str(gone.type);
+  EXPECT_EQ(gone.id, req.id);
+  EXPECT_EQ(gone.reject_reason, UFAB_CM_REJ_TIMEOUT);
+  EXPECT_EQ(ufab_cm_accept(req.id, b_.qp(), nullptr), -ENOTCONN);
+  ufab_cm_id_destroy(req.id);
+}
+
 // A peer without a CM: MADs built by hand on B's bare GSI QP, to A's CM.
 class RawPeer {
  public:
