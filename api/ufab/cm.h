@@ -147,6 +147,9 @@ int ufab_cm_listen_ud(struct ufab_cm* cm, uint16_t port, struct ufab_cm_listener
  * id", as when nobody listened. NULL is ignored. */
 int ufab_cm_listener_close(struct ufab_cm_listener* listener);
 
+/* QPs are handed over in RESET, or in INIT with receives posted (as
+ * rdma_cm applications post them before connecting or accepting). */
+
 /* Active side: connects `qp` (RC, in RESET or INIT, on the CM's device) to
  * whoever listens on dest_ip:port. Returns at once with the id; the
  * outcome is an ESTABLISHED, REJECTED or UNREACHABLE event. */

@@ -595,13 +595,6 @@ Status Manager::accept_ud(Conn& c, ufab_cm_id* id, ufab_qp* qp, const ufab_cm_co
   ufab_qp_attr now{};
   if (int rc = ufab_qp_query(qp, &now); rc < 0) return fail(-rc, std::string("accepting: ") + ufab_last_error());
   if (now.state == UFAB_QPS_RESET || now.state == UFAB_QPS_INIT) {
-    if (now.state == UFAB_QPS_INIT) {
-      ufab_qp_attr reset{};
-      reset.state = UFAB_QPS_RESET;
-      if (int rc = ufab_qp_modify(qp, &reset, UFAB_QP_STATE); rc < 0) {
-        return fail(-rc, std::string("accepting: resetting the QP: ") + ufab_last_error());
-      }
-    }
     ufab_qp_attr a;
     ufab_qp_attr_defaults(&a);
     a.qkey = UFAB_CM_UDP_QKEY;
@@ -733,13 +726,9 @@ Status Manager::connect_qp(Conn& c, ufab_qp* qp, uint32_t remote_qpn, uint32_t r
                            uint8_t responder_resources, uint8_t initiator_depth, uint8_t retry, uint8_t rnr_retry) {
   ufab_qp_attr now{};
   if (int rc = ufab_qp_query(qp, &now); rc < 0) return fail(-rc, std::string("querying the QP: ") + ufab_last_error());
-  if (now.state == UFAB_QPS_INIT) {
-    ufab_qp_attr reset{};
-    reset.state = UFAB_QPS_RESET;
-    if (int rc = ufab_qp_modify(qp, &reset, UFAB_QP_STATE); rc < 0) {
-      return fail(-rc, std::string("resetting the QP: ") + ufab_last_error());
-    }
-  } else if (now.state != UFAB_QPS_RESET) {
+  // From INIT the receives already posted stay (ufab_qp_connect goes INIT
+  // -> INIT -> RTR -> RTS then).
+  if (now.state != UFAB_QPS_RESET && now.state != UFAB_QPS_INIT) {
     return fail(EINVAL, std::string("QP ") + std::to_string(ufab_qp_num(qp)) + " is in state " +
                             ufab_qp_state_str(now.state) + ": the connection manager takes a QP in RESET or INIT");
   }
