@@ -5,7 +5,9 @@
 # -S 65535 (rping's largest), every -v line checked against rping's text on
 # both sides, --json, 2% loss on both ports, and the errors: a port nobody
 # listens on (rejected), nobody at all (unreachable), different -S on the
-# two sides, and rping's option limits (exit 2).
+# two sides, a server nobody connects to and a server killed mid-run (both
+# bounded by --timeout), -C 0 ended by SIGINT, and rping's option limits
+# (exit 2).
 #
 # `bazel test //tests/tools:rping_test`, or from the repository root after
 # `bazel build //tools/ufab`:
@@ -78,7 +80,7 @@ start_server() {
   return 1
 }
 wait_server() {
-  wait "$server_pid"
+  { wait "$server_pid"; } 2>/dev/null  # no "Killed" job notice (case 8)
   server_rc=$?
   server_pid=
 }
@@ -186,7 +188,58 @@ else
   fail "the server did not start listening (-S 64)"; show server.out server.err
 fi
 
-# 8. rping's limits and roles: usage errors, exit 2, nothing opened.
+# 8. Bounded waits: a server nobody connects to gives up at --timeout; a
+# client whose server dies (SIGKILL, so no DREQ) gives up at --timeout.
+t0=$SECONDS
+timeout 60 "$bin" rping "swnic:$link:0" --ip 10.0.0.1 --param stale=reset -s --timeout 1 \
+  >"$dir/server.out" 2>"$dir/server.err"
+rc=$?
+if [ "$rc" -eq 1 ] && [ $((SECONDS - t0)) -le 10 ] &&
+  grep -q "^ufab rping: no client connected to port 7174 within 1 s (--timeout)$" "$dir/server.err"; then
+  pass "a server nobody connects to: exit 1 after --timeout 1"
+else
+  fail "server --timeout 1 (rc $rc after $((SECONDS - t0)) s)"; show server.out server.err
+fi
+if start_server; then
+  client --timeout 2 >"$dir/client.out" 2>"$dir/client.err" &
+  cpid=$!
+  sleep 1
+  # The ufab process under the server's `timeout`.
+  kill -9 "$(pgrep -P "$server_pid")" 2>/dev/null
+  wait "$cpid"
+  rc=$?
+  wait_server
+  if [ "$rc" -eq 1 ] && grep -q "^ufab rping: nothing from 10.0.0.1:7174 within 2 s while waiting for ping [0-9]*'s .* (--timeout)$" "$dir/client.err"; then
+    pass "a server killed mid-run: the client (-C 0) gives up after --timeout 2, exit 1"
+  else
+    fail "killed server (client rc $rc)"; show client.out client.err
+  fi
+else
+  fail "the server did not start listening (kill)"; show server.out server.err
+fi
+
+# 9. Without -C the client pings until it is interrupted: SIGINT ends the
+# run between pings, with the disconnect, exit 0 on both sides.
+if start_server -V; then
+  client -V >"$dir/client.out" 2>"$dir/client.err" &
+  cpid=$!
+  sleep 1
+  kill -INT "$(pgrep -P "$cpid")" 2>/dev/null
+  wait "$cpid"
+  rc=$?
+  wait_server
+  n=$(sed -n 's/^rping: \([0-9]*\) ping(s) of 64 bytes with 10.0.0.1:7174 in .*, validated$/\1/p' "$dir/client.out")
+  if [ "$rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && [ -n "$n" ] && [ "$n" -gt 0 ] &&
+    grep -q "disconnected after $n ping(s)" "$dir/server.err"; then
+    pass "-C 0 until SIGINT: $n pings validated, both sides exit 0"
+  else
+    fail "-C 0 and SIGINT (client $rc, server $server_rc)"; show client.out client.err server.out server.err
+  fi
+else
+  fail "the server did not start listening (SIGINT)"; show server.out server.err
+fi
+
+# 10. rping's limits and roles: usage errors, exit 2, nothing opened.
 usage_case() { # WANT_TEXT ARGS...
   local want=$1
   shift

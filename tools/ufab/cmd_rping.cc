@@ -89,8 +89,10 @@ const char* wr_name(uint64_t wr_id) {
   }
 }
 
-std::atomic<bool> g_stop{false};
-extern "C" void on_stop_signal(int) { g_stop.store(true); }
+// SIGINT/SIGTERM so far. A client without -C finishes the ping under way
+// at the first and stops at once at the second; anything else stops at once.
+std::atomic<int> g_stops{0};
+extern "C" void on_stop_signal(int) { g_stops.fetch_add(1); }
 
 struct Config {
   std::string device, ip;
@@ -383,7 +385,9 @@ Status Rping::wait(const std::function<bool()>& done, const std::string& what, b
       return fail(ECONNRESET, peer_ + " disconnected during ping " + std::to_string(pings_) +
                                   " (while waiting for " + what + ")");
     }
-    if (g_stop.load()) return fail(EINTR, "interrupted while waiting for " + what);
+    if (g_stops.load() >= (!cfg_.server && cfg_.count == 0 ? 2 : 1)) {
+      return fail(EINTR, "interrupted while waiting for " + what);
+    }
     if (Clock::now() > until) {
       return fail(ETIMEDOUT, "nothing from " + (peer_.empty() ? std::string("a client") : peer_) + " within " +
                                  std::to_string(cfg_.timeout.count() / 1000) + " s while waiting for " + what +
@@ -458,7 +462,7 @@ Status Rping::server() {
   {
     const auto until = Clock::now() + cfg_.timeout;
     for (;;) {
-      if (g_stop.load()) return fail(EINTR, "interrupted while waiting for a client");
+      if (g_stops.load() > 0) return fail(EINTR, "interrupted while waiting for a client");
       if (Clock::now() > until) {
         return fail(ETIMEDOUT, "no client connected to port " + std::to_string(cfg_.port) + " within " +
                                    std::to_string(cfg_.timeout.count() / 1000) + " s (--timeout)");
@@ -577,7 +581,7 @@ Status Rping::client() {
   connected_at_ = Clock::now();
   progress("connected to " + peer_);
   for (uint32_t n = 0; cfg_.count == 0 || n < cfg_.count; ++n) {
-    if (g_stop.load()) {
+    if (g_stops.load() > 0) {
       // Without -C, rping pings until it is stopped: that is its end.
       if (cfg_.count == 0) break;
       return fail(EINTR, "interrupted after " + std::to_string(n) + " of " + std::to_string(cfg_.count) + " pings");
@@ -704,7 +708,7 @@ int cmd_rping(const Options& opts) {
     }
   }
 
-  g_stop.store(false);
+  g_stops.store(0);
   struct sigaction sa{};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
