@@ -36,17 +36,21 @@ if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # buil
 record unit "$unit_pass" "$unit_fail"
 echo "unit: $unit_pass passed, $unit_fail failed"
 
-echo "== threads under ThreadSanitizer (bazel test --config=tsan //tests/unit/provider:lanes_stress_test)"
+echo "== threads under ThreadSanitizer (bazel test --config=tsan: the lanes stress test and the connection manager)"
 # --symlink_prefix=/: no bazel-bin/bazel-testlogs links to the TSan build,
 # which the sections below would otherwise pick up.
-tsan_target=//tests/unit/provider:lanes_stress_test
-bazel test --config=tsan --symlink_prefix=/ --test_env=TSAN_OPTIONS=halt_on_error=1 "$tsan_target" 2>&1 |
+tsan_targets=(//tests/unit/provider:lanes_stress_test //tests/unit/cm:cm_test)
+bazel test --config=tsan --symlink_prefix=/ --test_env=TSAN_OPTIONS=halt_on_error=1 "${tsan_targets[@]}" 2>&1 |
   grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
 tsan_rc=${PIPESTATUS[0]}
-tsan_xml="$(bazel info --config=tsan bazel-testlogs 2>/dev/null)/tests/unit/provider/lanes_stress_test/test.xml"
-tsan_line=$(grep -m1 '<testsuites' "$tsan_xml" 2>/dev/null || true)
-tt=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$tsan_line"); tf=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$tsan_line")
-tt=${tt:-0}; tf=${tf:-0}
+tsan_logs="$(bazel info --config=tsan bazel-testlogs 2>/dev/null)"
+tt=0 tf=0
+for t in "${tsan_targets[@]}"; do
+  xml="$tsan_logs/$(sed 's|^//||; s|:|/|' <<<"$t")/test.xml"
+  line=$(grep -m1 '<testsuites' "$xml" 2>/dev/null || true)
+  n=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$line"); f=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$line")
+  tt=$((tt + ${n:-0})); tf=$((tf + ${f:-0}))
+done
 if [ "$tsan_rc" -ne 0 ] && [ "$tf" -eq 0 ]; then tf=1; fi  # build break, or TSan halted the process
 record tsan "$((tt - tf > 0 ? tt - tf : 0))" "$tf"
 echo "tsan: $((tt - tf > 0 ? tt - tf : 0)) passed, $tf failed"

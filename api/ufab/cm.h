@@ -72,7 +72,9 @@ enum ufab_cm_event_type {
   /* Active: the peer did not answer (no ARP reply, or every REQ went
    * unanswered). status -EHOSTUNREACH or -ETIMEDOUT. */
   UFAB_CM_EVENT_UNREACHABLE = 4,
-  /* Passive: after our REP the peer went silent (no RTU) or rejected it. */
+  /* Passive: the peer gave up or rejected our REP, or went silent after
+   * it (no RTU); also after CONNECT_REQUEST when the peer gives up before
+   * the accept. */
   UFAB_CM_EVENT_CONNECT_ERROR = 5,
   /* Both: the connection ended (the peer's DREQ, or ours answered or timed
    * out). The QP is in ERROR; its outstanding work completes flushed. */
@@ -82,7 +84,7 @@ enum ufab_cm_event_type {
 /* IBA table 112's REJ reasons most often seen. */
 enum ufab_cm_reject_reason {
   UFAB_CM_REJ_NO_QP = 1,
-  UFAB_CM_REJ_TIMEOUT = 2,
+  UFAB_CM_REJ_TIMEOUT = 4, /* the peer gave up waiting */
   UFAB_CM_REJ_INVALID_SERVICE_ID = 8, /* nobody listens on the port */
   UFAB_CM_REJ_STALE_CONN = 10,
   UFAB_CM_REJ_CONSUMER_REJECTED = 28, /* ufab_cm_reject, rdma_reject */

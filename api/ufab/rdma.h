@@ -44,7 +44,8 @@ extern "C" {
 
 /* The API's version; libufab.so.UFAB_API_MAJOR. Additions bump the minor. */
 #define UFAB_API_MAJOR 1
-#define UFAB_API_MINOR 2 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_*; 2: UFAB_SEND_COMMIT, persistent memory */
+#define UFAB_API_MINOR 3 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_*; 2: UFAB_SEND_COMMIT, persistent memory;
+                           3: UFAB_QPT_GSI, ufab_qp_type, ufab_qp_device, ufab/cm.h */
 
 struct ufab_device;
 struct ufab_pd;
@@ -446,6 +447,8 @@ int ufab_qp_create(struct ufab_pd* pd, const struct ufab_qp_init_attr* init, str
 /* Outstanding work is dropped without completions. */
 int ufab_qp_destroy(struct ufab_qp* qp);
 uint32_t ufab_qp_num(const struct ufab_qp* qp);
+uint32_t ufab_qp_type(const struct ufab_qp* qp); /* enum ufab_qp_type */
+struct ufab_device* ufab_qp_device(const struct ufab_qp* qp);
 /* verbs' ibv_modify_qp: IBA 10.3.1 transitions; a missing or invalid
  * attribute is -EINVAL naming it, and nothing changes. */
 int ufab_qp_modify(struct ufab_qp* qp, const struct ufab_qp_attr* attr, uint32_t mask);

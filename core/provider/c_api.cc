@@ -336,6 +336,8 @@ int ufab_qp_destroy(ufab_qp* qp) {
 }
 
 uint32_t ufab_qp_num(const ufab_qp* qp) { return qp->qpn; }
+uint32_t ufab_qp_type(const ufab_qp* qp) { return qp->type; }
+ufab_device* ufab_qp_device(const ufab_qp* qp) { return qp->pd->dev; }
 
 int ufab_qp_modify(ufab_qp* qp, const ufab_qp_attr* attr, uint32_t mask) {
   UFAB_REQUIRE(qp != nullptr && attr != nullptr, "qp and attr are required");
