@@ -46,7 +46,7 @@ cases="client server reject"
 selftest=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --cases) cases=${2:?--cases needs a list}; shift 2 ;;
+    --cases) [ $# -ge 2 ] || { echo "cm_wire_check: --cases needs a list" >&2; exit 2; }; cases=$2; shift 2 ;;
     --selftest) selftest=1; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "cm_wire_check: unknown option '$1' (see --help)" >&2; exit 2 ;;
