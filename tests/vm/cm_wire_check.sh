@@ -15,7 +15,8 @@
 # follows from them:
 #   always   every packet to QP 1 is a UD SEND only from QP 1 with Q_Key
 #            0x80010000 carrying a 256-byte CM MAD (base version 1, class 0x07,
-#            class version 2, method Send); none is malformed or has expert
+#            class version 2, method Send, attribute id REQ..APR 0x0010-0x001a;
+#            tshark shows another id as "Unknown CM Attribute", no error); none is malformed or has expert
 #            info of severity warning or more; every REQ's rdma_cm header is
 #            IPv4 from the sender's address to the other side's, and its
 #            service id is rdma_cm's TCP port space
@@ -30,10 +31,11 @@
 # --selftest: runs the checks on captures that bazel-bin/tests/vm/cases/
 # cm_pcap_gen writes (build it first) with ufab's own codec: the clean one
 # must pass every check, and each defect (a REQ cut to 200 bytes, which
-# tshark 4.0 shows as a plain UD SEND and not as malformed, a wrong Q_Key, a
-# wrong class version, a missing RTU, a wrong REJ reason, a wrong address
-# in the rdma_cm header) must fail the check meant to catch it. That shows
-# the field names and filters work with the tshark installed here.
+# tshark 4.0 shows as a plain UD SEND and not as malformed, a wrong Q_Key,
+# a wrong class version, an unknown attribute id, a missing RTU, a wrong
+# REJ reason, a wrong address in the rdma_cm header) must fail the check
+# meant to catch it. That shows the field names and filters work with the
+# tshark installed here.
 #
 # Prints PASS/FAIL per check and ends with "cm_wire_check: N passed, M
 # failed"; exit status 0 when all passed.
@@ -133,8 +135,8 @@ run_checks() {
 
   # A MAD is 256 bytes: UDP length 8 + BTH 12 + DETH 8 + 256 + ICRC 4.
   # (tshark decodes a shorter one as a plain UD SEND, not as malformed.)
-  expect_none "CM: every packet to QP 1 is a UD SEND only from QP 1, Q_Key 0x80010000, a 256-byte CM MAD (version 1, class 0x07, class version 2, method Send) (of $total)" \
-    "$cm && !(udp.length == 288 && infiniband.bth.opcode == 100 && infiniband.deth.srcqp == 1 && infiniband.deth.q_key == 0x80010000 && infiniband.mad.baseversion == 1 && infiniband.mad.mgmtclass == 0x07 && infiniband.mad.classversion == 2 && infiniband.mad.method == 0x03)"
+  expect_none "CM: every packet to QP 1 is a UD SEND only from QP 1, Q_Key 0x80010000, a 256-byte CM MAD (version 1, class 0x07, class version 2, method Send, a CM attribute id) (of $total)" \
+    "$cm && !(udp.length == 288 && infiniband.bth.opcode == 100 && infiniband.deth.srcqp == 1 && infiniband.deth.q_key == 0x80010000 && infiniband.mad.baseversion == 1 && infiniband.mad.mgmtclass == 0x07 && infiniband.mad.classversion == 2 && infiniband.mad.method == 0x03 && infiniband.mad.attributeid in {0x0010..0x001a})"
   expect_none "CM: no packet to QP 1 is malformed or has expert info of severity warning or more (of $total)" \
     "$cm && (_ws.malformed || _ws.expert.severity >= warning)"
   expect_none "CM: every REQ carries rdma_cm's IPv4 header from its sender's address to the other side's, and a TCP port space service id" \
@@ -202,6 +204,7 @@ selftests=(
   "truncated|a 256-byte CM MAD"
   "qkey|Q_Key 0x80010000"
   "class-version|class version 2"
+  "attribute|a CM attribute id"
   "no-rtu|ufab sent no RTU"
   "rej-reason|rxe sent no REJ with reason 8"
   "cma-address|rdma_cm's IPv4 header"

@@ -17,7 +17,8 @@
 //
 // DEFECT (one, to make one check fail): none (default), truncated (ufab's
 // first REQ cut to 200 of its 256 bytes), qkey (ufab's RTU with Q_Key
-// 0x80010001), class-version (rxe's REP with class version 1), no-rtu
+// 0x80010001), class-version (rxe's REP with class version 1), attribute
+// (rxe's REP with attribute id 0x0099, which no CM message has), no-rtu
 // (ufab's RTU left out), rej-reason (rxe's REJ with reason 28, consumer
 // defined), cma-address (ufab's first REQ's header names 10.0.0.3 as the
 // destination).
@@ -90,13 +91,19 @@ struct Gen {
   bool failed = false;
 
   // One MAD from `from` to `to` as a UD SEND to QP 1.
+  // attribute: written over the MAD's attribute id when not 0 (the codec
+  // builds only the ids it knows).
   void send(const Side& from, const Side& to, const cm::Mad& mad, size_t keep = cm::kMadSize,
-            uint32_t qkey = cm::kGsiQKey) {
+            uint32_t qkey = cm::kGsiQKey, uint16_t attribute = 0) {
     auto built = cm::build_mad(mad);
     if (!built) {
       std::fprintf(stderr, "cm_pcap_gen: build_mad: %s\n", built.error().message().c_str());
       failed = true;
       return;
+    }
+    if (attribute != 0) {
+      (*built)[16] = static_cast<uint8_t>(attribute >> 8);
+      (*built)[17] = static_cast<uint8_t>(attribute);
     }
     std::span<const uint8_t> payload(built->data(), keep);
     roce::FrameSpec spec;
@@ -178,7 +185,7 @@ struct Gen {
     r.local_ca_guid = p.guid;
     cm::MadHeader rh = cm::cm_header(t_conn);
     if (a_is_ufab && defect == "class-version") rh.class_version = 1;  // the REP is rxe's here
-    send(p, a, {rh, r});
+    send(p, a, {rh, r}, cm::kMadSize, cm::kGsiQKey, a_is_ufab && defect == "attribute" ? 0x0099 : 0);
 
     if (!(a_is_ufab && defect == "no-rtu")) {
       cm::Rtu u;
@@ -219,11 +226,12 @@ struct Gen {
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 3) {
     std::fprintf(stderr,
-                 "usage: cm_pcap_gen OUT.pcap [none|truncated|qkey|class-version|no-rtu|rej-reason|cma-address]\n");
+                 "usage: cm_pcap_gen OUT.pcap [none|truncated|qkey|class-version|attribute|no-rtu|rej-reason|cma-address]\n");
     return 2;
   }
   const std::string defect = argc == 3 ? argv[2] : "none";
-  const std::string_view known[] = {"none", "truncated", "qkey", "class-version", "no-rtu", "rej-reason", "cma-address"};
+  const std::string_view known[] = {"none",   "truncated",  "qkey",       "class-version",
+                                    "attribute", "no-rtu", "rej-reason", "cma-address"};
   bool found = false;
   for (auto k : known) found = found || defect == k;
   if (!found) {

@@ -74,7 +74,7 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; echo "FAIL the VM run 
 # which count here. What they expect depends on the cases that put CM on
 # the wire (the guest's "CM_WIRE_CASES" line). First its --selftest: the
 # same checks on captures built with ufab's codec (cm_pcap_gen), a clean
-# one and six with one defect each, so a failure below is the capture's,
+# one and seven with one defect each, so a failure below is the capture's,
 # not a tshark whose fields are named otherwise (about 15 s).
 wire_check() { # ARGS...: run cm_wire_check.sh, count its PASS/FAIL lines here
   local wout wrc n_pass n_fail
@@ -89,7 +89,7 @@ wire_check() { # ARGS...: run cm_wire_check.sh, count its PASS/FAIL lines here
 }
 wire=$(sed -n 's/^CM_WIRE_CASES *//p' "$out" | tail -n 1)
 if [ -z "$wire" ]; then
-  echo "SKIP wire checks: no case that puts CM MADs on the hub ran (UFAB_CM_CASES='${UFAB_CM_CASES:-}', or the guest stopped early)"
+  echo "SKIP wire checks: no case that puts CM MADs on the hub ran (see the guest's lines: no 'ufab rping', UFAB_CM_CASES='${UFAB_CM_CASES:-}', or the guest stopped early)"
 else
   wire_check --selftest
   wire_check --cases "$wire" "$pcap_file"
