@@ -156,9 +156,28 @@ has_ufab_cmd() { "$ufab" --help 2>&1 | grep -Eq "^  $1( |$)"; }
 # `ufab pingpong` and `ufab perf` take them); rping's options follow.
 ufab_rping=("$ufab" rping "$ufab_bdf" --ip "$ufab_ip")
 
-rc_text() { # RC: "0", or "N" with what N means when timeout gave it
+# wait_bounded PID: waits for PID, the side that runs on in the
+# background, at most $grace seconds after the other side ended (a server
+# whose client failed would otherwise wait for its own `timeout`); then
+# stops it and returns 200.
+grace=30
+wait_bounded() {
+  local end=$((SECONDS + grace))
+  while kill -0 "$1" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 0.2; done
+  if kill -0 "$1" 2>/dev/null; then
+    kill "$1" 2>/dev/null  # timeout passes the TERM on to its command
+    sleep 2
+    kill -0 "$1" 2>/dev/null && kill -9 "$1" 2>/dev/null
+    wait "$1"
+    return 200
+  fi
+  wait "$1"
+}
+
+rc_text() { # RC: "0", or "N" with what N means when timeout or wait_bounded gave it
   case $1 in
     124) echo "124 (killed by timeout after $limit s)" ;;
+    200) echo "none (still running $grace s after the other side ended: stopped)" ;;
     *) echo "$1" ;;
   esac
 }
@@ -172,8 +191,8 @@ rc_text() { # RC: "0", or "N" with what N means when timeout gave it
 # prints is told apart from a failed exchange.
 check_rping() {
   local name=$1 size=$2 n=$3 cname=$4 sname=$5 ok=1 why=() uwhy=() side
-  [ "$crc" -eq 0 ] || { ok=0; why+=("$cname -c exited with $(rc_text "$crc")"); }
-  [ "$src" -eq 0 ] || { ok=0; why+=("$sname -s exited with $(rc_text "$src")"); }
+  [ "$crc" -eq 0 ] || { ok=0; why+=("$cname -c: exit $(rc_text "$crc")"); }
+  [ "$src" -eq 0 ] || { ok=0; why+=("$sname -s: exit $(rc_text "$src")"); }
   if grep -q 'data mismatch' "$w/c.err" "$w/c.out" 2>/dev/null; then
     ok=0; why+=("$cname -c -V: data mismatch")
   fi
@@ -227,7 +246,7 @@ rping_kernel_loopback() {
     say "no rdma_cm listener on port $port_ after 30 s; trying the client anyway"
   fi
   kernel_client "$kern_ip" "$port_" "$size" "$count"; crc=$?
-  wait "$spid"; src=$?
+  wait_bounded "$spid"; src=$?
   check_rping "$name" "$size" "$count" "kernel rping" "kernel rping"
 }
 
@@ -247,7 +266,7 @@ rping_ufab_client() {
   timeout "$limit" "${ufab_rping[@]}" -c -a "$kern_ip" -p "$port_" -S "$size" -C "$n" -v -V \
     >"$w/c.out" 2>"$w/c.err"
   crc=$?
-  wait "$spid"; src=$?
+  wait_bounded "$spid"; src=$?
   check_rping "$name" "$size" "$n" "ufab rping" "kernel rping"
 }
 
@@ -261,6 +280,19 @@ ufab_server_bg() {
   wait_ufab_listen "$upid" 60
 }
 
+# not_listening: after ufab_server_bg failed, stops the server and says
+# why in nl_why (not in a subshell: it waits for its child).
+not_listening() {
+  local r
+  if kill -0 "$upid" 2>/dev/null; then
+    kill "$upid" 2>/dev/null; wait "$upid"
+    nl_why="did not say it listens (\"listen\" or \"waiting\") within 60 s"
+  else
+    wait "$upid"; r=$?
+    nl_why="exited with $(rc_text "$r") before it said it listens (\"listen\" or \"waiting\")"
+  fi
+}
+
 # rping_ufab_server SIZE COUNT [LABEL]: ufab rping -s, kernel rping -c.
 rping_ufab_server() {
   local size=$1 n=$2 name
@@ -268,13 +300,13 @@ rping_ufab_server() {
   name="${3:-}ufab rping -s, kernel rping -c -v -V, -S $size -C $n (port $port_)"
   rm -f "$w"/[cs].*
   if ! ufab_server_bg "$port_" "$size"; then
-    kill "$upid" 2>/dev/null; wait "$upid"
-    fail "$name: ufab rping -s did not say it listens (\"listen\" or \"waiting\") within 60 s"
+    not_listening
+    fail "$name: ufab rping -s $nl_why"
     show_cut "$w/s.out" "ufab rping -s stdout"; show_cut "$w/s.err" "ufab rping -s stderr"
     return
   fi
   kernel_client "$ufab_ip" "$port_" "$size" "$n"; crc=$?
-  wait "$upid"; src=$?
+  wait_bounded "$upid"; src=$?
   check_rping "$name" "$size" "$n" "kernel rping" "ufab rping"
 }
 
@@ -327,7 +359,7 @@ case_kernel() {
   spid=$!
   wait_cm_listen "$spid" 30 "$port_" || say "no rdma_cm listener on port $port_ after 30 s; trying the client anyway"
   timeout "$limit" ucmatose -s "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
-  wait "$spid"; src=$?
+  wait_bounded "$spid"; src=$?
   if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/c.out" && grep -q 'test complete' "$w/s.out"; then
     pass "$name: both said \"test complete\""
   else
@@ -384,8 +416,8 @@ case_reject() {
   name="kernel rping -c to ufab's $ufab_ip port $bad, while ufab rping -s listens on $good: rejected (invalid service id)"
   rm -f "$w"/[cs].*
   if ! ufab_server_bg "$good" 64; then
-    kill "$upid" 2>/dev/null; wait "$upid"
-    fail "$name: ufab rping -s did not say it listens within 60 s"
+    not_listening
+    fail "$name: ufab rping -s $nl_why"
     show_cut "$w/s.out" "ufab rping -s stdout"; show_cut "$w/s.err" "ufab rping -s stderr"
     return
   fi
@@ -398,7 +430,7 @@ case_reject() {
   fi
   rm -f "$w"/c.*
   kernel_client "$ufab_ip" "$good" 64 "$count"; crc=$?
-  wait "$upid"; src=$?
+  wait_bounded "$upid"; src=$?
   check_rping "after that REJ, the same ufab rping -s serves kernel rping -c on port $good" 64 "$count" "kernel rping" "ufab rping"
 }
 
@@ -419,7 +451,7 @@ case_ucmatose() {
   wait_cm_listen "$spid" 30 "$port_" || say "no rdma_cm listener on port $port_ after 30 s; trying the client anyway"
   timeout "$limit" "$ufab" ucmatose "$ufab_bdf" --ip "$ufab_ip" -s "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"
   crc=$?
-  wait "$spid"; src=$?
+  wait_bounded "$spid"; src=$?
   if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/s.out"; then
     pass "$name: both exited 0, the kernel's said \"test complete\""
   else
@@ -436,7 +468,7 @@ case_ucmatose() {
   upid=$!
   wait_ufab_listen "$upid" 60 || say "ufab ucmatose did not say it listens within 60 s; trying the client anyway"
   timeout "$limit" ucmatose -s "$ufab_ip" -b "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
-  wait "$upid"; src=$?
+  wait_bounded "$upid"; src=$?
   if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/c.out"; then
     pass "$name: both exited 0, the kernel's said \"test complete\""
   else
@@ -456,11 +488,12 @@ case_loss() {
     lossy off; unpin_neighbour
     return
   fi
-  local saved=$limit
+  local saved=$limit saved_grace=$grace
   limit=300  # a lost REQ or REP costs ib_cm's response timeout (about 4 s at rdma_cm's 20) and more
+  grace=90   # and so does a lost DREQ or DREP
   rping_ufab_client "$loss_size" "$loss_count" "2% loss rxe->ufab (egress): "
   rping_ufab_server "$loss_size" "$loss_count" "2% loss rxe->ufab (egress): "
-  limit=$saved
+  limit=$saved grace=$saved_grace
   echo "--- tc -s qdisc show dev $ifname"
   lossy_stats egress | sed 's/^/  | /'
   lossy off
