@@ -35,6 +35,13 @@ struct ufab_cm_listener;
 #define UFAB_CM_REP_PRIVATE_DATA 196
 #define UFAB_CM_REJ_PRIVATE_DATA 148
 #define UFAB_CM_MAX_PRIVATE_DATA 196
+/* UD (SIDR): a SIDR_REQ carries 180 bytes after rdma_cm's header; a
+ * SIDR_REP 136. */
+#define UFAB_CM_SIDR_REQ_PRIVATE_DATA 180
+#define UFAB_CM_SIDR_REP_PRIVATE_DATA 136
+/* The Q_Key rdma_cm gives UD QPs of its UDP port space (RDMA_UDP_QKEY):
+ * ufab_cm_accept sets it on a UD QP, and a kernel peer insists on it. */
+#define UFAB_CM_UDP_QKEY 0x01234567u
 
 struct ufab_cm_opts {
   uint32_t size; /* sizeof(struct ufab_cm_opts) */
@@ -65,9 +72,12 @@ enum ufab_cm_event_type {
   /* Passive: a REQ for a listener. `id` is new: ufab_cm_accept or
    * ufab_cm_reject it, then ufab_cm_id_destroy it when done. */
   UFAB_CM_EVENT_CONNECT_REQUEST = 1,
-  /* Both: the QP is connected (RTS) and may be used. */
+  /* Both: the QP is connected (RTS) and may be used. UD (active side of
+   * ufab_cm_resolve_ud): the peer's QP is peer_qpn with Q_Key qkey. */
   UFAB_CM_EVENT_ESTABLISHED = 2,
-  /* Active: the peer answered REJ (reject_reason, its private data). */
+  /* Active: the peer answered REJ (reject_reason, its private data). UD:
+   * a SIDR_REP other than success, reject_reason its status (1 no such
+   * service, 2 rejected, 3 no QP, 5 unsupported version). */
   UFAB_CM_EVENT_REJECTED = 3,
   /* Active: the peer did not answer (no ARP reply, or every REQ went
    * unanswered). status -EHOSTUNREACH or -ETIMEDOUT. */
@@ -106,11 +116,15 @@ struct ufab_cm_event {
    * param.private_data points at private_data below. */
   struct ufab_cm_conn_param param;
   uint32_t peer_qpn;
-  uint32_t reserved2;
+  uint32_t qkey; /* UD: the peer QP's Q_Key */
   uint8_t private_data[UFAB_CM_MAX_PRIVATE_DATA]; /* the peer's, rdma_cm's header removed */
+  uint32_t qp_type; /* UFAB_QPT_RC, or UFAB_QPT_UD for SIDR requests and answers */
+  uint32_t reserved3;
 };
 
-/* One connection manager per device (it takes QP 1: -EBUSY if taken). */
+/* One connection manager per device (it takes QP 1: -EBUSY if taken).
+ * Close it before its device; keep a QP given to it until its id is
+ * destroyed. */
 int ufab_cm_open(struct ufab_device* dev, const struct ufab_cm_opts* opts, struct ufab_cm** out);
 /* Destroys every id and listener still there (connected ones are
  * disconnected with a DREQ, not waited for). NULL is ignored. */
@@ -124,17 +138,34 @@ int ufab_cm_get_event(struct ufab_cm* cm, struct ufab_cm_event* out, int timeout
 /* REQs to `port` (RDMA_PS_TCP) at the device's address become
  * CONNECT_REQUEST events. -EADDRINUSE when the port is taken. */
 int ufab_cm_listen(struct ufab_cm* cm, uint16_t port, struct ufab_cm_listener** out);
+/* UD service resolution (SIDR): SIDR_REQs for `port` in rdma_cm's UDP
+ * port space become CONNECT_REQUEST events with qp_type UFAB_QPT_UD;
+ * ufab_cm_accept answers with a UD QP's number and Q_Key, ufab_cm_reject
+ * with "rejected". */
+int ufab_cm_listen_ud(struct ufab_cm* cm, uint16_t port, struct ufab_cm_listener** out);
 /* REQs not yet accepted are rejected; later ones get REJ "invalid service
  * id", as when nobody listened. NULL is ignored. */
 int ufab_cm_listener_close(struct ufab_cm_listener* listener);
+
+/* QPs are handed over in RESET, or in INIT with receives posted (as
+ * rdma_cm applications post them before connecting or accepting). */
 
 /* Active side: connects `qp` (RC, in RESET or INIT, on the CM's device) to
  * whoever listens on dest_ip:port. Returns at once with the id; the
  * outcome is an ESTABLISHED, REJECTED or UNREACHABLE event. */
 int ufab_cm_connect(struct ufab_cm* cm, struct ufab_qp* qp, uint32_t dest_ip, uint16_t port,
                     const struct ufab_cm_conn_param* param, struct ufab_cm_id** out);
+/* Active side, UD: asks dest_ip which UD QP serves `port` (rdma_cm's UDP
+ * port space; SIDR_REQ with param's private data). The answer is an
+ * ESTABLISHED event (peer_qpn, qkey), REJECTED or UNREACHABLE; the id
+ * then only needs destroying. */
+int ufab_cm_resolve_ud(struct ufab_cm* cm, uint32_t dest_ip, uint16_t port, const struct ufab_cm_conn_param* param,
+                       struct ufab_cm_id** out);
 /* Passive side, after CONNECT_REQUEST: moves `qp` (RC, RESET or INIT) to
- * RTS toward the peer and answers REP; ESTABLISHED follows the peer's RTU. */
+ * RTS toward the peer and answers REP; ESTABLISHED follows the peer's RTU.
+ * For a UD request `qp` is a UD QP: in RESET or INIT it is brought to RTS
+ * with Q_Key UFAB_CM_UDP_QKEY; the answer is a SIDR_REP naming it (no
+ * ESTABLISHED on this side). */
 int ufab_cm_accept(struct ufab_cm_id* id, struct ufab_qp* qp, const struct ufab_cm_conn_param* param);
 /* Passive side, after CONNECT_REQUEST: answers REJ "consumer rejected"
  * with up to UFAB_CM_REJ_PRIVATE_DATA bytes. */

@@ -4,6 +4,7 @@
 
 #include "core/cm/manager.h"
 #include "core/cm/mad.h"
+#include "core/cm/rdma_cm.h"
 #include "core/provider/providers.h"
 
 using ufab::cm::Manager;
@@ -52,9 +53,26 @@ int ufab_cm_get_event(ufab_cm* cm, ufab_cm_event* out, int timeout_ms) {
 
 int ufab_cm_listen(ufab_cm* cm, uint16_t port, ufab_cm_listener** out) {
   if (cm == nullptr || out == nullptr) return invalid("ufab_cm_listen: cm and out are required");
-  auto l = cm->manager->listen(port);
+  auto l = cm->manager->listen(ufab::cm::kRdmaPsTcp, port);
   if (!l) return report(l.error());
   *out = *l;
+  return 0;
+}
+
+int ufab_cm_listen_ud(ufab_cm* cm, uint16_t port, ufab_cm_listener** out) {
+  if (cm == nullptr || out == nullptr) return invalid("ufab_cm_listen_ud: cm and out are required");
+  auto l = cm->manager->listen(ufab::cm::kRdmaPsUdp, port);
+  if (!l) return report(l.error());
+  *out = *l;
+  return 0;
+}
+
+int ufab_cm_resolve_ud(ufab_cm* cm, uint32_t dest_ip, uint16_t port, const ufab_cm_conn_param* param,
+                       ufab_cm_id** out) {
+  if (cm == nullptr || out == nullptr) return invalid("ufab_cm_resolve_ud: cm and out are required");
+  auto id = cm->manager->resolve_ud(dest_ip, port, param_or_default(param));
+  if (!id) return report(id.error());
+  *out = *id;
   return 0;
 }
 

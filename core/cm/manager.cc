@@ -130,6 +130,11 @@ Manager::~Manager() {
     for (auto& [id, c] : conns_) {
       if (c->state == State::kEstablished || c->state == State::kRepSent) {
         send_dreq(*c);
+      } else if (c->ud && c->state == State::kReqReceived) {
+        send_message(c->peer_ip, c->tid,
+                     SidrRep{.request_id = c->remote_id, .status = static_cast<uint8_t>(SidrStatus::kReject),
+                             .vendor_id = 0, .qpn = 0, .service_id = c->sidr.service_id, .qkey = 0,
+                             .additional_info = {}, .private_data = {}});
       } else if (c->state == State::kReqReceived || c->state == State::kMraSent) {
         send_rej(c->peer_ip, c->tid, c->local_id, c->req.local_comm_id, MessageCode::kReq,
                  RejectReason::kConsumerDefined);
@@ -319,13 +324,11 @@ void Manager::on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes) {
                            .status = static_cast<uint8_t>(AprStatus::kUnsupported), .additional_info = {},
                            .private_data = {}});
         } else if constexpr (std::is_same_v<T, SidrReq>) {
-          // No UD service resolution: SIDR_REP "service id not supported".
-          send_message(peer_ip, h.transaction_id,
-                       SidrRep{.request_id = m.request_id, .status = static_cast<uint8_t>(SidrStatus::kUnsupported),
-                               .vendor_id = 0, .qpn = 0, .service_id = m.service_id, .qkey = 0,
-                               .additional_info = {}, .private_data = {}});
+          on_sidr_req(peer_ip, h, m);
+        } else if constexpr (std::is_same_v<T, SidrRep>) {
+          on_sidr_rep(m);
         } else {
-          ++dropped_;  // SIDR_REP, APR: answers to what we never send
+          ++dropped_;  // APR: an answer to what we never send
         }
       },
       mad->message);
@@ -336,7 +339,7 @@ void Manager::on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes) {
 void Manager::on_req(uint32_t peer_ip, const MadHeader& h, const Req& m) {
   if (auto it = by_remote_.find({peer_ip, m.local_comm_id}); it != by_remote_.end()) {
     // A REQ again: the peer did not hear us yet (IBA 12.9.6.1).
-    Conn* c = find(it->second);
+    Conn* c = find_rc(it->second);
     if (c == nullptr) return;
     switch (c->state) {
       case State::kReqReceived:
@@ -370,7 +373,7 @@ void Manager::on_req(uint32_t peer_ip, const MadHeader& h, const Req& m) {
   auto cma = parse_cma_header(m.private_data);
   if (!cma || cma->port == 0) return reject(RejectReason::kInvalidServiceId);
   if (cma->dst_ipv4() != ip_) return reject(RejectReason::kInvalidServiceId);  // not our address
-  auto l = listeners_.find(service->port);
+  auto l = listeners_.find({kRdmaPsTcp, service->port});
   if (l == listeners_.end()) return reject(RejectReason::kInvalidServiceId);
   if (m.transport_service_type != TransportType::kRc || m.extended_transport_type != 0) {
     return reject(RejectReason::kInvalidTransportType);
@@ -400,7 +403,7 @@ void Manager::on_req(uint32_t peer_ip, const MadHeader& h, const Req& m) {
 }
 
 void Manager::on_rep(const MadHeader& h, const Rep& m) {
-  Conn* c = find(m.remote_comm_id);
+  Conn* c = find_rc(m.remote_comm_id);
   if (c == nullptr || !c->active) {
     ++dropped_;
     return;
@@ -433,7 +436,7 @@ void Manager::on_rep(const MadHeader& h, const Rep& m) {
 }
 
 void Manager::on_rtu(const Rtu& m) {
-  Conn* c = find(m.remote_comm_id);
+  Conn* c = find_rc(m.remote_comm_id);
   if (c == nullptr || c->active || c->remote_id != m.local_comm_id || c->state != State::kRepSent) return;
   c->state = State::kEstablished;
   c->deadline.reset();
@@ -442,10 +445,10 @@ void Manager::on_rtu(const Rtu& m) {
 }
 
 void Manager::on_rej(uint32_t peer_ip, const Rej& m) {
-  Conn* c = find(m.remote_comm_id);
+  Conn* c = find_rc(m.remote_comm_id);
   if (c == nullptr && m.message_rejected == MessageCode::kReq) {
     // The peer gave up on a REQ it never heard us answer (REJ timeout).
-    if (auto it = by_remote_.find({peer_ip, m.local_comm_id}); it != by_remote_.end()) c = find(it->second);
+    if (auto it = by_remote_.find({peer_ip, m.local_comm_id}); it != by_remote_.end()) c = find_rc(it->second);
   }
   if (c == nullptr) {
     ++dropped_;
@@ -468,7 +471,7 @@ void Manager::on_rej(uint32_t peer_ip, const Rej& m) {
 }
 
 void Manager::on_mra(const Mra& m) {
-  Conn* c = find(m.remote_comm_id);
+  Conn* c = find_rc(m.remote_comm_id);
   if (c == nullptr || !c->deadline) return;
   bool for_req = m.message_mraed == MessageCode::kReq && c->active &&
                  (c->state == State::kReqSent || c->state == State::kMraReceived);
@@ -480,7 +483,7 @@ void Manager::on_mra(const Mra& m) {
 }
 
 void Manager::on_dreq(uint32_t peer_ip, const MadHeader& h, const Dreq& m) {
-  Conn* c = find(m.remote_comm_id);
+  Conn* c = find_rc(m.remote_comm_id);
   auto drep = Drep{.local_comm_id = m.remote_comm_id, .remote_comm_id = m.local_comm_id, .private_data = {}};
   if (c == nullptr || c->remote_id != m.local_comm_id) {
     send_message(peer_ip, h.transaction_id, drep);  // gone already: it is over either way
@@ -509,10 +512,105 @@ void Manager::on_dreq(uint32_t peer_ip, const MadHeader& h, const Dreq& m) {
 }
 
 void Manager::on_drep(const Drep& m) {
-  Conn* c = find(m.remote_comm_id);
+  Conn* c = find_rc(m.remote_comm_id);
   if (c == nullptr || c->state != State::kDreqSent || c->remote_id != m.local_comm_id) return;
   push(*c, UFAB_CM_EVENT_DISCONNECTED, 0, m.private_data);
   enter_timewait(*c);
+}
+
+// UD service resolution (IBA 12.11): one question, one answer. The passive
+// side keeps its answer a while (timewait) for a SIDR_REQ sent again.
+void Manager::on_sidr_req(uint32_t peer_ip, const MadHeader& h, const SidrReq& m) {
+  if (auto it = by_remote_.find({peer_ip, m.request_id}); it != by_remote_.end()) {
+    Conn* c = find(it->second);
+    if (c != nullptr && c->ud && c->state == State::kTimewait && c->answer) send(peer_ip, *c->answer);
+    return;  // still with the application: it answers once
+  }
+  auto unsupported = [&] {
+    send_message(peer_ip, h.transaction_id,
+                 SidrRep{.request_id = m.request_id, .status = static_cast<uint8_t>(SidrStatus::kUnsupported),
+                         .vendor_id = 0, .qpn = 0, .service_id = m.service_id, .qkey = 0, .additional_info = {},
+                         .private_data = {}});
+  };
+  auto service = parse_rdma_cm_service_id(m.service_id);
+  if (!service || service->port_space != kRdmaPsUdp) return unsupported();
+  auto cma = parse_cma_header(m.private_data);
+  if (!cma || cma->dst_ipv4() != ip_) return unsupported();
+  auto l = listeners_.find({kRdmaPsUdp, service->port});
+  if (l == listeners_.end()) return unsupported();
+  auto c = std::make_unique<Conn>();
+  c->state = State::kReqReceived;
+  c->ud = true;
+  c->local_id = new_local_id();
+  c->remote_id = m.request_id;
+  c->tid = h.transaction_id;
+  c->peer_ip = peer_ip;
+  c->peer_port = cma->port;
+  c->local_port = service->port;
+  c->sidr = m;
+  c->listener = l->second;
+  auto handle = std::make_unique<ufab_cm_id>();
+  handle->manager = this;
+  handle->local_id = c->local_id;
+  c->handle = handle.get();
+  handles_.push_back(std::move(handle));
+  Conn& conn = *c;
+  by_remote_[{peer_ip, m.request_id}] = c->local_id;
+  conns_[c->local_id] = std::move(c);
+  push(conn, UFAB_CM_EVENT_CONNECT_REQUEST, 0, rdma_cm_req_user_data(m.private_data));
+}
+
+void Manager::on_sidr_rep(const SidrRep& m) {
+  Conn* c = find(m.request_id);
+  if (c == nullptr || !c->ud || !c->active || c->state != State::kReqSent) {
+    ++dropped_;
+    return;
+  }
+  if (m.status == static_cast<uint8_t>(SidrStatus::kSuccess)) {
+    c->rep.local_qpn = m.qpn;  // the answer, for the event
+    c->rep.local_qkey = m.qkey;
+    push(*c, UFAB_CM_EVENT_ESTABLISHED, 0, m.private_data);
+  } else {
+    push(*c, UFAB_CM_EVENT_REJECTED, -ECONNREFUSED, m.private_data, m.status);
+  }
+  forget(*c);
+}
+
+void Manager::answer_sidr(Conn& c, SidrStatus status, uint32_t qpn, uint32_t qkey,
+                          std::span<const uint8_t> private_data) {
+  c.answer = send_message(c.peer_ip, c.tid,
+                          SidrRep{.request_id = c.remote_id, .status = static_cast<uint8_t>(status), .vendor_id = 0,
+                                  .qpn = qpn, .service_id = c.sidr.service_id, .qkey = qkey,
+                                  .additional_info = {},
+                                  .private_data = PrivateData(private_data.begin(), private_data.end())});
+  enter_timewait(c);
+}
+
+Status Manager::accept_ud(Conn& c, ufab_cm_id* id, ufab_qp* qp, const ufab_cm_conn_param& param) {
+  if (ufab_qp_type(qp) != UFAB_QPT_UD) return fail(EINVAL, "accepting a UD request: a UD QP is required");
+  if (param.private_data_len > UFAB_CM_SIDR_REP_PRIVATE_DATA) {
+    return fail(EMSGSIZE, "accepting: " + std::to_string(param.private_data_len) + " bytes of private data; a " +
+                              "SIDR_REP carries at most " + std::to_string(UFAB_CM_SIDR_REP_PRIVATE_DATA));
+  }
+  ufab_qp_attr now{};
+  if (int rc = ufab_qp_query(qp, &now); rc < 0) return fail(-rc, std::string("accepting: ") + ufab_last_error());
+  if (now.state == UFAB_QPS_RESET || now.state == UFAB_QPS_INIT) {
+    ufab_qp_attr a;
+    ufab_qp_attr_defaults(&a);
+    a.qkey = UFAB_CM_UDP_QKEY;
+    ufab_conn none{};
+    if (int rc = ufab_qp_connect(qp, &none, &a); rc < 0) {
+      return fail(-rc, std::string("accepting: bringing the UD QP to RTS: ") + ufab_last_error());
+    }
+    now.qkey = UFAB_CM_UDP_QKEY;
+  } else if (now.state != UFAB_QPS_RTS) {
+    return fail(EINVAL, std::string("accepting: the UD QP is in state ") + ufab_qp_state_str(now.state));
+  }
+  id->qp = qp;
+  const auto* p = static_cast<const uint8_t*>(param.private_data);
+  answer_sidr(c, SidrStatus::kSuccess, ufab_qp_num(qp), now.qkey,
+              std::span<const uint8_t>(p, param.private_data_len));
+  return {};
 }
 
 // ------------------------------------------------------------ connections
@@ -520,6 +618,11 @@ void Manager::on_drep(const Drep& m) {
 Manager::Conn* Manager::find(uint32_t local_id) {
   auto it = conns_.find(local_id);
   return it == conns_.end() ? nullptr : it->second.get();
+}
+
+Manager::Conn* Manager::find_rc(uint32_t local_id) {
+  Conn* c = find(local_id);
+  return c != nullptr && !c->ud ? c : nullptr;
 }
 
 Manager::Conn* Manager::find_handle(ufab_cm_id* id) {
@@ -569,7 +672,7 @@ void Manager::run_timers(Clock::time_point now) {
     switch (c->state) {
       case State::kReqSent:
       case State::kMraReceived:
-        reject_timeout(*c);
+        if (!c->ud) reject_timeout(*c);
         push(*c, UFAB_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
         forget(*c);
         break;
@@ -623,13 +726,9 @@ Status Manager::connect_qp(Conn& c, ufab_qp* qp, uint32_t remote_qpn, uint32_t r
                            uint8_t responder_resources, uint8_t initiator_depth, uint8_t retry, uint8_t rnr_retry) {
   ufab_qp_attr now{};
   if (int rc = ufab_qp_query(qp, &now); rc < 0) return fail(-rc, std::string("querying the QP: ") + ufab_last_error());
-  if (now.state == UFAB_QPS_INIT) {
-    ufab_qp_attr reset{};
-    reset.state = UFAB_QPS_RESET;
-    if (int rc = ufab_qp_modify(qp, &reset, UFAB_QP_STATE); rc < 0) {
-      return fail(-rc, std::string("resetting the QP: ") + ufab_last_error());
-    }
-  } else if (now.state != UFAB_QPS_RESET) {
+  // From INIT the receives already posted stay (ufab_qp_connect goes INIT
+  // -> INIT -> RTR -> RTS then).
+  if (now.state != UFAB_QPS_RESET && now.state != UFAB_QPS_INIT) {
     return fail(EINVAL, std::string("QP ") + std::to_string(ufab_qp_num(qp)) + " is in state " +
                             ufab_qp_state_str(now.state) + ": the connection manager takes a QP in RESET or INIT");
   }
@@ -662,6 +761,7 @@ void Manager::push(Conn& c, uint32_t type, int status, std::span<const uint8_t> 
   ev.peer_port = c.peer_port;
   ev.local_port = c.local_port;
   ev.reject_reason = reason;
+  ev.qp_type = c.ud ? UFAB_QPT_UD : UFAB_QPT_RC;
   size_t n = std::min(private_data.size(), sizeof ev.private_data);
   std::memcpy(ev.private_data, private_data.data(), n);
   ev.private_data_len = static_cast<uint8_t>(n);
@@ -672,6 +772,9 @@ void Manager::push(Conn& c, uint32_t type, int status, std::span<const uint8_t> 
     ev.param.retry_count = c.req.retry_count;
     ev.param.rnr_retry_count = c.req.rnr_retry_count;
     ev.peer_qpn = c.req.local_qpn;
+  } else if (type == UFAB_CM_EVENT_ESTABLISHED && c.ud) {
+    ev.peer_qpn = c.rep.local_qpn;
+    ev.qkey = c.rep.local_qkey;
   } else if (type == UFAB_CM_EVENT_ESTABLISHED && c.qp != nullptr) {
     ufab_qp_attr a{};
     (void)ufab_qp_query(c.qp, &a);
@@ -711,24 +814,26 @@ Status Manager::get_event(ufab_cm_event& out, int timeout_ms) {
 
 // --------------------------------------------------------------------- API
 
-Result<ufab_cm_listener*> Manager::listen(uint16_t port) {
+Result<ufab_cm_listener*> Manager::listen(uint16_t port_space, uint16_t port) {
   if (port == 0) return fail(EINVAL, "listening: port 0 (rdma_cm would pick one; name the port)");
   std::lock_guard lock(mu_);
-  if (listeners_.contains(port)) {
-    return fail(EADDRINUSE, "listening on " + ip_str(ip_) + " port " + std::to_string(port) + ": already listening there");
+  if (listeners_.contains({port_space, port})) {
+    return fail(EADDRINUSE, "listening on " + ip_str(ip_) + (port_space == kRdmaPsUdp ? " UDP" : "") + " port " +
+                                std::to_string(port) + ": already listening there");
   }
   auto l = std::make_unique<ufab_cm_listener>();
   l->manager = this;
+  l->port_space = port_space;
   l->port = port;
   ufab_cm_listener* raw = l.get();
-  listeners_[port] = raw;
+  listeners_[{port_space, port}] = raw;
   listener_handles_.push_back(std::move(l));
   return raw;
 }
 
 void Manager::close_listener(ufab_cm_listener* listener) {
   std::lock_guard lock(mu_);
-  listeners_.erase(listener->port);
+  listeners_.erase({listener->port_space, listener->port});
   // Requests the application has not answered are rejected.
   std::vector<Conn*> pending;
   for (auto& [id, c] : conns_) {
@@ -737,6 +842,11 @@ void Manager::close_listener(ufab_cm_listener* listener) {
     }
   }
   for (Conn* c : pending) {
+    if (c->ud) {
+      answer_sidr(*c, SidrStatus::kUnsupported, 0, 0, {});
+      c->handle = nullptr;
+      continue;
+    }
     send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq, RejectReason::kInvalidServiceId);
     forget(*c);
   }
@@ -818,9 +928,61 @@ Result<ufab_cm_id*> Manager::connect(ufab_qp* qp, uint32_t dest_ip, uint16_t por
   return raw;
 }
 
+Result<ufab_cm_id*> Manager::resolve_ud(uint32_t dest_ip, uint16_t port, const ufab_cm_conn_param& param) {
+  if (port == 0) return fail(EINVAL, "resolving a UD service: port 0");
+  if (param.private_data_len > UFAB_CM_SIDR_REQ_PRIVATE_DATA) {
+    return fail(EMSGSIZE, "resolving a UD service: " + std::to_string(param.private_data_len) +
+                              " bytes of private data; a SIDR_REQ carries at most " +
+                              std::to_string(UFAB_CM_SIDR_REQ_PRIVATE_DATA) + " after rdma_cm's header");
+  }
+  net::Ipv4Address dest{dest_ip};
+  if (!dest.is_unicast() || dest_ip == ip_) {
+    return fail(EINVAL, "resolving a UD service on " + dest.str() + ": not a unicast IPv4 address of a peer");
+  }
+  std::lock_guard lock(mu_);
+  auto c = std::make_unique<Conn>();
+  c->active = true;
+  c->ud = true;
+  c->state = State::kReqSent;
+  c->local_id = new_local_id();
+  c->tid = tid_high_ | c->local_id;
+  c->peer_ip = dest_ip;
+  c->peer_port = port;
+  c->local_port = static_cast<uint16_t>(32768 + random64() % 28232);
+  CmaHeader cma{.ip_version = 4, .port = c->local_port, .src_addr = cma_ipv4(ip_), .dst_addr = cma_ipv4(dest_ip)};
+  auto hdr = build_cma_header(cma);
+  if (!hdr) return std::unexpected(hdr.error().context("resolving a UD service"));
+  c->sidr.request_id = c->local_id;
+  c->sidr.partition_key = 0xFFFF;
+  c->sidr.service_id = rdma_cm_service_id(kRdmaPsUdp, port);
+  c->sidr.private_data.assign(hdr->begin(), hdr->end());
+  const auto* p = static_cast<const uint8_t*>(param.private_data);
+  c->sidr.private_data.insert(c->sidr.private_data.end(), p, p + param.private_data_len);
+  c->resend = send_message(dest_ip, c->tid, c->sidr);
+  if (!c->resend) return fail(EINVAL, "resolving a UD service: the SIDR_REQ could not be built");
+  arm(*c, iba_time(response_timeout_) + 2 * iba_time(kPacketLifetime), max_retries_);
+  auto handle = std::make_unique<ufab_cm_id>();
+  handle->manager = this;
+  handle->local_id = c->local_id;
+  c->handle = handle.get();
+  ufab_cm_id* raw = handle.get();
+  handles_.push_back(std::move(handle));
+  conns_[c->local_id] = std::move(c);
+  return raw;
+}
+
 Status Manager::accept(ufab_cm_id* id, ufab_qp* qp, const ufab_cm_conn_param& param) {
-  if (qp == nullptr || ufab_qp_type(qp) != UFAB_QPT_RC) return fail(EINVAL, "accepting: an RC QP is required");
+  if (qp == nullptr) return fail(EINVAL, "accepting: a QP is required");
   if (ufab_qp_device(qp) != dev_) return fail(EINVAL, "accepting: the QP belongs to another device than the CM");
+  {
+    std::lock_guard lock(mu_);
+    Conn* c = find_handle(id);
+    if (c != nullptr && c->ud) {
+      if (c->state != State::kReqReceived) return fail(EINVAL, "accepting: the UD request was answered already");
+      return accept_ud(*c, id, qp, param);
+    }
+  }
+  if (ufab_qp_type(qp) != UFAB_QPT_RC) return fail(EINVAL, "accepting: an RC QP is required");
   if (param.private_data_len > UFAB_CM_REP_PRIVATE_DATA) {
     return fail(EMSGSIZE, "accepting: " + std::to_string(param.private_data_len) + " bytes of private data; a REP " +
                               "carries at most " + std::to_string(UFAB_CM_REP_PRIVATE_DATA));
@@ -873,6 +1035,14 @@ Status Manager::reject(ufab_cm_id* id, std::span<const uint8_t> private_data) {
     return fail(EINVAL, std::string("rejecting: the connection is ") + state_name(c->state) +
                             ", not a request waiting for an answer");
   }
+  if (c->ud) {
+    if (private_data.size() > UFAB_CM_SIDR_REP_PRIVATE_DATA) {
+      return fail(EMSGSIZE, "rejecting: a SIDR_REP carries at most " + std::to_string(UFAB_CM_SIDR_REP_PRIVATE_DATA) +
+                                " bytes of private data");
+    }
+    answer_sidr(*c, SidrStatus::kReject, 0, 0, private_data);
+    return {};
+  }
   send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq, RejectReason::kConsumerDefined,
            private_data);
   // Kept a while: a REQ sent again before our REJ arrived gets "stale".
@@ -901,12 +1071,16 @@ void Manager::destroy(ufab_cm_id* id) {
         break;
       case State::kReqReceived:
       case State::kMraSent:
-        send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq, RejectReason::kConsumerDefined);
-        enter_timewait(*c);
+        if (c->ud) {
+          answer_sidr(*c, SidrStatus::kReject, 0, 0, {});
+        } else {
+          send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq, RejectReason::kConsumerDefined);
+          enter_timewait(*c);
+        }
         break;
       case State::kReqSent:
       case State::kMraReceived:
-        reject_timeout(*c);
+        if (!c->ud) reject_timeout(*c);
         forget(*c);
         c = nullptr;
         break;

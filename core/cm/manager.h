@@ -49,9 +49,10 @@ class Manager {
   int event_fd() const { return event_fd_.get(); }
   Status get_event(ufab_cm_event& out, int timeout_ms);
 
-  Result<ufab_cm_listener*> listen(uint16_t port);
+  Result<ufab_cm_listener*> listen(uint16_t port_space, uint16_t port);
   void close_listener(ufab_cm_listener* listener);
   Result<ufab_cm_id*> connect(ufab_qp* qp, uint32_t dest_ip, uint16_t port, const ufab_cm_conn_param& param);
+  Result<ufab_cm_id*> resolve_ud(uint32_t dest_ip, uint16_t port, const ufab_cm_conn_param& param);
   Status accept(ufab_cm_id* id, ufab_qp* qp, const ufab_cm_conn_param& param);
   Status reject(ufab_cm_id* id, std::span<const uint8_t> private_data);
   Status disconnect(ufab_cm_id* id);
@@ -73,6 +74,7 @@ class Manager {
   struct Conn {
     State state = State::kReqSent;
     bool active = false;
+    bool ud = false;  // SIDR: a UD service resolution, not a connection
     uint32_t local_id = 0, remote_id = 0;
     uint64_t tid = 0;  // of the REQ: REP, RTU, MRA and REJ answer it
     uint32_t peer_ip = 0;
@@ -80,6 +82,7 @@ class Manager {
     ufab_qp* qp = nullptr;
     Req req;  // the REQ sent (active) or received (passive)
     Rep rep;  // the REP received (active) or sent (passive)
+    SidrReq sidr;  // UD: the SIDR_REQ sent (active) or received (passive)
     // What the timer sends again (REQ, REP, DREQ) and what a duplicate of
     // the peer's last message gets (MRA, RTU, DREP).
     std::optional<std::array<uint8_t, kMadSize>> resend, answer;
@@ -115,9 +118,14 @@ class Manager {
   void on_mra(const Mra& m);
   void on_dreq(uint32_t peer_ip, const MadHeader& h, const Dreq& m);
   void on_drep(const Drep& m);
+  void on_sidr_req(uint32_t peer_ip, const MadHeader& h, const SidrReq& m);
+  void on_sidr_rep(const SidrRep& m);
+  Status accept_ud(Conn& c, ufab_cm_id* id, ufab_qp* qp, const ufab_cm_conn_param& param);
+  void answer_sidr(Conn& c, SidrStatus status, uint32_t qpn, uint32_t qkey, std::span<const uint8_t> private_data);
 
   // Connections.
   Conn* find(uint32_t local_id);
+  Conn* find_rc(uint32_t local_id);  // a connection, not a SIDR
   Conn* find_handle(ufab_cm_id* id);
   uint32_t new_local_id();
   void arm(Conn& c, Clock::duration interval, uint8_t retries);
@@ -153,7 +161,7 @@ class Manager {
   std::mutex mu_;
   std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;       // by local comm id
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> by_remote_;      // (peer ip, remote comm id) -> local id
-  std::map<uint16_t, ufab_cm_listener*> listeners_;                 // by port
+  std::map<std::pair<uint16_t, uint16_t>, ufab_cm_listener*> listeners_;  // by (port space, port)
   std::vector<std::unique_ptr<ufab_cm_id>> handles_;
   std::vector<std::unique_ptr<ufab_cm_listener>> listener_handles_;
   std::deque<ufab_cm_event> events_;
@@ -171,6 +179,7 @@ struct ufab_cm {
 };
 struct ufab_cm_listener {
   ufab::cm::Manager* manager = nullptr;
+  uint16_t port_space = 0;
   uint16_t port = 0;
 };
 struct ufab_cm_id {

@@ -50,5 +50,6 @@ int cmd_plugins(const Options& opts);
 int cmd_pktgen(const Options& opts);
 int cmd_pingpong(const Options& opts);
 int cmd_perf(const Options& opts);
+int cmd_cmatose(const Options& opts);
 
 }  // namespace ufab::cli

@@ -90,6 +90,17 @@ commands:
                        extended; block device; /dev/daxN.M), registered as
                        persistent memory: needed where --flush persistent
                        flushes this side (server; write-lat: both)
+  cmatose DEVICE --ip A.B.C.D [-s SERVER]
+                       rdma-core's ucmatose over ufab's connection manager
+                       (rdma_cm's protocol), against the kernel's ucmatose
+                       or another ufab; server without -s, client with it
+      -s, --server A.B.C.D  the server to connect to
+      -p, --port N     rdma_cm port (default 7471)
+      -c, --connections N  connections (default 1)
+      -C, --count N    messages each way per connection (default 10)
+      -S, --size N     bytes per message (default 100)
+      -b, --bind A.B.C.D  accepted if it is --ip (ucmatose's bind address)
+      --timeout S      bound on each wait (default 30); --param K=V
 
 options:
   --json               machine-readable output on stdout
@@ -105,15 +116,18 @@ exit status: 0 success, 1 failed or refused, 2 usage error.
 
 // Options that take a value, and the commands each belongs to.
 const std::map<std::string, std::set<std::string>> kValueOptions = {
-    {"count", {"pktgen"}},
+    {"count", {"pktgen", "cmatose"}},
+    {"server", {"cmatose"}},
+    {"bind", {"cmatose"}},
+    {"connections", {"cmatose"}},
     {"duration", {"pktgen", "perf"}},
-    {"size", {"pktgen", "pingpong", "perf"}},
+    {"size", {"pktgen", "pingpong", "perf", "cmatose"}},
     {"burst", {"pktgen"}},
-    {"timeout", {"pktgen", "pingpong", "perf"}},
-    {"param", {"info", "pktgen", "pingpong", "perf"}},
+    {"timeout", {"pktgen", "pingpong", "perf", "cmatose"}},
+    {"param", {"info", "pktgen", "pingpong", "perf", "cmatose"}},
     {"verify", {"pktgen"}},
-    {"ip", {"info", "pingpong", "perf"}},
-    {"port", {"pingpong", "perf"}},
+    {"ip", {"info", "pingpong", "perf", "cmatose"}},
+    {"port", {"pingpong", "perf", "cmatose"}},
     {"iters", {"pingpong", "perf"}},
     {"rx-depth", {"pingpong", "perf"}},
     {"mtu", {"pingpong", "perf"}},
@@ -141,6 +155,16 @@ const std::map<char, std::string> kShortOptions = {
     {'q', "qps"},  {'t', "tx-depth"}, {'Q', "cq-mod"},    {'I', "inline"},   {'A', "atomic-type"}, {'x', "gid-index"},
 };
 const std::map<char, std::string> kShortFlags = {{'a', "all"}, {'F', "F"}};
+
+// Commands that speak another tool's command line (ucmatose's) spell
+// short options their own way: their tables replace the two above.
+struct ShortTables {
+  std::map<char, std::string> options, flags;
+};
+const std::map<std::string, ShortTables> kCommandShort = {
+    {"cmatose",
+     {{{'s', "server"}, {'b', "bind"}, {'p', "port"}, {'c', "connections"}, {'C', "count"}, {'S', "size"}}, {}}},
+};
 
 std::string joined(const std::set<std::string>& commands) {
   std::string out;
@@ -190,6 +214,15 @@ int run(int argc, char** argv) {
   Options opts;
   apply_env(opts.host.paths);
   std::string command;
+  // The short-option tables of the command named so far.
+  auto short_options = [&]() -> const std::map<char, std::string>& {
+    auto it = kCommandShort.find(command);
+    return it != kCommandShort.end() ? it->second.options : kShortOptions;
+  };
+  auto short_flags = [&]() -> const std::map<char, std::string>& {
+    auto it = kCommandShort.find(command);
+    return it != kCommandShort.end() ? it->second.flags : kShortFlags;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
@@ -211,10 +244,10 @@ int run(int argc, char** argv) {
       }
     } else if (a.size() > 2 && a.rfind("--", 0) == 0 && kFlagOptions.count(a.substr(2))) {
       opts.flags.insert(a.substr(2));
-    } else if (a.size() == 2 && a[0] == '-' && kShortFlags.count(a[1])) {
-      opts.flags.insert(kShortFlags.at(a[1]));
-    } else if (a.size() >= 2 && a[0] == '-' && a[1] != '-' && kShortOptions.count(a[1])) {
-      const std::string& name = kShortOptions.at(a[1]);
+    } else if (a.size() == 2 && a[0] == '-' && short_flags().count(a[1])) {
+      opts.flags.insert(short_flags().at(a[1]));
+    } else if (a.size() >= 2 && a[0] == '-' && a[1] != '-' && short_options().count(a[1])) {
+      const std::string& name = short_options().at(a[1]);
       if (a.size() > 2) {
         opts.values[name].push_back(a.substr(2));
       } else if (i + 1 < argc) {
@@ -248,6 +281,8 @@ int run(int argc, char** argv) {
       {"pingpong",
        {cmd_pingpong, 1, 2, "ufab pingpong DEVICE --ip A.B.C.D [SERVER_HOST] [-p PORT] [-s SIZE] [-n ITERS]"}},
       {"perf", {cmd_perf, 2, 3, "ufab perf TEST DEVICE --ip A.B.C.D [SERVER_HOST] [perftest options]"}},
+      {"cmatose",
+       {cmd_cmatose, 1, 1, "ufab cmatose DEVICE --ip A.B.C.D [-s SERVER] [-p PORT] [-c CONNS] [-C COUNT] [-S SIZE]"}},
   };
   auto it = commands.find(command);
   if (it == commands.end()) return usage_error("unknown command '" + command + "'");

@@ -431,6 +431,86 @@ TEST_F(Cm, AnActiveSideThatGivesUpEndsThePassiveRequest) {
   ufab_cm_id_destroy(req.id);
 }
 
+// UD service resolution (SIDR): the answer names the listener's UD QP and
+// its Q_Key, and a datagram to it arrives; a port nobody serves, a reject
+// and a repeated SIDR_REQ get their answers.
+TEST_F(Cm, UdServiceResolutionNamesTheQpAndItsQkey) {
+  open();
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen_ud(b_.cm, 7174, &l), 0) << ufab_last_error();
+  ufab_cm_listener* tcp = nullptr;
+  ASSERT_EQ(ufab_cm_listen(b_.cm, 7174, &tcp), 0);  // another port space: no clash
+  std::string hello(UFAB_CM_SIDR_REQ_PRIVATE_DATA, 'u');
+  auto p = with_data(hello);
+  ufab_cm_id* id = nullptr;
+  ASSERT_EQ(ufab_cm_resolve_ud(a_.cm, kIpB, 7174, &p, &id), 0) << ufab_last_error();
+  ufab_cm_event req = next(b_);
+  ASSERT_EQ(req.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(req.qp_type, uint32_t{UFAB_QPT_UD});
+  EXPECT_EQ(req.listener, l);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(req.private_data), hello.size()), hello);
+  ufab_qp_init_attr init{.qp_type = UFAB_QPT_UD, .sq_sig_all = 1, .send_cq = b_.cq, .recv_cq = b_.cq,
+                         .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1,
+                                 .max_inline_data = 0}};
+  ufab_qp* udb = nullptr;
+  ASSERT_EQ(ufab_qp_create(b_.pd, &init, &udb), 0);
+  EXPECT_EQ(ufab_cm_accept(req.id, b_.qp(), nullptr), -EINVAL);  // an RC QP for a UD request
+  ASSERT_EQ(ufab_cm_accept(req.id, udb, nullptr), 0) << ufab_last_error();
+  EXPECT_EQ(query(udb).state, UFAB_QPS_RTS);
+  EXPECT_EQ(query(udb).qkey, UFAB_CM_UDP_QKEY);
+  ufab_cm_event ok = next(a_);
+  ASSERT_EQ(ok.type, UFAB_CM_EVENT_ESTABLISHED) << ufab_cm_event_str(ok.type);
+  EXPECT_EQ(ok.id, id);
+  EXPECT_EQ(ok.qp_type, uint32_t{UFAB_QPT_UD});
+  EXPECT_EQ(ok.peer_qpn, ufab_qp_num(udb));
+  EXPECT_EQ(ok.qkey, UFAB_CM_UDP_QKEY);
+  ufab_cm_id_destroy(id);
+
+  // A datagram to what the answer named arrives.
+  init.send_cq = init.recv_cq = a_.cq;
+  ufab_qp* uda = nullptr;
+  ASSERT_EQ(ufab_qp_create(a_.pd, &init, &uda), 0);
+  ufab_qp_attr qa;
+  ufab_qp_attr_defaults(&qa);
+  qa.qkey = UFAB_CM_UDP_QKEY;
+  ufab_conn none{};
+  ASSERT_EQ(ufab_qp_connect(uda, &none, &qa), 0);
+  ufab_sge r{.addr = reinterpret_cast<uint64_t>(b_.buf.data()), .length = 40 + 32, .lkey = ufab_mr_lkey(b_.mr)};
+  ufab_recv_wr rw{.wr_id = 9, .sg_list = &r, .num_sge = 1, .reserved = 0};
+  ASSERT_EQ(ufab_post_recv(udb, &rw, 1, nullptr), 0);
+  std::memset(a_.buf.data(), 0x42, 32);
+  ufab_sge s{.addr = reinterpret_cast<uint64_t>(a_.buf.data()), .length = 32, .lkey = ufab_mr_lkey(a_.mr)};
+  ufab_send_wr sw{};
+  sw.wr_id = 10;
+  sw.sg_list = &s;
+  sw.num_sge = 1;
+  sw.opcode = UFAB_WR_SEND;
+  sw.ud = ufab_ud_dest{.ip = kIpB, .qpn = ok.peer_qpn, .qkey = ok.qkey, .traffic_class = 0, .hop_limit = 64,
+                       .reserved = 0};
+  ASSERT_EQ(ufab_post_send(uda, &sw, 1, nullptr), 0) << ufab_last_error();
+  ufab_wc wc{};
+  ASSERT_EQ(ufab_cq_wait(b_.cq, &wc, 1, 5000), 1);
+  EXPECT_EQ(wc.status, UFAB_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 40u + 32u);
+  EXPECT_EQ(b_.buf[40], 0x42);
+
+  // Nobody on the port: SIDR_REP "unsupported" (1); a reject: 2.
+  ASSERT_EQ(ufab_cm_resolve_ud(a_.cm, kIpB, 7175, nullptr, &id), 0);
+  ufab_cm_event no = next(a_);
+  ASSERT_EQ(no.type, UFAB_CM_EVENT_REJECTED);
+  EXPECT_EQ(no.reject_reason, 1);
+  ASSERT_EQ(ufab_cm_resolve_ud(a_.cm, kIpB, 7174, nullptr, &id), 0);
+  req = next(b_);
+  ASSERT_EQ(req.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_EQ(ufab_cm_reject(req.id, "no", 2), 0);
+  no = next(a_);
+  ASSERT_EQ(no.type, UFAB_CM_EVENT_REJECTED);
+  EXPECT_EQ(no.reject_reason, 2);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(no.private_data), 2), "no");
+  ufab_qp_destroy(uda);
+  ufab_qp_destroy(udb);
+}
+
 // A peer without a CM: MADs built by hand on B's bare GSI QP, to A's CM.
 class RawPeer {
  public:
@@ -587,6 +667,35 @@ TEST_F(Cm, DuplicatesAndStrangersGetTheAnswersIbCmGives) {
   // The REQ once more, in timewait: REJ stale connection.
   peer.send(Mad{.header = cm_header(tid), .message = req});
   EXPECT_EQ(peer.expect<Rej>().reason, static_cast<uint16_t>(RejectReason::kStaleConnection));
+
+  // SIDR: a SIDR_REQ sent again after the answer gets the answer again.
+  ufab_cm_listener* lu = nullptr;
+  ASSERT_EQ(ufab_cm_listen_ud(a_.cm, 7174, &lu), 0);
+  SidrReq sidr{.request_id = 0x6666, .partition_key = 0xFFFF, .service_id = rdma_cm_service_id(kRdmaPsUdp, 7174),
+               .private_data = *build_rdma_cm_req_private_data(
+                   CmaHeader{.ip_version = 4, .port = 40002, .src_addr = cma_ipv4(kIpB), .dst_addr = cma_ipv4(kIpA)},
+                   {})};
+  peer.send(Mad{.header = cm_header(14), .message = sidr});
+  ufab_cm_event ureq = next(a_);
+  ASSERT_EQ(ureq.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  peer.send(Mad{.header = cm_header(14), .message = sidr});  // while the application decides: nothing
+  EXPECT_FALSE(peer.receive(200).has_value());
+  ufab_qp_init_attr uinit{.qp_type = UFAB_QPT_UD, .sq_sig_all = 1, .send_cq = a_.cq, .recv_cq = a_.cq,
+                          .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1,
+                                  .max_inline_data = 0}};
+  ufab_qp* ud = nullptr;
+  ASSERT_EQ(ufab_qp_create(a_.pd, &uinit, &ud), 0);
+  ASSERT_EQ(ufab_cm_accept(ureq.id, ud, nullptr), 0) << ufab_last_error();
+  SidrRep srep = peer.expect<SidrRep>();
+  EXPECT_EQ(peer.last_tid(), 14u);
+  EXPECT_EQ(srep.request_id, 0x6666u);
+  EXPECT_EQ(srep.status, 0);
+  EXPECT_EQ(srep.qpn, ufab_qp_num(ud));
+  EXPECT_EQ(srep.qkey, UFAB_CM_UDP_QKEY);
+  peer.send(Mad{.header = cm_header(14), .message = sidr});
+  EXPECT_EQ(peer.expect<SidrRep>(), srep);
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+  ufab_qp_destroy(ud);
 
   // A DREQ for a connection A never had: DREP all the same.
   peer.send(Mad{.header = cm_header(9), .message = Dreq{.local_comm_id = 5, .remote_comm_id = 6,
