@@ -21,8 +21,9 @@
 #             kernel `rping -c` to a port `ufab rping -s` does not listen on
 #             gets ufab's REJ (error 8), after which the same ufab server
 #             still serves a kernel client on its own port
-#   ucmatose  ucmatose against ufab in both roles, only if this ufab has a
-#             `ucmatose` command (otherwise one SKIP line says so)
+#   ucmatose  the kernel's ucmatose against `ufab cmatose` (ucmatose's
+#             protocol over ufab's CM) in both roles, -C 10; only if this
+#             ufab has that command (otherwise one SKIP line says so)
 #   loss      2% loss on everything rxe0's netdev sends (netem), ufab's MAC
 #             pinned (the kernel's ARP would be lost too); rping -C
 #             UFAB_CM_LOSS_COUNT at -S UFAB_CM_LOSS_SIZE in both roles: CM
@@ -226,13 +227,15 @@ check_rping() {
   [ "$ok" -eq 1 ] || rxe_diag
 }
 
-# The sides of a case. Each runs under `timeout`, its output in $w.
+# The sides of a case. Each runs under `timeout`, its output in $w; the
+# kernel's tools under `stdbuf -oL`, so that what they printed is there
+# even when they are stopped.
 kernel_server_bg() { # PORT SIZE: rping -s on rxe0's address, in the background (spid)
-  timeout "$limit" rping -s -a "$kern_ip" -p "$1" -S "$2" -v >"$w/s.out" 2>"$w/s.err" &
+  timeout "$limit" stdbuf -oL rping -s -a "$kern_ip" -p "$1" -S "$2" -v >"$w/s.out" 2>"$w/s.err" &
   spid=$!
 }
 kernel_client() { # ADDR PORT SIZE COUNT
-  timeout "$limit" rping -c -a "$1" -p "$2" -S "$3" -C "$4" -v -V >"$w/c.out" 2>"$w/c.err"
+  timeout "$limit" stdbuf -oL rping -c -a "$1" -p "$2" -S "$3" -C "$4" -v -V >"$w/c.out" 2>"$w/c.err"
 }
 
 # rping_kernel_loopback SIZE: both sides the kernel's, over rxe0's loopback.
@@ -355,10 +358,10 @@ case_kernel() {
   port
   name="kernel ucmatose server / kernel ucmatose client over rxe loopback, -C 10 (port $port_)"
   rm -f "$w"/[cs].*
-  timeout "$limit" ucmatose -b "$kern_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
+  timeout "$limit" stdbuf -oL ucmatose -b "$kern_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
   spid=$!
   wait_cm_listen "$spid" 30 "$port_" || say "no rdma_cm listener on port $port_ after 30 s; trying the client anyway"
-  timeout "$limit" ucmatose -s "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
+  timeout "$limit" stdbuf -oL ucmatose -s "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
   wait_bounded "$spid"; src=$?
   if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/c.out" && grep -q 'test complete' "$w/s.out"; then
     pass "$name: both said \"test complete\""
@@ -435,48 +438,52 @@ case_reject() {
 }
 
 case_ucmatose() {
-  if ! has_ufab_cmd ucmatose; then
-    skip "ucmatose against ufab, both roles: this ufab has no ucmatose command ('ufab rping' speaks rping's protocol only; no ufab tool speaks ucmatose's)"
+  if ! has_ufab_cmd cmatose; then
+    skip "ucmatose against ufab, both roles: this ufab has no cmatose command (ucmatose's protocol over ufab's CM)"
     return
   fi
   wire_cases+=(ucmatose)
   local name
-  # ufab's ucmatose is assumed to take ucmatose's own options after
-  # DEVICE --ip, as `ufab rping` takes rping's.
+  # `ufab cmatose DEVICE --ip A.B.C.D` takes ucmatose's options (docs/cli.md).
   port
-  name="kernel ucmatose server, ufab ucmatose client, -C 10 (port $port_)"
+  name="kernel ucmatose server, ufab cmatose client, -C 10 (port $port_)"
   rm -f "$w"/[cs].*
-  timeout "$limit" ucmatose -b "$kern_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
+  timeout "$limit" stdbuf -oL ucmatose -b "$kern_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
   spid=$!
   wait_cm_listen "$spid" 30 "$port_" || say "no rdma_cm listener on port $port_ after 30 s; trying the client anyway"
-  timeout "$limit" "$ufab" ucmatose "$ufab_bdf" --ip "$ufab_ip" -s "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"
+  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -s "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"
   crc=$?
   wait_bounded "$spid"; src=$?
-  if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/s.out"; then
-    pass "$name: both exited 0, the kernel's said \"test complete\""
+  if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/s.out" && grep -q 'test complete' "$w/c.out"; then
+    pass "$name: both exited 0 and said \"test complete\""
   else
-    fail "$name: ufab exit $(rc_text "$crc"), kernel exit $(rc_text "$src"), want 0 and \"test complete\""
+    fail "$name: ufab exit $(rc_text "$crc"), kernel exit $(rc_text "$src"), want 0 and \"test complete\" from both"
     rxe_diag
   fi
-  show_cut "$w/c.out" "ufab ucmatose stdout"; [ -s "$w/c.err" ] && show_cut "$w/c.err" "ufab ucmatose stderr"
+  show_cut "$w/c.out" "ufab cmatose stdout"; [ -s "$w/c.err" ] && show_cut "$w/c.err" "ufab cmatose stderr"
   show_cut "$w/s.out" "kernel ucmatose stdout"; [ -s "$w/s.err" ] && show_cut "$w/s.err" "kernel ucmatose stderr"
 
   port
-  name="ufab ucmatose server, kernel ucmatose client, -C 10 (port $port_)"
+  name="ufab cmatose server, kernel ucmatose client, -C 10 (port $port_)"
   rm -f "$w"/[cs].*
-  timeout "$limit" "$ufab" ucmatose "$ufab_bdf" --ip "$ufab_ip" -b "$ufab_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
+  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
   upid=$!
-  wait_ufab_listen "$upid" 60 || say "ufab ucmatose did not say it listens within 60 s; trying the client anyway"
-  timeout "$limit" ucmatose -s "$ufab_ip" -b "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
+  if ! wait_ufab_listen "$upid" 60; then
+    not_listening
+    fail "$name: ufab cmatose $nl_why"
+    show_cut "$w/s.out" "ufab cmatose stdout"; show_cut "$w/s.err" "ufab cmatose stderr"
+    return
+  fi
+  timeout "$limit" stdbuf -oL ucmatose -s "$ufab_ip" -b "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
   wait_bounded "$upid"; src=$?
-  if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/c.out"; then
-    pass "$name: both exited 0, the kernel's said \"test complete\""
+  if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/c.out" && grep -q 'test complete' "$w/s.out"; then
+    pass "$name: both exited 0 and said \"test complete\""
   else
-    fail "$name: kernel exit $(rc_text "$crc"), ufab exit $(rc_text "$src"), want 0 and \"test complete\""
+    fail "$name: kernel exit $(rc_text "$crc"), ufab exit $(rc_text "$src"), want 0 and \"test complete\" from both"
     rxe_diag
   fi
   show_cut "$w/c.out" "kernel ucmatose stdout"; [ -s "$w/c.err" ] && show_cut "$w/c.err" "kernel ucmatose stderr"
-  show_cut "$w/s.out" "ufab ucmatose stdout"; [ -s "$w/s.err" ] && show_cut "$w/s.err" "ufab ucmatose stderr"
+  show_cut "$w/s.out" "ufab cmatose stdout"; [ -s "$w/s.err" ] && show_cut "$w/s.err" "ufab cmatose stderr"
 }
 
 case_loss() {

@@ -7,8 +7,8 @@
 # tests/vm/rdma_cm_guest.sh runs the cases (see there): the kernel's tools
 # against themselves over rxe loopback; ufab rping -c against rping -s and
 # rping -c against ufab rping -s at -S 64 and 65535 with validation; a REJ
-# each way when nothing listens on the port; ucmatose both ways where ufab
-# has a ucmatose command (SKIP otherwise); 2% loss on rxe0's netdev
+# each way when nothing listens on the port; ucmatose against
+# `ufab cmatose` both ways (SKIP where ufab has no cmatose); 2% loss on rxe0's netdev
 # (netem) with rping -C 50 both ways.
 # Needs: bazel build //tools/ufab //tests/vm/cases:cm_pcap_gen; rdmacm-utils, rdma-core,
 # ibverbs-providers, iproute2, tshark on the host (scripts/setup.sh; the
