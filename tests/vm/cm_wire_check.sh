@@ -24,7 +24,11 @@
 #   server   (rxe active) REQ, RTU, DREQ from rxe; REP, DREP from ufab
 #   either   REQ, REP, RTU, DREQ, DREP all on the wire
 #   reject   a REJ with reason 8 (invalid service id) from each side
-#   any      no malformed frame in the whole capture
+#   any      the first request packet (SEND, WRITE, READ, atomic) each
+#            side sends on each connection has the PSN Linux's ib_cm gives
+#            it: the passive side the REQ's starting PSN, the active side
+#            the REP's (a direction without one is not counted); no
+#            malformed frame in the whole capture
 # ufab is 52:54:00:00:00:01 / 10.0.0.2, rxe 52:54:00:00:00:02 / 10.0.0.1
 # (run-vm's NIC 1 and NIC 2).
 #
@@ -33,7 +37,8 @@
 # must pass every check, and each defect (a REQ cut to 200 bytes, which
 # tshark 4.0 shows as a plain UD SEND and not as malformed, a wrong Q_Key,
 # a wrong class version, an unknown attribute id, a missing RTU, a wrong
-# REJ reason, a wrong address in the rdma_cm header) must fail the check
+# REJ reason, a wrong address in the rdma_cm header, a passive side that
+# sends from its own REP's PSN) must fail the check
 # meant to catch it. That shows the field names and filters work with the
 # tshark installed here.
 #
@@ -182,7 +187,66 @@ run_checks() {
       fi
     done
   fi
+  psn_check
   expect_none "wire: no malformed frame in the whole capture" "_ws.malformed"
+}
+
+# The first request packet (SEND, WRITE, READ request, atomic, FLUSH) each
+# side sends on a connection starts at the PSN Linux's ib_cm gives it: the
+# passive side's at the REQ's starting PSN (cm_req_handler: sq_psn = the
+# REQ's), the active side's at the REP's (cm_rep_handler). A connection is
+# a REQ and the first REP naming its communication id; its packets are the
+# first request packets to the active side's QPN (from the REQ) and to the
+# passive side's (from the REP) after that REP. A direction that carried
+# no request packet is not counted.
+psn_check() {
+  local rows res
+  rows=$(tshark "${tshark_opts[@]}" -r "$pcap" -Y "infiniband" -T fields -E separator=/t -E occurrence=f \
+    -e eth.src -e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn -e infiniband.mad.attributeid \
+    -e infiniband.cm.req -e infiniband.cm.req.localqpn -e infiniband.cm.req.startpsn \
+    -e infiniband.cm.rep.remotecommid -e infiniband.cm.rep.localqpn -e infiniband.cm.rep.startpsn 2>"$terr")
+  if grep -v '^Running as user' "$terr" | grep -q .; then fail "RC: tshark failed: $(terr_line)"; return; fi
+  res=$(awk -F'\t' -v um="$ufab_mac" '
+    function num(x,   i, c, v) {  # decimal or 0x-hex, as tshark prints them
+      if (x !~ /^0x/) return x + 0
+      v = 0
+      for (i = 3; i <= length(x); i++) { c = index("0123456789abcdef", tolower(substr(x, i, 1))) - 1; v = v * 16 + c }
+      return v
+    }
+    function who(mac) { return mac == um ? "ufab" : "rxe" }
+    {
+      src = $1; op = $2 + 0; dqp = num($3); psn = num($4); attr = $5
+      if (dqp == 1) {
+        if (attr == "0x0010") { id = $6; if (!(id in rq)) { rq[id] = num($7); rp[id] = num($8); rw[id] = src } }
+        else if (attr == "0x0013") {
+          id = $9
+          if ((id in rq) && !(id in seen)) {
+            seen[id] = 1
+            # passive -> active QPN from the REQ PSN; active -> passive QPN from the REP PSN
+            want[rq[id]] = rp[id]; wsrc[rq[id]] = src; what[rq[id]] = "the REQ"
+            want[num($10)] = num($11); wsrc[num($10)] = rw[id]; what[num($10)] = "the REP"
+          }
+        }
+        next
+      }
+      req = (op <= 12) || (op >= 19 && op <= 23 && op != 21) || op == 28 || op == 29
+      if (req && (dqp in want) && src == wsrc[dqp]) {
+        n++
+        if (psn == want[dqp]) ok++
+        else bad = bad sprintf("%s to QP 0x%06x started at PSN 0x%06x, not at %s PSN 0x%06x; ", who(src), dqp, psn, what[dqp], want[dqp])
+        delete want[dqp]
+      }
+    }
+    END { printf "%d %d %s\n", n + 0, ok + 0, bad }' <<<"$rows")
+  local n ok bad
+  read -r n ok bad <<<"$res"
+  if [ "$n" -eq 0 ]; then
+    echo "cm_wire_check: no request packet after a REP: the RC starting PSNs are not checked"
+  elif [ "$ok" -eq "$n" ]; then
+    pass "RC: each side's first request packet on each connection starts at the PSN ib_cm gives it (the passive side the REQ's, the active side the REP's): $n of $n"
+  else
+    fail "RC: of $n first request packets, $((n - ok)) did not start at the PSN ib_cm gives them (passive: the REQ's starting PSN, active: the REP's): $bad"
+  fi
 }
 
 if [ "$selftest" = 0 ]; then
@@ -208,6 +272,7 @@ selftests=(
   "no-rtu|ufab sent no RTU"
   "rej-reason|rxe sent no REJ with reason 8"
   "cma-address|rdma_cm's IPv4 header"
+  "psn|the PSN ib_cm gives"
 )
 st_pass=0 st_fail=0
 for t in "${selftests[@]}"; do

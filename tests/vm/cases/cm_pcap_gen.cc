@@ -9,8 +9,10 @@
 //
 // The frames, in order (ufab = 52:54:00:00:00:01 / 10.0.0.2, rxe =
 // 52:54:00:00:00:02 / 10.0.0.1, as in the VM):
-//   ufab connects to rxe port 7201:   REQ >, < REP, RTU >, DREQ >, < DREP
-//   rxe connects to ufab port 7202:   < REQ, REP >, < RTU, < DREQ, DREP >
+//   ufab connects to rxe port 7201:   REQ >, < REP, RTU >, < SEND, SEND >,
+//                                     DREQ >, < DREP
+//   rxe connects to ufab port 7202:   < REQ, REP >, < RTU, SEND >, < SEND,
+//                                     < DREQ, DREP >
 //   ufab to rxe port 7203 (nobody):   REQ >, < REJ (invalid service id)
 //   rxe to ufab port 7204 (nobody):   < REQ, REJ > (invalid service id)
 // Every REQ carries rdma_cm's private-data header (the two addresses).
@@ -21,8 +23,12 @@
 // (rxe's REP with attribute id 0x0099, which no CM message has), no-rtu
 // (ufab's RTU left out), rej-reason (rxe's REJ with reason 28, consumer
 // defined), cma-address (ufab's first REQ's header names 10.0.0.3 as the
-// destination).
+// destination), psn (ufab, passive, sends its first SEND from the PSN of
+// its own REP rather than the REQ's).
+// Each SEND after an RTU starts where Linux's ib_cm starts it: the passive
+// side's from the REQ's starting PSN, the active side's from the REP's.
 // Exit status: 0 written, 1 an error (said on stderr), 2 usage.
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -129,6 +135,30 @@ struct Gen {
     pcap.frame(frame);
   }
 
+  // One RC SEND ONLY of 16 bytes from `from` to QP `qpn` of `to`, PSN `psn`.
+  void rc_send(const Side& from, const Side& to, uint32_t qpn, uint32_t rc_psn) {
+    const std::array<uint8_t, 16> payload{};
+    roce::FrameSpec spec;
+    spec.dst_mac = to.mac;
+    spec.src_mac = from.mac;
+    spec.src_ip = from.ip;
+    spec.dst_ip = to.ip;
+    spec.udp_sport = 0xC123;
+    spec.bth.opcode = roce::op::kRcSendOnly;
+    spec.bth.dest_qp = qpn;
+    spec.bth.psn = rc_psn;
+    spec.bth.ack_req = true;
+    std::vector<uint8_t> frame(roce::frame_length(spec.bth.opcode, payload.size()));
+    auto r = roce::build_frame(spec, payload, frame);
+    if (!r) {
+      std::fprintf(stderr, "cm_pcap_gen: build_frame: %s\n", roce::build_error_text(r.error));
+      failed = true;
+      return;
+    }
+    frame.resize(r.length);
+    pcap.frame(frame);
+  }
+
   cm::Req req(const Side& from, const Side& to, uint16_t port, uint32_t comm_id, uint32_t qpn, bool bad_addr) {
     cm::Req q;
     q.local_comm_id = comm_id;
@@ -195,6 +225,15 @@ struct Gen {
            a_is_ufab && defect == "qkey" ? cm::kGsiQKey + 1 : cm::kGsiQKey);
     }
 
+    // A SEND each way, each from the PSN Linux's ib_cm gives it: the
+    // passive side sends from the REQ's starting PSN (cm_req_handler:
+    // sq_psn = REQ starting PSN), the active side from the REP's
+    // (cm_rep_handler). Defect "psn": ufab, passive in the second
+    // connection, sends from its own REP's PSN instead.
+    const bool bad_psn = !a_is_ufab && defect == "psn";
+    rc_send(p, a, q.local_qpn, bad_psn ? r.starting_psn : q.starting_psn);
+    rc_send(a, p, r.local_qpn, r.starting_psn);
+
     const uint64_t t_disc = tid++;
     cm::Dreq d;
     d.local_comm_id = a_id;
@@ -226,12 +265,13 @@ struct Gen {
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 3) {
     std::fprintf(stderr,
-                 "usage: cm_pcap_gen OUT.pcap [none|truncated|qkey|class-version|attribute|no-rtu|rej-reason|cma-address]\n");
+                 "usage: cm_pcap_gen OUT.pcap "
+                 "[none|truncated|qkey|class-version|attribute|no-rtu|rej-reason|cma-address|psn]\n");
     return 2;
   }
   const std::string defect = argc == 3 ? argv[2] : "none";
   const std::string_view known[] = {"none",   "truncated",  "qkey",       "class-version",
-                                    "attribute", "no-rtu", "rej-reason", "cma-address"};
+                                    "attribute", "no-rtu", "rej-reason", "cma-address", "psn"};
   bool found = false;
   for (auto k : known) found = found || defect == k;
   if (!found) {

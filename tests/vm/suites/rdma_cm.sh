@@ -74,7 +74,7 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; echo "FAIL the VM run 
 # which count here. What they expect depends on the cases that put CM on
 # the wire (the guest's "CM_WIRE_CASES" line). First its --selftest: the
 # same checks on captures built with ufab's codec (cm_pcap_gen), a clean
-# one and seven with one defect each, so a failure below is the capture's,
+# one and eight with one defect each, so a failure below is the capture's,
 # not a tshark whose fields are named otherwise (about 15 s).
 wire_check() { # ARGS...: run cm_wire_check.sh, count its PASS/FAIL lines here
   local wout wrc n_pass n_fail
