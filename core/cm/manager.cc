@@ -722,27 +722,54 @@ void Manager::qp_to_error(Conn& c) {
   (void)ufab_qp_modify(c.qp, &a, UFAB_QP_STATE);
 }
 
+// PSNs as rdma_cm and ib_cm use them (seen on the wire against the
+// kernel): the Starting PSN a REQ or REP carries is the PSN its sender
+// expects to receive first; the other side sends from it. So our RQ PSN is
+// the PSN we advertised (the QP's initial PSN) and our SQ PSN the peer's.
 Status Manager::connect_qp(Conn& c, ufab_qp* qp, uint32_t remote_qpn, uint32_t remote_psn,
                            uint8_t responder_resources, uint8_t initiator_depth, uint8_t retry, uint8_t rnr_retry) {
+  auto failed = [&](int rc, const char* step) {
+    return fail(-rc, std::string("connecting QP ") + std::to_string(ufab_qp_num(qp)) + " (" + step +
+                         "): " + ufab_last_error());
+  };
   ufab_qp_attr now{};
-  if (int rc = ufab_qp_query(qp, &now); rc < 0) return fail(-rc, std::string("querying the QP: ") + ufab_last_error());
-  // From INIT the receives already posted stay (ufab_qp_connect goes INIT
-  // -> INIT -> RTR -> RTS then).
+  if (int rc = ufab_qp_query(qp, &now); rc < 0) return failed(rc, "query");
+  // From INIT the receives already posted stay.
   if (now.state != UFAB_QPS_RESET && now.state != UFAB_QPS_INIT) {
     return fail(EINVAL, std::string("QP ") + std::to_string(ufab_qp_num(qp)) + " is in state " +
                             ufab_qp_state_str(now.state) + ": the connection manager takes a QP in RESET or INIT");
   }
+  ufab_conn local{};
+  if (int rc = ufab_qp_local(qp, &local); rc < 0) return failed(rc, "its initial PSN");
   ufab_qp_attr a;
   ufab_qp_attr_defaults(&a);
+  a.state = UFAB_QPS_INIT;
+  if (int rc = ufab_qp_modify(qp, &a, UFAB_QP_STATE | UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_ACCESS_FLAGS);
+      rc < 0) {
+    return failed(rc, "INIT");
+  }
+  a.state = UFAB_QPS_RTR;
+  a.av.dest_ip = c.peer_ip;
   a.path_mtu = std::min(mtu_, mtu_bytes(c.req.path_mtu));
+  a.dest_qpn = remote_qpn;
+  a.rq_psn = local.psn;
   a.max_dest_rd_atomic = std::max<uint8_t>(responder_resources, 1);
+  if (int rc = ufab_qp_modify(qp, &a,
+                              UFAB_QP_STATE | UFAB_QP_AV | UFAB_QP_PATH_MTU | UFAB_QP_DEST_QPN | UFAB_QP_RQ_PSN |
+                                  UFAB_QP_MAX_DEST_RD_ATOMIC | UFAB_QP_MIN_RNR_TIMER);
+      rc < 0) {
+    return failed(rc, "RTR");
+  }
+  a.state = UFAB_QPS_RTS;
+  a.sq_psn = remote_psn;
   a.max_rd_atomic = std::max<uint8_t>(initiator_depth, 1);
   a.retry_cnt = retry;
   a.rnr_retry = rnr_retry;
-  ufab_conn peer{.ip = c.peer_ip, .qpn = remote_qpn, .psn = remote_psn, .rkey = 0, .addr = 0, .length = 0,
-                 .reserved = 0};
-  if (int rc = ufab_qp_connect(qp, &peer, &a); rc < 0) {
-    return fail(-rc, std::string("connecting QP ") + std::to_string(ufab_qp_num(qp)) + ": " + ufab_last_error());
+  if (int rc = ufab_qp_modify(qp, &a,
+                              UFAB_QP_STATE | UFAB_QP_SQ_PSN | UFAB_QP_TIMEOUT | UFAB_QP_RETRY_CNT |
+                                  UFAB_QP_RNR_RETRY | UFAB_QP_MAX_QP_RD_ATOMIC);
+      rc < 0) {
+    return failed(rc, "RTS");
   }
   c.qp = qp;
   return {};

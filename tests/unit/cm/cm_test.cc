@@ -642,7 +642,10 @@ TEST_F(Cm, DuplicatesAndStrangersGetTheAnswersIbCmGives) {
   EXPECT_EQ(rep.local_qpn, ufab_qp_num(q));
   EXPECT_EQ(0, std::memcmp(rep.private_data.data(), hi.data(), hi.size()));
   EXPECT_EQ(query(q).dest_qpn, 0x77u);
-  EXPECT_EQ(query(q).rq_psn, 0x123456u);
+  // rdma_cm's PSNs: the REQ's Starting PSN is what the active side
+  // expects to receive, so we send from it; we expect the REP's.
+  EXPECT_EQ(query(q).sq_psn, 0x123456u);
+  EXPECT_EQ(query(q).rq_psn, rep.starting_psn);
   // The REQ again now: the REP again.
   peer.send(Mad{.header = cm_header(tid), .message = req});
   Rep rep2 = peer.expect<Rep>();
