@@ -20,13 +20,15 @@
 #             the kernel's REJ: exits non-zero, says "rejected"; and a
 #             kernel `rping -c` to a port `ufab rping -s` does not listen on
 #             gets ufab's REJ (error 8), after which the same ufab server
-#             still serves a kernel client on its own port
+#             still serves a kernel client on its own port; the same with
+#             `ufab cmatose` and ucmatose where ufab has cmatose
 #   ucmatose  the kernel's ucmatose against `ufab cmatose` (ucmatose's
 #             protocol over ufab's CM) in both roles, -C 10; only if this
 #             ufab has that command (otherwise one SKIP line says so)
 #   loss      2% loss on everything rxe0's netdev sends (netem), ufab's MAC
 #             pinned (the kernel's ARP would be lost too); rping -C
-#             UFAB_CM_LOSS_COUNT at -S UFAB_CM_LOSS_SIZE in both roles: CM
+#             UFAB_CM_LOSS_COUNT at -S UFAB_CM_LOSS_SIZE in both roles, and
+#             ucmatose/ufab cmatose -C UFAB_CM_LOSS_COUNT both ways: CM
 #             MADs and RC packets the kernel sends are lost and must be
 #             sent again (ib_cm's retries, ufab's duplicate handling, RC
 #             retransmission)
@@ -388,9 +390,64 @@ case_server() {
 }
 
 case_reject() {
+  if [ "$have_rping" = 1 ] || [ "$have_cmatose" = 1 ]; then wire_cases+=(reject); fi
+  if [ "$have_rping" = 1 ]; then reject_rping; else fail "REJ cases with rping: no 'ufab rping' command in $ufab"; fi
+  if [ "$have_cmatose" = 1 ]; then reject_cmatose; else skip "REJ cases with ucmatose: this ufab has no cmatose command"; fi
+}
+
+# REJ both ways with ucmatose and `ufab cmatose`, as reject_rping does with rping.
+reject_cmatose() {
+  local name t0 el good bad
+  port
+  name="ufab cmatose -s $kern_ip -p $port_, where nothing listens: rejected"
+  rm -f "$w"/c.*
+  t0=$SECONDS
+  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -s "$kern_ip" -p "$port_" -C 1 >"$w/c.out" 2>"$w/c.err"
+  crc=$?
+  el=$((SECONDS - t0))
+  if [ "$crc" -ne 0 ] && [ "$crc" -ne 124 ] && grep -qi 'rejected' "$w/c.out" "$w/c.err"; then
+    pass "$name: exit $crc after $el s, \"$(grep -hi -m1 rejected "$w/c.err" "$w/c.out" | head -n1 | cut -c1-160)\""
+  else
+    fail "$name: exit $(rc_text "$crc") after $el s, want non-zero and a message containing \"rejected\""
+  fi
+  show_cut "$w/c.out" "ufab cmatose stdout"; show_cut "$w/c.err" "ufab cmatose stderr"
+
+  port; good=$port_
+  port; bad=$port_
+  name="kernel ucmatose -s $ufab_ip -p $bad, while ufab cmatose listens on $good: rejected (invalid service id)"
+  rm -f "$w"/[cs].*
+  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -p "$good" -C 10 >"$w/s.out" 2>"$w/s.err" &
+  upid=$!
+  if ! wait_ufab_listen "$upid" 60; then
+    not_listening
+    fail "$name: ufab cmatose $nl_why"
+    show_cut "$w/s.out" "ufab cmatose stdout"; show_cut "$w/s.err" "ufab cmatose stderr"
+    return
+  fi
+  timeout "$limit" stdbuf -oL ucmatose -s "$ufab_ip" -b "$kern_ip" -p "$bad" -C 1 >"$w/c.out" 2>"$w/c.err"; crc=$?
+  if [ "$crc" -ne 0 ] && [ "$crc" -ne 124 ] && grep -q 'RDMA_CM_EVENT_REJECTED, error: 8' "$w/c.out" "$w/c.err"; then
+    pass "$name: exit $crc, $(grep -h -m1 REJECTED "$w/c.out" "$w/c.err" | head -n1)"
+  else
+    fail "$name: exit $(rc_text "$crc"), want non-zero and \"RDMA_CM_EVENT_REJECTED, error: 8\""
+    show_cut "$w/c.out" "kernel ucmatose stdout"; show_cut "$w/c.err" "kernel ucmatose stderr"
+  fi
+  rm -f "$w"/c.*
+  name="after that REJ, the same ufab cmatose server serves kernel ucmatose on port $good, -C 10"
+  timeout "$limit" stdbuf -oL ucmatose -s "$ufab_ip" -b "$kern_ip" -p "$good" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
+  wait_bounded "$upid"; src=$?
+  if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/c.out" && grep -q 'test complete' "$w/s.out"; then
+    pass "$name: both exited 0 and said \"test complete\""
+  else
+    fail "$name: kernel exit $(rc_text "$crc"), ufab exit $(rc_text "$src"), want 0 and \"test complete\" from both"
+    rxe_diag
+  fi
+  show_cut "$w/c.out" "kernel ucmatose stdout"; [ -s "$w/c.err" ] && show_cut "$w/c.err" "kernel ucmatose stderr"
+  show_cut "$w/s.out" "ufab cmatose stdout"; [ -s "$w/s.err" ] && show_cut "$w/s.err" "ufab cmatose stderr"
+}
+
+# REJ both ways with rping and `ufab rping`.
+reject_rping() {
   local name t0 el
-  [ "$have_rping" = 1 ] || { fail "REJ cases: no 'ufab rping' command in $ufab"; return; }
-  wire_cases+=(reject)
 
   # ufab connects to a port nothing on rxe0 listens on: the kernel's ib_cm
   # answers the REQ with a REJ (invalid service id).
@@ -437,21 +494,18 @@ case_reject() {
   check_rping "after that REJ, the same ufab rping -s serves kernel rping -c on port $good" 64 "$count" "kernel rping" "ufab rping"
 }
 
-case_ucmatose() {
-  if ! has_ufab_cmd cmatose; then
-    skip "ucmatose against ufab, both roles: this ufab has no cmatose command (ucmatose's protocol over ufab's CM)"
-    return
-  fi
-  wire_cases+=(ucmatose)
-  local name
-  # `ufab cmatose DEVICE --ip A.B.C.D` takes ucmatose's options (docs/cli.md).
+# ucm_ufab_client COUNT [LABEL]: kernel ucmatose server, ufab cmatose
+# client (`ufab cmatose DEVICE --ip A.B.C.D` takes ucmatose's options,
+# docs/cli.md).
+ucm_ufab_client() {
+  local n=$1 name
   port
-  name="kernel ucmatose server, ufab cmatose client, -C 10 (port $port_)"
+  name="${2:-}kernel ucmatose server, ufab cmatose client, -C $n (port $port_)"
   rm -f "$w"/[cs].*
-  timeout "$limit" stdbuf -oL ucmatose -b "$kern_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
+  timeout "$limit" stdbuf -oL ucmatose -b "$kern_ip" -p "$port_" -C "$n" >"$w/s.out" 2>"$w/s.err" &
   spid=$!
   wait_cm_listen "$spid" 30 "$port_" || say "no rdma_cm listener on port $port_ after 30 s; trying the client anyway"
-  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -s "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"
+  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -s "$kern_ip" -p "$port_" -C "$n" >"$w/c.out" 2>"$w/c.err"
   crc=$?
   wait_bounded "$spid"; src=$?
   if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/s.out" && grep -q 'test complete' "$w/c.out"; then
@@ -462,11 +516,15 @@ case_ucmatose() {
   fi
   show_cut "$w/c.out" "ufab cmatose stdout"; [ -s "$w/c.err" ] && show_cut "$w/c.err" "ufab cmatose stderr"
   show_cut "$w/s.out" "kernel ucmatose stdout"; [ -s "$w/s.err" ] && show_cut "$w/s.err" "kernel ucmatose stderr"
+}
 
+# ucm_ufab_server COUNT [LABEL]: ufab cmatose server, kernel ucmatose client.
+ucm_ufab_server() {
+  local n=$1 name
   port
-  name="ufab cmatose server, kernel ucmatose client, -C 10 (port $port_)"
+  name="${2:-}ufab cmatose server, kernel ucmatose client, -C $n (port $port_)"
   rm -f "$w"/[cs].*
-  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -p "$port_" -C 10 >"$w/s.out" 2>"$w/s.err" &
+  timeout "$limit" "$ufab" cmatose "$ufab_bdf" --ip "$ufab_ip" -p "$port_" -C "$n" >"$w/s.out" 2>"$w/s.err" &
   upid=$!
   if ! wait_ufab_listen "$upid" 60; then
     not_listening
@@ -474,7 +532,7 @@ case_ucmatose() {
     show_cut "$w/s.out" "ufab cmatose stdout"; show_cut "$w/s.err" "ufab cmatose stderr"
     return
   fi
-  timeout "$limit" stdbuf -oL ucmatose -s "$ufab_ip" -b "$kern_ip" -p "$port_" -C 10 >"$w/c.out" 2>"$w/c.err"; crc=$?
+  timeout "$limit" stdbuf -oL ucmatose -s "$ufab_ip" -b "$kern_ip" -p "$port_" -C "$n" >"$w/c.out" 2>"$w/c.err"; crc=$?
   wait_bounded "$upid"; src=$?
   if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && grep -q 'test complete' "$w/c.out" && grep -q 'test complete' "$w/s.out"; then
     pass "$name: both exited 0 and said \"test complete\""
@@ -486,8 +544,23 @@ case_ucmatose() {
   show_cut "$w/s.out" "ufab cmatose stdout"; [ -s "$w/s.err" ] && show_cut "$w/s.err" "ufab cmatose stderr"
 }
 
+have_cmatose=0
+has_ufab_cmd cmatose && have_cmatose=1
+
+case_ucmatose() {
+  if [ "$have_cmatose" != 1 ]; then
+    skip "ucmatose against ufab, both roles: this ufab has no cmatose command (ucmatose's protocol over ufab's CM)"
+    return
+  fi
+  wire_cases+=(ucmatose)
+  ucm_ufab_client 10
+  ucm_ufab_server 10
+}
+
 case_loss() {
-  [ "$have_rping" = 1 ] || { fail "2% loss cases: no 'ufab rping' command in $ufab"; return; }
+  [ "$have_rping" = 1 ] || fail "2% loss, rping cases: no 'ufab rping' command in $ufab"
+  [ "$have_cmatose" = 1 ] || skip "2% loss, ucmatose cases: this ufab has no cmatose command"
+  [ "$have_rping" = 1 ] || [ "$have_cmatose" = 1 ] || return
   wire_cases+=(loss)
   lossy_modules
   if ! { pin_neighbour && lossy egress; }; then
@@ -498,8 +571,14 @@ case_loss() {
   local saved=$limit saved_grace=$grace
   limit=300  # a lost REQ or REP costs ib_cm's response timeout (about 4 s at rdma_cm's 20) and more
   grace=90   # and so does a lost DREQ or DREP
-  rping_ufab_client "$loss_size" "$loss_count" "2% loss rxe->ufab (egress): "
-  rping_ufab_server "$loss_size" "$loss_count" "2% loss rxe->ufab (egress): "
+  if [ "$have_rping" = 1 ]; then
+    rping_ufab_client "$loss_size" "$loss_count" "2% loss rxe->ufab (egress): "
+    rping_ufab_server "$loss_size" "$loss_count" "2% loss rxe->ufab (egress): "
+  fi
+  if [ "$have_cmatose" = 1 ]; then
+    ucm_ufab_client "$loss_count" "2% loss rxe->ufab (egress): "
+    ucm_ufab_server "$loss_count" "2% loss rxe->ufab (egress): "
+  fi
   limit=$saved grace=$saved_grace
   echo "--- tc -s qdisc show dev $ifname"
   lossy_stats egress | sed 's/^/  | /'
