@@ -391,14 +391,7 @@ void Manager::on_req(uint32_t peer_ip, const MadHeader& h, const Req& m) {
   c->local_port = service->port;
   c->req = m;
   c->listener = l->second;
-  auto handle = std::make_unique<ufab_cm_id>();
-  handle->manager = this;
-  handle->local_id = c->local_id;
-  c->handle = handle.get();
-  handles_.push_back(std::move(handle));
-  Conn& conn = *c;
-  by_remote_[{peer_ip, m.local_comm_id}] = c->local_id;
-  conns_[c->local_id] = std::move(c);
+  Conn& conn = file(std::move(c));
   push(conn, UFAB_CM_EVENT_CONNECT_REQUEST, 0, rdma_cm_req_user_data(m.private_data));
 }
 
@@ -549,14 +542,7 @@ void Manager::on_sidr_req(uint32_t peer_ip, const MadHeader& h, const SidrReq& m
   c->local_port = service->port;
   c->sidr = m;
   c->listener = l->second;
-  auto handle = std::make_unique<ufab_cm_id>();
-  handle->manager = this;
-  handle->local_id = c->local_id;
-  c->handle = handle.get();
-  handles_.push_back(std::move(handle));
-  Conn& conn = *c;
-  by_remote_[{peer_ip, m.request_id}] = c->local_id;
-  conns_[c->local_id] = std::move(c);
+  Conn& conn = file(std::move(c));
   push(conn, UFAB_CM_EVENT_CONNECT_REQUEST, 0, rdma_cm_req_user_data(m.private_data));
 }
 
@@ -614,6 +600,19 @@ Status Manager::accept_ud(Conn& c, ufab_cm_id* id, ufab_qp* qp, const ufab_cm_co
 }
 
 // ------------------------------------------------------------ connections
+
+Manager::Conn& Manager::file(std::unique_ptr<Conn> c) {
+  auto handle = std::make_unique<ufab_cm_id>();
+  handle->manager = this;
+  handle->local_id = c->local_id;
+  handle->qp = c->qp;
+  c->handle = handle.get();
+  handles_.push_back(std::move(handle));
+  if (!c->active) by_remote_[{c->peer_ip, c->remote_id}] = c->local_id;
+  Conn& conn = *c;
+  conns_[c->local_id] = std::move(c);
+  return conn;
+}
 
 Manager::Conn* Manager::find(uint32_t local_id) {
   auto it = conns_.find(local_id);
@@ -944,15 +943,7 @@ Result<ufab_cm_id*> Manager::connect(ufab_qp* qp, uint32_t dest_ip, uint16_t por
   c->resend = send_message(dest_ip, c->tid, r);
   if (!c->resend) return fail(EINVAL, "connecting: the REQ could not be built");
   arm(*c, iba_time(response_timeout_) + 2 * iba_time(kPacketLifetime), max_retries_);
-  auto handle = std::make_unique<ufab_cm_id>();
-  handle->manager = this;
-  handle->local_id = c->local_id;
-  handle->qp = qp;
-  c->handle = handle.get();
-  ufab_cm_id* raw = handle.get();
-  handles_.push_back(std::move(handle));
-  conns_[c->local_id] = std::move(c);
-  return raw;
+  return file(std::move(c)).handle;
 }
 
 Result<ufab_cm_id*> Manager::resolve_ud(uint32_t dest_ip, uint16_t port, const ufab_cm_conn_param& param) {
@@ -988,14 +979,7 @@ Result<ufab_cm_id*> Manager::resolve_ud(uint32_t dest_ip, uint16_t port, const u
   c->resend = send_message(dest_ip, c->tid, c->sidr);
   if (!c->resend) return fail(EINVAL, "resolving a UD service: the SIDR_REQ could not be built");
   arm(*c, iba_time(response_timeout_) + 2 * iba_time(kPacketLifetime), max_retries_);
-  auto handle = std::make_unique<ufab_cm_id>();
-  handle->manager = this;
-  handle->local_id = c->local_id;
-  c->handle = handle.get();
-  ufab_cm_id* raw = handle.get();
-  handles_.push_back(std::move(handle));
-  conns_[c->local_id] = std::move(c);
-  return raw;
+  return file(std::move(c)).handle;
 }
 
 Status Manager::accept(ufab_cm_id* id, ufab_qp* qp, const ufab_cm_conn_param& param) {

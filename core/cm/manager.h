@@ -124,6 +124,9 @@ class Manager {
   void answer_sidr(Conn& c, SidrStatus status, uint32_t qpn, uint32_t qkey, std::span<const uint8_t> private_data);
 
   // Connections.
+  // Files a new connection with an id for the application (and, passive,
+  // under the peer's id for its repeats).
+  Conn& file(std::unique_ptr<Conn> c);
   Conn* find(uint32_t local_id);
   Conn* find_rc(uint32_t local_id);  // a connection, not a SIDR
   Conn* find_handle(ufab_cm_id* id);

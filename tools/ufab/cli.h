@@ -51,5 +51,6 @@ int cmd_pktgen(const Options& opts);
 int cmd_pingpong(const Options& opts);
 int cmd_perf(const Options& opts);
 int cmd_cmatose(const Options& opts);
+int cmd_rping(const Options& opts);
 
 }  // namespace ufab::cli

@@ -101,6 +101,24 @@ commands:
       -S, --size N     bytes per message (default 100)
       -b, --bind A.B.C.D  accepted if it is --ip (ucmatose's bind address)
       --timeout S      bound on each wait (default 30); --param K=V
+  rping DEVICE --ip A.B.C.D -s|-c [-a ADDR]
+                       rdma-core's rping over ufab's connection manager:
+                       SEND, RDMA READ and RDMA WRITE pings, against the
+                       kernel's rping or another ufab; -s serves one client
+                       (until it disconnects), -c connects to -a
+      -a ADDR          the server's address (-c); -s: --ip or 0.0.0.0
+      -p PORT          rdma_cm port (default 7174)
+      -C N             pings (client; default 0: until interrupted); on the
+                       server: the pings the client must make
+      -S N             bytes per ping, 23..65535 (default 64)
+      -v               print each ping's data as rping does
+      -V               validate: the client compares what came back, the
+                       server what it read with rping's payload
+      -d               debug lines (events, advertisements) on stderr
+      -q               accepted (rping's "self-created QP": ufab's always is)
+      -I ADDR          accepted if it is --ip (rping's source address)
+      --quiet          no progress lines and no summary line
+      --timeout S      bound on each wait (default 30); --param K=V
 
 options:
   --json               machine-readable output on stdout
@@ -116,18 +134,20 @@ exit status: 0 success, 1 failed or refused, 2 usage error.
 
 // Options that take a value, and the commands each belongs to.
 const std::map<std::string, std::set<std::string>> kValueOptions = {
-    {"count", {"pktgen", "cmatose"}},
+    {"count", {"pktgen", "cmatose", "rping"}},
+    {"addr", {"rping"}},
+    {"source", {"rping"}},
     {"server", {"cmatose"}},
     {"bind", {"cmatose"}},
     {"connections", {"cmatose"}},
     {"duration", {"pktgen", "perf"}},
-    {"size", {"pktgen", "pingpong", "perf", "cmatose"}},
+    {"size", {"pktgen", "pingpong", "perf", "cmatose", "rping"}},
     {"burst", {"pktgen"}},
-    {"timeout", {"pktgen", "pingpong", "perf", "cmatose"}},
-    {"param", {"info", "pktgen", "pingpong", "perf", "cmatose"}},
+    {"timeout", {"pktgen", "pingpong", "perf", "cmatose", "rping"}},
+    {"param", {"info", "pktgen", "pingpong", "perf", "cmatose", "rping"}},
     {"verify", {"pktgen"}},
-    {"ip", {"info", "pingpong", "perf", "cmatose"}},
-    {"port", {"pingpong", "perf", "cmatose"}},
+    {"ip", {"info", "pingpong", "perf", "cmatose", "rping"}},
+    {"port", {"pingpong", "perf", "cmatose", "rping"}},
     {"iters", {"pingpong", "perf"}},
     {"rx-depth", {"pingpong", "perf"}},
     {"mtu", {"pingpong", "perf"}},
@@ -146,6 +166,14 @@ const std::map<std::string, std::set<std::string>> kFlagOptions = {
     {"all", {"perf"}},
     {"report_gbits", {"perf"}},
     {"F", {"perf"}},  // perftest's "do not warn about the CPU frequency": nothing to do
+    {"server-side", {"rping"}},
+    {"client-side", {"rping"}},
+    {"verbose", {"rping"}},
+    {"validate", {"rping"}},
+    {"debug", {"rping"}},
+    {"quiet", {"rping"}},
+    {"self-qp", {"rping"}},     // rping's -q: ufab's application always creates its QP
+    {"persistent", {"rping"}},  // rping's -P: refused with a reason
 };
 
 // Short forms, as ibv_rc_pingpong and perftest spell them ("-s 64" or
@@ -156,7 +184,7 @@ const std::map<char, std::string> kShortOptions = {
 };
 const std::map<char, std::string> kShortFlags = {{'a', "all"}, {'F', "F"}};
 
-// Commands that speak another tool's command line (ucmatose's) spell
+// Commands that speak another tool's command line (ucmatose's, rping's) spell
 // short options their own way: their tables replace the two above.
 struct ShortTables {
   std::map<char, std::string> options, flags;
@@ -164,6 +192,15 @@ struct ShortTables {
 const std::map<std::string, ShortTables> kCommandShort = {
     {"cmatose",
      {{{'s', "server"}, {'b', "bind"}, {'p', "port"}, {'c', "connections"}, {'C', "count"}, {'S', "size"}}, {}}},
+    {"rping",
+     {{{'a', "addr"}, {'I', "source"}, {'p', "port"}, {'C', "count"}, {'S', "size"}},
+      {{'s', "server-side"},
+       {'c', "client-side"},
+       {'v', "verbose"},
+       {'V', "validate"},
+       {'d', "debug"},
+       {'q', "self-qp"},
+       {'P', "persistent"}}}},
 };
 
 std::string joined(const std::set<std::string>& commands) {
@@ -283,6 +320,9 @@ int run(int argc, char** argv) {
       {"perf", {cmd_perf, 2, 3, "ufab perf TEST DEVICE --ip A.B.C.D [SERVER_HOST] [perftest options]"}},
       {"cmatose",
        {cmd_cmatose, 1, 1, "ufab cmatose DEVICE --ip A.B.C.D [-s SERVER] [-p PORT] [-c CONNS] [-C COUNT] [-S SIZE]"}},
+      {"rping",
+       {cmd_rping, 1, 1,
+        "ufab rping DEVICE --ip A.B.C.D -s|-c [-a ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d] [--quiet]"}},
   };
   auto it = commands.find(command);
   if (it == commands.end()) return usage_error("unknown command '" + command + "'");

@@ -144,6 +144,31 @@ class Cm : public ::testing::Test {
     return p;
   }
 
+  // Takes events on both sides for up to `limit`, accepting every request
+  // on a new QP, until each side counted `want` events of `type` (any other
+  // event fails the test). Returns the counts.
+  std::pair<int, int> serve(uint32_t type, int want, std::chrono::seconds limit) {
+    int na = 0, nb = 0;
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while ((na < want || nb < want) && std::chrono::steady_clock::now() < deadline) {
+      for (Dev* d : {&a_, &b_}) {
+        ufab_cm_event ev{};
+        if (ufab_cm_get_event(d->cm, &ev, 10) != 0) continue;
+        if (ev.type == UFAB_CM_EVENT_CONNECT_REQUEST) {
+          EXPECT_EQ(ufab_cm_accept(ev.id, d->qp(), nullptr), 0) << ufab_last_error();
+          continue;
+        }
+        EXPECT_EQ(ev.type, type) << ufab_cm_event_str(ev.type) << " status " << ev.status;
+        if (ev.type == UFAB_CM_EVENT_ESTABLISHED) {
+          ufab_qp* mine = ufab_cm_id_qp(ev.id);  // paired with the right peer QP
+          EXPECT_TRUE(mine != nullptr && query(mine).dest_qpn == ev.peer_qpn);
+        }
+        ++(d == &a_ ? na : nb);
+      }
+    }
+    return {na, nb};
+  }
+
   Dev a_, b_;
   static inline int counter_ = 0;
 };
@@ -332,25 +357,7 @@ TEST_F(Cm, ManyConnectsAtOnceInBothDirections) {
   ufab_cm_id* idb = nullptr;
   ASSERT_EQ(ufab_cm_connect(b_.cm, qb_active, kIpA, 100, nullptr, &idb), 0);
   // Answer requests on both sides until every connection is established.
-  int established_a = 0, established_b = 0;
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while ((established_a < kN + 1 || established_b < kN + 1) && std::chrono::steady_clock::now() < deadline) {
-    for (Dev* d : {&a_, &b_}) {
-      ufab_cm_event ev{};
-      if (ufab_cm_get_event(d->cm, &ev, 10) != 0) continue;
-      if (ev.type == UFAB_CM_EVENT_CONNECT_REQUEST) {
-        ASSERT_EQ(ufab_cm_accept(ev.id, d->qp(), nullptr), 0) << ufab_last_error();
-      } else {
-        ASSERT_EQ(ev.type, UFAB_CM_EVENT_ESTABLISHED) << ufab_cm_event_str(ev.type);
-        ufab_qp* mine = ufab_cm_id_qp(ev.id);
-        ASSERT_NE(mine, nullptr);
-        EXPECT_EQ(query(mine).dest_qpn, ev.peer_qpn);
-        ++(d == &a_ ? established_a : established_b);
-      }
-    }
-  }
-  EXPECT_EQ(established_a, kN + 1);
-  EXPECT_EQ(established_b, kN + 1);
+  EXPECT_EQ(serve(UFAB_CM_EVENT_ESTABLISHED, kN + 1, 10s), std::make_pair(kN + 1, kN + 1));
 }
 
 // 20% of frames lost and 10% duplicated, both ways: every connect still
@@ -361,41 +368,16 @@ TEST_F(Cm, LostAndDuplicatedMadsStillConnect) {
   ufab_cm_listener* l = nullptr;
   ASSERT_EQ(ufab_cm_listen(b_.cm, 300, &l), 0);
   constexpr int kN = 20;
-  int up_a = 0, up_b = 0, disc_a = 0, disc_b = 0;
   std::vector<ufab_cm_id*> ids;
   for (int i = 0; i < kN; ++i) {
     ufab_cm_id* id = nullptr;
     ASSERT_EQ(ufab_cm_connect(a_.cm, a_.qp(), kIpB, 300, nullptr, &id), 0);
     ids.push_back(id);
   }
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while ((up_a < kN || up_b < kN) && std::chrono::steady_clock::now() < deadline) {
-    for (Dev* d : {&a_, &b_}) {
-      ufab_cm_event ev{};
-      if (ufab_cm_get_event(d->cm, &ev, 10) != 0) continue;
-      if (ev.type == UFAB_CM_EVENT_CONNECT_REQUEST) {
-        ASSERT_EQ(ufab_cm_accept(ev.id, d->qp(), nullptr), 0) << ufab_last_error();
-      } else {
-        ASSERT_EQ(ev.type, UFAB_CM_EVENT_ESTABLISHED) << ufab_cm_event_str(ev.type) << " status " << ev.status;
-        ++(d == &a_ ? up_a : up_b);
-      }
-    }
-  }
-  EXPECT_EQ(up_a, kN);
-  EXPECT_EQ(up_b, kN);
+  EXPECT_EQ(serve(UFAB_CM_EVENT_ESTABLISHED, kN, 30s), std::make_pair(kN, kN));
   // And every one disconnects, from A, heard on both sides.
   for (auto* id : ids) ASSERT_EQ(ufab_cm_disconnect(id), 0) << ufab_last_error();
-  deadline = std::chrono::steady_clock::now() + 30s;
-  while ((disc_a < kN || disc_b < kN) && std::chrono::steady_clock::now() < deadline) {
-    for (Dev* d : {&a_, &b_}) {
-      ufab_cm_event ev{};
-      if (ufab_cm_get_event(d->cm, &ev, 10) != 0) continue;
-      ASSERT_EQ(ev.type, UFAB_CM_EVENT_DISCONNECTED);
-      ++(d == &a_ ? disc_a : disc_b);
-    }
-  }
-  EXPECT_EQ(disc_a, kN);
-  EXPECT_EQ(disc_b, kN);
+  EXPECT_EQ(serve(UFAB_CM_EVENT_DISCONNECTED, kN, 30s), std::make_pair(kN, kN));
 }
 
 TEST_F(Cm, AnUnansweredRequestEndsUnreachable) {
