@@ -275,11 +275,12 @@ rping_ufab_client() {
   check_rping "$name" "$size" "$n" "ufab rping" "kernel rping"
 }
 
-# ufab_server_bg PORT SIZE: ufab rping -s in the background (upid), its
-# output in s.out/s.err. Returns 1 when it
-# does not say it listens within 60 s.
+# ufab_server_bg PORT SIZE COUNT: ufab rping -s -v -V in the background
+# (upid), its output in s.out/s.err; with -C COUNT it checks that the
+# client made COUNT pings, with -V that what it READ is rping's payload.
+# Returns 1 when it does not say it listens within 60 s.
 ufab_server_bg() {
-  timeout "$limit" "${ufab_rping[@]}" -s -a "$ufab_ip" -p "$1" -S "$2" -v \
+  timeout "$limit" "${ufab_rping[@]}" -s -a "$ufab_ip" -p "$1" -S "$2" -C "$3" -v -V \
     >"$w/s.out" 2>"$w/s.err" &
   upid=$!
   wait_ufab_listen "$upid" 60
@@ -302,9 +303,9 @@ not_listening() {
 rping_ufab_server() {
   local size=$1 n=$2 name
   port
-  name="${3:-}ufab rping -s, kernel rping -c -v -V, -S $size -C $n (port $port_)"
+  name="${3:-}ufab rping -s -v -V, kernel rping -c -v -V, -S $size -C $n (port $port_)"
   rm -f "$w"/[cs].*
-  if ! ufab_server_bg "$port_" "$size"; then
+  if ! ufab_server_bg "$port_" "$size" "$n"; then
     not_listening
     fail "$name: ufab rping -s $nl_why"
     show_cut "$w/s.out" "ufab rping -s stdout"; show_cut "$w/s.err" "ufab rping -s stderr"
@@ -475,7 +476,7 @@ reject_rping() {
   local bad=$port_
   name="kernel rping -c to ufab's $ufab_ip port $bad, while ufab rping -s listens on $good: rejected (invalid service id)"
   rm -f "$w"/[cs].*
-  if ! ufab_server_bg "$good" 64; then
+  if ! ufab_server_bg "$good" 64 "$count"; then
     not_listening
     fail "$name: ufab rping -s $nl_why"
     show_cut "$w/s.out" "ufab rping -s stdout"; show_cut "$w/s.err" "ufab rping -s stderr"
