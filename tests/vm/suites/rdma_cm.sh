@@ -55,7 +55,7 @@ for v in UFAB_CM_CASES UFAB_CM_COUNT UFAB_CM_SIZES UFAB_CM_LOSS_COUNT UFAB_CM_LO
 done
 # Two vCPUs: ufab polls, and rxe's work and rping's threads run beside it.
 # --timeout: the cases are each bounded (120 s a side, 300 s under loss);
-# normally the whole run takes a few minutes.
+# normally the VM's part takes about 90 s, the whole suite about 2 minutes.
 tests/vm/run-vm --timeout 1500 --mem 2048 --smp 2 --nic e1000e --nic e1000e --pcap "$pcap_file" "${envs[@]}" \
   -- tests/vm/rdma_cm_guest.sh 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
