@@ -23,6 +23,7 @@ PACKAGES=(
   busybox-static cpio kmod xz-utils zstd jq iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils
   clang-16 libclang-rt-16-dev
   tshark perftest ucx-utils pkgconf
+  rdmacm-utils librdmacm-dev
   ndctl daxctl debootstrap
 )
 
