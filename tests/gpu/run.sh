@@ -9,21 +9,23 @@
 #                                    GPU machine without Bazel)
 #   tests/gpu/run.sh --from DIR      run binaries staged in DIR
 #
-# The binaries link glibc dynamically (libcuda.so.1 is dlopen'ed, which a
-# static glibc cannot do safely) and libstdc++/libgcc statically, so a build
-# from Debian 12 runs on a newer distribution's glibc. Exit status: 0 when
+# The binaries link ufab statically (--dynamic_mode=off) and glibc and
+# libstdc++ dynamically: libcuda.so.1 is dlopen'ed, which a static glibc
+# cannot do safely, and a newer distribution's glibc and libstdc++ (the GPU
+# machine's) run what Debian 12 built. Exit status: 0 when
 # every test passed, 1 otherwise; a machine without a GPU reports the GPU
 # tests as skipped ("no GPU: ...") and fails the suite, since this suite is
 # meant for a GPU machine (the README test command runs the same tests and
 # accepts the skips).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test)
+targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
+         //tests/bench:regcache_bench //tools/ufab)
 mode=${1:-}
 dir=${2:-}
 
 build() {
-  bazel build --linkopt=-static-libstdc++ --linkopt=-static-libgcc "${targets[@]}" >&2
+  bazel build --dynamic_mode=off "${targets[@]}" >&2
 }
 run_from() {
   local d=$1 fail=0 skipped
@@ -31,12 +33,18 @@ run_from() {
     echo "== $t"
     out=$(timeout 300 "$d/$t" 2>&1) || fail=1
     echo "$out"
-    skipped=$(grep -c '^\[  SKIPPED \] .*(' <<<"$out" || true)
+    # A GPU test that skipped for want of a GPU fails the suite (the
+    # no-driver tests skip on a GPU machine, as they should).
+    skipped=$(grep -c '^no GPU: ' <<<"$out" || true)
     if [ "$skipped" -gt 0 ]; then
-      echo "gpu suite: $t skipped $skipped test(s): not a GPU run"
+      echo "gpu suite: $t skipped $skipped GPU test(s) (no GPU): not a GPU run"
       fail=1
     fi
   done
+  echo "== ufab doctor (GPU lines)"
+  "$d/ufab" doctor | grep '^\[.*\] gpu' || fail=1
+  echo "== regcache_bench (not a test: timings)"
+  "$d/regcache_bench" --json "${BENCH_JSON:-/dev/null}" || fail=1
   if [ "$fail" -eq 0 ]; then echo "gpu suite: PASSED"; else echo "gpu suite: FAILED"; fi
   return "$fail"
 }
