@@ -55,7 +55,7 @@ case "$mode" in
     build
     mkdir -p "$dir"
     for t in "${targets[@]}"; do
-      p=${t#//}; p=${p/://}
+      p=${t#//}; [[ $p == *:* ]] && p=${p/://} || p=$p/${p##*/}
       install -m 0755 "bazel-bin/$p" "$dir/"
     done
     echo "staged in $dir: $(ls "$dir" | tr '\n' ' ')" ;;
@@ -66,7 +66,10 @@ case "$mode" in
     build
     d=$(mktemp -d)
     trap 'rm -rf "$d"' EXIT
-    for t in "${targets[@]}"; do p=${t#//}; p=${p/://}; cp "bazel-bin/$p" "$d/"; done
+    for t in "${targets[@]}"; do
+      p=${t#//}; [[ $p == *:* ]] && p=${p/://} || p=$p/${p##*/}
+      cp "bazel-bin/$p" "$d/"
+    done
     run_from "$d" ;;
   *) echo "usage: $0 [--stage DIR | --from DIR]" >&2; exit 2 ;;
 esac
