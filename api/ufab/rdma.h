@@ -44,8 +44,9 @@ extern "C" {
 
 /* The API's version; libufab.so.UFAB_API_MAJOR. Additions bump the minor. */
 #define UFAB_API_MAJOR 1
-#define UFAB_API_MINOR 3 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_*; 2: UFAB_SEND_COMMIT, persistent memory;
-                           3: UFAB_QPT_GSI, ufab_qp_type, ufab_qp_device, ufab/cm.h */
+#define UFAB_API_MINOR 4 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_*; 2: UFAB_SEND_COMMIT, persistent memory;
+                           3: UFAB_QPT_GSI, ufab_qp_type, ufab_qp_device, ufab/cm.h;
+                           4: ufab_mr_cache_*, UFAB_MEM_CUDA registration */
 
 struct ufab_device;
 struct ufab_pd;
@@ -418,13 +419,53 @@ int ufab_pd_alloc(struct ufab_device* dev, struct ufab_pd** out);
 int ufab_pd_free(struct ufab_pd* pd);
 
 /* Host memory [addr, addr + length) with `access`; verbs' rules apply
- * (remote write or atomic need local write). */
+ * (remote write or atomic need local write). In a process that has the
+ * CUDA driver loaded, GPU device memory registered here is recognised
+ * (pointer attributes) and registered as UFAB_MEM_CUDA; managed memory is
+ * refused (-EOPNOTSUPP). docs/gpu.md. */
 int ufab_mr_reg(struct ufab_pd* pd, void* addr, uint64_t length, uint32_t access, struct ufab_mr** out);
 int ufab_mr_reg_attr(struct ufab_pd* pd, const struct ufab_mr_attr* attr, struct ufab_mr** out);
 uint32_t ufab_mr_lkey(const struct ufab_mr* mr);
 uint32_t ufab_mr_rkey(const struct ufab_mr* mr);
-/* -EBUSY (and the region stays) while a transfer touches it. */
+/* -EBUSY (and the region stays) while a transfer touches it. -EINVAL for a
+ * region from a registration cache (give it back with
+ * ufab_mr_cache_release). */
 int ufab_mr_dereg(struct ufab_mr* mr);
+
+/* A registration cache on a protection domain: ufab_mr_cache_reg of a
+ * range registered before (same address, length and access) returns the
+ * same region without registering again. Regions stay registered after
+ * their release until evicted (least recently used, beyond max_entries or
+ * max_bytes) or until their memory goes away: host memory is watched for
+ * munmap/madvise/mremap through userfaultfd (memory it cannot watch, such
+ * as a file mapping, is registered and deregistered each time); GPU memory
+ * is checked against its CUDA buffer id on every hit. docs/gpu.md. */
+struct ufab_mr_cache;
+struct ufab_mr_cache_attr {
+  uint32_t size;        /* sizeof(struct ufab_mr_cache_attr) */
+  uint32_t max_entries; /* 0: 1024 */
+  uint64_t max_bytes;   /* 0: 16 GiB */
+};
+struct ufab_mr_cache_stats {
+  uint64_t hits, misses;
+  uint64_t uncached;      /* misses on memory that cannot be watched, so not kept */
+  uint64_t evictions;     /* dropped to stay within the bounds */
+  uint64_t invalidations; /* dropped because the memory went away */
+  uint64_t entries, bytes, held;
+};
+int ufab_mr_cache_create(struct ufab_pd* pd, const struct ufab_mr_cache_attr* attr, struct ufab_mr_cache** out);
+/* -EBUSY while regions from it are held (not released). */
+int ufab_mr_cache_destroy(struct ufab_mr_cache* cache);
+/* A region for exactly [addr, addr + length) with `access`, held until
+ * ufab_mr_cache_release; the same ufab_mr may be handed to several
+ * holders. ufab_mr_lkey/rkey give its keys. */
+int ufab_mr_cache_reg(struct ufab_mr_cache* cache, void* addr, uint64_t length, uint32_t access,
+                      struct ufab_mr** out);
+int ufab_mr_cache_release(struct ufab_mr_cache* cache, struct ufab_mr* mr);
+int ufab_mr_cache_query_stats(struct ufab_mr_cache* cache, struct ufab_mr_cache_stats* out);
+/* "userfaultfd" when host memory is watched, else why not (then host
+ * memory is not cached). Valid while the cache lives. */
+const char* ufab_mr_cache_host_watch(struct ufab_mr_cache* cache);
 
 int ufab_cq_create(struct ufab_device* dev, uint32_t depth, struct ufab_cq** out);
 int ufab_cq_destroy(struct ufab_cq* cq);

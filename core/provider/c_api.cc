@@ -11,8 +11,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 
+#include "core/gpu/region.h"
+#include "core/regcache/cache.h"
 #include "core/provider/providers.h"
 #include "core/provider/registries.h"
 #include "core/transport/verbs.h"
@@ -61,6 +65,13 @@ struct ufab_mr {
   ufab_pd* pd;
   ufab_rdma_mr* p;
   uint32_t lkey, rkey;
+  ufab_mr_cache* cache = nullptr;  // set: owned by that registration cache
+  void* entry = nullptr;           // its regcache::Cache::Entry
+};
+
+struct ufab_mr_cache {
+  ufab_pd* pd;
+  std::unique_ptr<ufab::regcache::Cache> cache;
 };
 
 struct ufab_cq {
@@ -218,6 +229,16 @@ int ufab_mr_reg_attr(ufab_pd* pd, const ufab_mr_attr* attr, ufab_mr** out) {
   ufab_mr_attr a{};
   std::memcpy(&a, attr, std::min<size_t>(attr->size, sizeof a));
   a.size = sizeof a;
+  // Memory registered as host memory may be GPU memory: where the process
+  // has the CUDA driver loaded, its pointer attributes say (a process
+  // without it has no GPU pointers and pays nothing). Device memory is
+  // handed to the provider as UFAB_MEM_CUDA, so no provider ever copies
+  // from it as if it were host memory; managed memory is refused here.
+  if (a.mem_type == UFAB_MEM_HOST && a.addr != nullptr && a.length > 0) {
+    auto region = ufab::gpu::detect_region(a.addr, a.length, false);
+    if (!region) return error(region.error().code(), "ufab_mr_reg: " + region.error().message());
+    if (region->device) a.mem_type = UFAB_MEM_CUDA;
+  }
   ufab_rdma_mr* p = nullptr;
   uint32_t lkey = 0, rkey = 0;
   if (int rc = ops(pd)->reg_mr(pd->p, &a, &p, &lkey, &rkey); rc < 0) return rc;
@@ -237,11 +258,103 @@ uint32_t ufab_mr_rkey(const ufab_mr* mr) { return mr->rkey; }
 
 int ufab_mr_dereg(ufab_mr* mr) {
   if (mr == nullptr) return 0;
+  if (mr->cache != nullptr) {
+    return error(EINVAL, "ufab_mr_dereg: this region belongs to a registration cache; give it back with "
+                         "ufab_mr_cache_release");
+  }
   if (int rc = ops(mr->pd)->dereg_mr(mr->p); rc < 0) return rc;
   release(mr->pd);
   delete mr;
   return 0;
 }
+
+// --------------------------------------------------------- registration cache
+
+int ufab_mr_cache_create(ufab_pd* pd, const ufab_mr_cache_attr* attr, ufab_mr_cache** out) {
+  UFAB_REQUIRE(pd != nullptr && out != nullptr, "pd and out are required");
+  ufab::regcache::Options options;
+  if (attr != nullptr) {
+    UFAB_REQUIRE(attr->size >= sizeof(ufab_mr_cache_attr), "attr->size must be sizeof(struct ufab_mr_cache_attr)");
+    if (attr->max_entries != 0) options.max_entries = attr->max_entries;
+    if (attr->max_bytes != 0) options.max_bytes = attr->max_bytes;
+  }
+  auto* c = new ufab_mr_cache{pd, nullptr};
+  ufab::regcache::Registrar r;
+  r.reg = [c](void* addr, uint64_t length, uint32_t access) -> ufab::Result<void*> {
+    ufab_mr_attr a{.size = sizeof a, .access = access, .addr = addr, .length = length, .mem_type = UFAB_MEM_HOST,
+                   .reserved = 0};
+    ufab_mr* mr = nullptr;
+    if (int rc = ufab_mr_reg_attr(c->pd, &a, &mr); rc < 0) return ufab::fail(-rc, ufab_last_error());
+    mr->cache = c;
+    return static_cast<void*>(mr);
+  };
+  r.dereg = [](void* handle) {
+    auto* mr = static_cast<ufab_mr*>(handle);
+    mr->cache = nullptr;
+    (void)ufab_mr_dereg(mr);
+  };
+  r.gpu_buffer_id = [](const void* addr) -> uint64_t {
+    const ufab::gpu::Driver* d = ufab::gpu::Driver::if_loaded();
+    if (d == nullptr) return 0;
+    auto info = d->pointer_info(addr);
+    return info ? info->buffer_id : 0;
+  };
+  auto cache = ufab::regcache::Cache::create(std::move(r), options);
+  if (!cache) {
+    delete c;
+    return error(cache.error().code(), "ufab_mr_cache_create: " + cache.error().message());
+  }
+  c->cache = std::move(*cache);
+  pd->refs.hold();
+  *out = c;
+  return 0;
+}
+
+int ufab_mr_cache_destroy(ufab_mr_cache* c) {
+  if (c == nullptr) return 0;
+  if (c->cache->busy()) {
+    return error(EBUSY, "ufab_mr_cache_destroy: regions from this cache are still held; release them first");
+  }
+  ufab_pd* pd = c->pd;
+  c->cache.reset();
+  delete c;
+  release(pd);
+  return 0;
+}
+
+int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
+  UFAB_REQUIRE(c != nullptr && out != nullptr, "cache and out are required");
+  // GPU memory is cached under its buffer id (and refused when managed).
+  std::optional<uint64_t> gpu_buffer;
+  if (addr != nullptr && length > 0) {
+    auto region = ufab::gpu::detect_region(addr, length, false);
+    if (!region) return error(region.error().code(), "ufab_mr_cache_reg: " + region.error().message());
+    if (region->device) gpu_buffer = region->buffer_id;
+  }
+  auto e = c->cache->acquire(addr, length, access, gpu_buffer);
+  if (!e) return error(e.error().code(), e.error().message());
+  auto* mr = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(*e));
+  mr->entry = *e;
+  *out = mr;
+  return 0;
+}
+
+int ufab_mr_cache_release(ufab_mr_cache* c, ufab_mr* mr) {
+  UFAB_REQUIRE(c != nullptr && mr != nullptr, "cache and mr are required");
+  UFAB_REQUIRE(mr->cache == c, "this region is not from this registration cache");
+  c->cache->release(static_cast<ufab::regcache::Cache::Entry*>(mr->entry));
+  return 0;
+}
+
+int ufab_mr_cache_query_stats(ufab_mr_cache* c, ufab_mr_cache_stats* out) {
+  UFAB_REQUIRE(c != nullptr && out != nullptr, "cache and out are required");
+  auto s = c->cache->stats();
+  *out = {.hits = s.hits, .misses = s.misses, .uncached = s.uncached, .evictions = s.evictions,
+          .invalidations = s.invalidations, .entries = s.entries, .bytes = s.bytes, .held = s.held};
+  return 0;
+}
+
+const char* ufab_mr_cache_host_watch(ufab_mr_cache* c) { return c ? c->cache->host_watch().c_str() : ""; }
 
 // ---------------------------------------------------------------------- AH
 

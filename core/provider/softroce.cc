@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gpu/region.h"
 #include "core/net/addresses.h"
 #include "core/nic_open.h"
 #include "core/transport/context.h"
@@ -332,10 +333,30 @@ int dealloc_pd(ufab_rdma_pd* p) {
 int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uint32_t* lkey, uint32_t* rkey) {
   Pd* pd = h(p);
   return guarded(pd->dev->host, "registering memory", [&]() -> int {
-    if (attr->mem_type != UFAB_MEM_HOST && attr->mem_type != UFAB_MEM_PERSISTENT) {
+    if (attr->mem_type != UFAB_MEM_HOST && attr->mem_type != UFAB_MEM_PERSISTENT && attr->mem_type != UFAB_MEM_CUDA) {
       return report(pd->dev->host, Error(EOPNOTSUPP, "registering memory of type " + std::to_string(attr->mem_type) +
-                                                         ": soft-RoCE takes host memory (UFAB_MEM_HOST) and "
-                                                         "persistent memory (UFAB_MEM_PERSISTENT)"));
+                                                         ": soft-RoCE takes host memory (UFAB_MEM_HOST), CUDA "
+                                                         "device memory (UFAB_MEM_CUDA) and persistent memory "
+                                                         "(UFAB_MEM_PERSISTENT)"));
+    }
+    // GPU memory: UFAB_MEM_CUDA (the C API also hands device memory
+    // registered as host memory on as UFAB_MEM_CUDA: core/gpu/region.h).
+    // A GPU region is registered with its allocation's buffer id; transfers
+    // on it are refused until the staging pipeline exists (docs/gpu.md).
+    std::optional<verbs::GpuMemory> gpu;
+    if (attr->mem_type == UFAB_MEM_CUDA) {
+      auto region = gpu::detect_region(attr->addr, attr->length, true);
+      if (!region) return report(pd->dev->host, region.error());
+      if (region->device) {
+        if (attr->access & (UFAB_ACCESS_FLUSH_PERSISTENT | UFAB_ACCESS_REMOTE_ATOMIC)) {
+          return report(pd->dev->host,
+                        Error(EOPNOTSUPP, "registering GPU memory with " +
+                                              verbs::access_string(attr->access & (UFAB_ACCESS_FLUSH_PERSISTENT |
+                                                                                   UFAB_ACCESS_REMOTE_ATOMIC)) +
+                                              ": atomics on GPU memory and durable GPU memory are not supported"));
+        }
+        gpu = verbs::GpuMemory{.device = region->ordinal, .buffer_id = region->buffer_id};
+      }
     }
     // Persistent memory, or a FLUSH PERSISTENT target: how its bytes are
     // made durable is learned from the mapping (core/rdma/durable.h).
@@ -362,14 +383,14 @@ int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uin
     std::unique_ptr<transport::Link::DeviceMapping> mapping;
     uint64_t device_addr = 0;
     transport::Link& link = pd->dev->ctx->lane(0).link();
-    if (link.gather() == transport::Link::Gather::kDevice && attr->length > 0 && attr->addr != nullptr) {
+    if (!gpu && link.gather() == transport::Link::Gather::kDevice && attr->length > 0 && attr->addr != nullptr) {
       if (auto m = link.map_for_device(attr->addr, attr->length)) {
         mapping = std::move(*m);
         device_addr = mapping->device_addr();
       }
     }
     auto keys = pd->dev->ctx->memory().register_mr(pd->id, attr->addr, attr->length, attr->access, std::nullopt,
-                                                   device_addr, durability);
+                                                   device_addr, durability, gpu);
     if (!keys) return report(pd->dev->host, keys.error());
     *result = out<ufab_rdma_mr>(new Mr{pd->dev, *keys, std::move(mapping)});
     *lkey = keys->lkey;

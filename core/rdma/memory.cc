@@ -27,6 +27,8 @@ struct MemoryRegionTable::Slot {
   std::atomic<uint64_t> host{0};
   std::atomic<uint64_t> device{0};  // the device's address of host byte 0; 0: none
   std::atomic<uint8_t> durability{0};  // Durability
+  std::atomic<int32_t> gpu_device{-1};
+  std::atomic<uint64_t> gpu_buffer{0};  // CUDA buffer id; 0: host memory
   // Live Access objects (successful checks not yet released). On a cache
   // line of its own: every check writes it, and the fields above, which
   // only change on (de)registration, stay shared in every reader's cache.
@@ -49,6 +51,8 @@ struct MemoryRegionTable::Snapshot {
   uint64_t host;
   uint64_t device;
   uint8_t durability;
+  int32_t gpu_device;
+  uint64_t gpu_buffer;
 };
 
 namespace {
@@ -134,6 +138,8 @@ const char* key_error_name(KeyError kind) {
     case KeyError::kOutOfBounds: return "out of bounds";
     case KeyError::kMisalignedAtomic: return "misaligned atomic";
     case KeyError::kBadAtomicLength: return "bad atomic length";
+    case KeyError::kGpuBufferGone: return "GPU buffer freed";
+    case KeyError::kGpuMemory: return "GPU memory not supported yet";
   }
   return "unknown key error";
 }
@@ -152,7 +158,10 @@ uint8_t aeth_nak_syndrome(KeyError kind, KeyPath path) {
     case KeyError::kPdMismatch:
     case KeyError::kAccessDenied:
     case KeyError::kOutOfBounds:
+    case KeyError::kGpuBufferGone:  // the region's memory is gone: a protection error
       return kNakRemoteAccessError;  // rxe: RESPST_ERR_RKEY_VIOLATION, class C
+    case KeyError::kGpuMemory:  // a valid request this responder cannot carry out
+      return kNakRemoteOperationalError;
   }
   return kNakRemoteAccessError;
 }
@@ -217,6 +226,20 @@ std::string KeyCheckError::message() const {
       std::snprintf(buf, sizeof(buf), "%s %s: atomic of %" PRIu64 " bytes; atomics are exactly 8 bytes",
                     key_name, hex(key, 8).c_str(), length);
       break;
+    case KeyError::kGpuBufferGone:
+      std::snprintf(buf, sizeof(buf),
+                    "%s %s: the GPU memory under this region (GPU %d, CUDA buffer id %" PRIu64
+                    ") was freed%s; the region no longer names it (deregister it before freeing the memory, "
+                    "and register the new allocation)",
+                    key_name, hex(key, 8).c_str(), gpu_device, gpu_buffer_registered,
+                    gpu_buffer_now != 0 ? " and the address reallocated (another buffer id)" : "");
+      break;
+    case KeyError::kGpuMemory:
+      std::snprintf(buf, sizeof(buf),
+                    "%s %s: the region is GPU memory (GPU %d); moving GPU memory needs the staging pipeline, "
+                    "which is not built yet (docs/gpu.md): use host memory for transfers",
+                    key_name, hex(key, 8).c_str(), gpu_device);
+      break;
   }
   return buf;
 }
@@ -225,6 +248,7 @@ Error KeyCheckError::to_error() const {
   int code = EACCES;
   if (kind == KeyError::kOutOfBounds) code = EFAULT;
   if (kind == KeyError::kMisalignedAtomic || kind == KeyError::kBadAtomicLength) code = EINVAL;
+  if (kind == KeyError::kGpuMemory) code = EOPNOTSUPP;
   return Error(code, message());
 }
 
@@ -354,7 +378,7 @@ Result<uint32_t> MemoryRegionTable::draw(uint32_t bits, std::optional<uint32_t> 
 
 Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
                                                   std::optional<uint64_t> iova_opt, uint64_t device_addr,
-                                                  Durability durability) {
+                                                  Durability durability, std::optional<GpuMemory> gpu) {
   uint64_t host = reinterpret_cast<uintptr_t>(addr);
   uint64_t iova = iova_opt.value_or(host);
   if (access & ~kSupportedAccess) {
@@ -371,6 +395,9 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
     return fail(EINVAL, "access FLUSH_PERSISTENT on memory that nothing makes durable (DRAM): a peer's FLUSH "
                         "PERSISTENT would be told its data survives a power loss when it does not; use FLUSH_GLOBAL, "
                         "or register a durable mapping (DAX persistent memory, a file or block device mapped shared)");
+  }
+  if (gpu && (gpu->buffer_id == 0 || device_addr != 0 || durability != Durability::kNone)) {
+    return fail(EINVAL, "a GPU memory region needs its CUDA buffer id, and has no NIC mapping or durability");
   }
   if (length == 0) return fail(EINVAL, "memory region of length 0: register at least one byte");
   if (addr == nullptr) return fail(EINVAL, "memory region at a null address: pass the buffer's address");
@@ -422,6 +449,8 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   put(s.host, host);
   put(s.device, device_addr);
   put(s.durability, static_cast<uint8_t>(durability));
+  put(s.gpu_device, gpu ? gpu->device : -1);
+  put(s.gpu_buffer, gpu ? gpu->buffer_id : 0);
   put(s.key, key);
   write_end(s);
 
@@ -431,6 +460,7 @@ Result<MemoryKeys> MemoryRegionTable::register_mr(PdId pd, void* addr, uint64_t 
   s.keyed_before = true;
   ++pd_it->second;
   ++live_;
+  if (gpu) gpu_live_.fetch_add(1, std::memory_order_relaxed);
   return MemoryKeys{key, (access & kRemoteAny) ? key : 0u};
 }
 
@@ -477,15 +507,19 @@ Status MemoryRegionTable::deregister_mr(uint32_t lkey) {
     }
   }
   uint32_t pd = s.pd.load(std::memory_order_relaxed);
+  const bool was_gpu = s.gpu_buffer.load(std::memory_order_relaxed) != 0;
   write_begin(s);
   put(s.pd, 0);
   put(s.access, 0);
   put(s.iova, 0);
   put(s.length, 0);
   put(s.host, 0);
+  put(s.gpu_device, -1);
+  put(s.gpu_buffer, 0);
   write_end(s);
   if (auto it = pds_.find(pd); it != pds_.end() && it->second > 0) --it->second;
   --live_;
+  if (was_gpu) gpu_live_.fetch_sub(1, std::memory_order_relaxed);
   freed_.push_back(slot_of(lkey));
   return {};
 }
@@ -526,6 +560,9 @@ Result<RegionInfo> MemoryRegionTable::query(uint32_t lkey) const {
   info.length = s.length.load(std::memory_order_relaxed);
   info.access = s.access.load(std::memory_order_relaxed);
   info.durability = static_cast<Durability>(s.durability.load(std::memory_order_relaxed));
+  if (uint64_t b = s.gpu_buffer.load(std::memory_order_relaxed); b != 0) {
+    info.gpu = GpuMemory{s.gpu_device.load(std::memory_order_relaxed), b};
+  }
   info.keys = MemoryKeys{lkey, (info.access & kRemoteAny) ? lkey : 0u};
   info.bound = s.bound;
   return info;
@@ -547,6 +584,8 @@ bool MemoryRegionTable::read_snapshot(const Slot& s, Snapshot* out) const {
   out->host = s.host.load(std::memory_order_acquire);
   out->device = s.device.load(std::memory_order_acquire);
   out->durability = s.durability.load(std::memory_order_acquire);
+  out->gpu_device = s.gpu_device.load(std::memory_order_acquire);
+  out->gpu_buffer = s.gpu_buffer.load(std::memory_order_acquire);
   if (s.seq.load(std::memory_order_relaxed) != s1) return false;
   out->seq = s1;
   return true;
@@ -569,6 +608,8 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
       err.region_start = seen->iova;
       err.region_length = seen->length;
       err.region_access = seen->access;
+      err.gpu_device = seen->gpu_device;
+      err.gpu_buffer_registered = seen->gpu_buffer;
     }
     return std::unexpected(err);
   };
@@ -628,6 +669,18 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
       if (length != 8) return failure(KeyError::kBadAtomicLength);
     }
 
+    // 6. GPU memory: not host-accessible, so never handed out. A freed
+    // allocation is told apart from a live one by its buffer id.
+    if (snap.gpu_buffer != 0) {
+      uint64_t now = options_.gpu_buffer_id ? options_.gpu_buffer_id(snap.host) : snap.gpu_buffer;
+      if (now != snap.gpu_buffer) {
+        auto e = failure(KeyError::kGpuBufferGone);
+        e.error().gpu_buffer_now = now;
+        return e;
+      }
+      return failure(KeyError::kGpuMemory);
+    }
+
     // Pin, then confirm the slot did not change since the snapshot. Both
     // seq_cst: either deregister_mr's wait sees this pin, or this re-read
     // sees its change (then back out and look again).
@@ -640,6 +693,34 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
     return Access(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(host)), length, key, &s->pins, device,
                   static_cast<Durability>(snap.durability));
   }
+}
+
+std::optional<KeyCheckError> MemoryRegionTable::gpu_check(uint32_t lkey) const {
+  if (lkey == 0) return std::nullopt;
+  uint32_t slot_no = slot_of(lkey);
+  if (slot_no >= options_.max_regions) return std::nullopt;
+  Slot* s = slot_at(slot_no);
+  if (!s) return std::nullopt;
+  Snapshot snap;
+  for (uint32_t spins = 0; !read_snapshot(*s, &snap); ++spins) {
+    if (spins < 64) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  if (snap.key != lkey || snap.gpu_buffer == 0) return std::nullopt;
+  KeyCheckError err;
+  err.path = KeyPath::kLocal;
+  err.key = lkey;
+  err.region_start = snap.iova;
+  err.region_length = snap.length;
+  err.region_access = snap.access;
+  err.gpu_device = snap.gpu_device;
+  err.gpu_buffer_registered = snap.gpu_buffer;
+  err.gpu_buffer_now = options_.gpu_buffer_id ? options_.gpu_buffer_id(snap.host) : snap.gpu_buffer;
+  err.kind = err.gpu_buffer_now != snap.gpu_buffer ? KeyError::kGpuBufferGone : KeyError::kGpuMemory;
+  return err;
 }
 
 CheckResult<Access> MemoryRegionTable::check_remote(uint32_t rkey, PdId pd, uint64_t va, uint64_t length,

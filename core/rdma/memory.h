@@ -82,8 +82,20 @@ enum class KeyError : uint8_t {
   kOutOfBounds,       // [va, va+length) not inside the region, or va+length wraps
   kMisalignedAtomic,  // atomic target not 8-byte aligned
   kBadAtomicLength,   // atomic length other than 8
+  // GPU memory (after every check above passed):
+  kGpuBufferGone,     // the GPU allocation the region was registered on was freed (its buffer id changed)
+  kGpuMemory,         // the region is GPU memory, which the transport cannot move yet (no staging pipeline)
 };
-inline constexpr int kKeyErrorCount = 7;
+inline constexpr int kKeyErrorCount = 9;
+
+// A region on GPU memory: which GPU, and the CUDA buffer id of the
+// allocation it was registered on (unique in the process over its
+// lifetime, so a buffer freed and allocated again at the same address has
+// another one). docs/gpu.md.
+struct GpuMemory {
+  int device = -1;
+  uint64_t buffer_id = 0;
+};
 
 // "unknown key", "stale key", ... (static strings, for counters and logs).
 const char* key_error_name(KeyError kind);
@@ -117,11 +129,16 @@ struct KeyCheckError {
   uint64_t region_length = 0;
   AccessFlags region_access = 0;
   AccessFlags needed_access = 0;
+  // GPU regions: the device, the buffer id registered and the one now.
+  int gpu_device = -1;
+  uint64_t gpu_buffer_registered = 0;
+  uint64_t gpu_buffer_now = 0;
 
   uint8_t nak_syndrome() const { return aeth_nak_syndrome(kind, path); }
   // "rkey 0x1234ab07: [0x1000, +64) is outside region [0x2000, +4096): ..."
   std::string message() const;
-  // As a ufab::Error (EACCES for key/PD/access/bounds, EINVAL for atomics).
+  // As a ufab::Error (EACCES for key/PD/access/bounds and a freed GPU
+  // buffer, EINVAL for atomics, EOPNOTSUPP for GPU memory).
   Error to_error() const;
 };
 
@@ -214,6 +231,7 @@ struct RegionInfo {
   AccessFlags access = 0;
   MemoryKeys keys;
   Durability durability = Durability::kNone;
+  std::optional<GpuMemory> gpu;  // set for a region on GPU memory
   uint32_t bound = 0;  // bind() count
 };
 
@@ -231,6 +249,12 @@ struct MemoryTableOptions {
   // Fills a buffer with random bytes; getrandom(2) when empty. Tests inject
   // their own to force collisions.
   std::function<Status(void* buf, size_t len)> random;
+  // The CUDA buffer id of the allocation holding a host-visible address
+  // now (0: none), for GPU regions: a check on one compares it with the id
+  // registered, so memory freed and allocated again under a live region is
+  // caught. Empty: the registered id is trusted. Called only for GPU
+  // regions, never for host memory.
+  std::function<uint64_t(uint64_t addr)> gpu_buffer_id;
 };
 
 class MemoryRegionTable {
@@ -256,9 +280,24 @@ class MemoryRegionTable {
   // hand it out as Access::device_addr(). `durability` is how the memory
   // is made durable (classify_mapping tells); FLUSH_PERSISTENT needs one
   // (EINVAL on Durability::kNone: no flush would make it durable).
+  //
+  // `gpu`: the region is GPU memory (core/gpu tells). Its bytes are not
+  // host-accessible, so every check on it fails after the key, PD, access
+  // and bounds checks: kGpuBufferGone when the allocation was freed
+  // (options.gpu_buffer_id gives another id), else kGpuMemory, until the
+  // staging pipeline exists. No device_addr or durability with it (EINVAL).
   Result<MemoryKeys> register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
                                  std::optional<uint64_t> iova = std::nullopt, uint64_t device_addr = 0,
-                                 Durability durability = Durability::kNone);
+                                 Durability durability = Durability::kNone,
+                                 std::optional<GpuMemory> gpu = std::nullopt);
+
+  // Live regions on GPU memory (one atomic load): posts look at their SGEs
+  // only while this is not 0.
+  uint32_t gpu_regions() const { return gpu_live_.load(std::memory_order_relaxed); }
+  // Post-time check of a local key: the GPU error (kGpuBufferGone or
+  // kGpuMemory) when `lkey` names a live GPU region, nullopt otherwise
+  // (host regions and bad keys are left to check_local).
+  std::optional<KeyCheckError> gpu_check(uint32_t lkey) const;
 
   // Removes a region. EBUSY while bind() holds it (a memory window or QP
   // still uses it), or when an Access stays alive past drain_timeout. On
@@ -334,6 +373,7 @@ class MemoryRegionTable {
   uint32_t live_ = 0;
   uint32_t next_pd_ = 1;
   std::unordered_map<uint32_t, uint32_t> pds_;  // pd id -> regions in it
+  std::atomic<uint32_t> gpu_live_{0};
 };
 
 // Whether a packet's RETH needs a key check at all: IBA C9-88 (and rxe's

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "core/gpu/cuda.h"
 #include "core/transport/queue_pair.h"
 
 namespace ufab::transport {
@@ -58,7 +59,17 @@ Result<std::unique_ptr<Context>> Context::create(std::vector<std::unique_ptr<Lin
   if (!resolver) return std::unexpected(resolver.error().context("ARP for " + first.name()));
   ctx->arp_responder_.emplace(std::move(*responder));
   ctx->arp_resolver_.emplace(std::move(*resolver));
-  auto table = verbs::MemoryRegionTable::create();
+  // GPU regions are checked against the allocation CUDA has at their
+  // address now (a freed buffer is a protection error, never a silent
+  // write); only asked for GPU regions, which need the driver loaded.
+  verbs::MemoryTableOptions table_options;
+  table_options.gpu_buffer_id = [](uint64_t addr) -> uint64_t {
+    const gpu::Driver* driver = gpu::Driver::if_loaded();
+    if (driver == nullptr) return 0;
+    auto info = driver->pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
+    return info ? info->buffer_id : 0;
+  };
+  auto table = verbs::MemoryRegionTable::create(std::move(table_options));
   if (!table) return std::unexpected(table.error());
   ctx->memory_ = std::move(*table);
   for (size_t i = 0; i < links.size(); ++i) {

@@ -214,6 +214,9 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   uint64_t length = 0;
   for (const Sge& s : wr.sgl) length += s.length;
   if (length > (1ull << 31)) return fail(EINVAL, who() + ": messages are at most 2 GiB");
+  if (!(wr.flags & kSendInline)) {
+    if (auto s = check_gpu_sges(wr.sgl); !s) return fail(s.error().code(), who() + ": " + s.error().message());
+  }
   bool atomic = wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd;
   switch (wr.opcode) {
     case WrOpcode::kSend:
@@ -260,6 +263,21 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
     return {};
   }
   enqueue(wr, length, is_inline, SendWqe::Commit::kNone);
+  return {};
+}
+
+// GPU memory at post time: a work request whose SGEs name a GPU region is
+// refused before it is queued, the QP untouched: EACCES when the region's
+// GPU allocation was freed under it, else EOPNOTSUPP (no staging pipeline
+// yet, docs/gpu.md). One atomic load when no GPU region is registered.
+Status QueuePairImpl::check_gpu_sges(std::span<const Sge> sgl) const {
+  if (ctx_.memory().gpu_regions() == 0) return {};
+  for (size_t i = 0; i < sgl.size(); ++i) {
+    if (sgl[i].length == 0) continue;
+    if (auto e = ctx_.memory().gpu_check(sgl[i].lkey)) {
+      return fail(e->to_error().code(), "SGE " + std::to_string(i) + ": " + e->message());
+    }
+  }
   return {};
 }
 
@@ -349,6 +367,7 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
     return fail(EINVAL, who() + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
                             std::to_string(caps_.max_recv_sge) + " (max_recv_sge)");
   }
+  if (auto s = check_gpu_sges(wr.sgl); !s) return fail(s.error().code(), who() + ": " + s.error().message());
   RecvWqe& r = rq_at(rq_tail_);
   r = RecvWqe{};
   r.wr_id = wr.wr_id;

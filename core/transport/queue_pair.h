@@ -180,6 +180,7 @@ class QueuePairImpl {
 
   // Requester.
   Status check_commit_wr(const verbs::SendWr& wr) const;  // kSendCommit
+  Status check_gpu_sges(std::span<const verbs::Sge> sgl) const;  // GPU regions refused at post time
   // Fills the next send queue entry (post_send checked everything).
   void enqueue(const verbs::SendWr& wr, uint64_t length, bool is_inline, SendWqe::Commit commit);
   bool start_wqe(SendWqe& w, bool sending_now);

@@ -1,0 +1,73 @@
+// Learns when host memory goes away: one userfaultfd per process, ranges
+// registered with it in write-protect mode but never write-protected (so
+// no page fault is ever delivered to it and the application's accesses are
+// untouched), asking only for the kernel's non-cooperative events: munmap
+// (UFFD_EVENT_UNMAP), madvise(DONTNEED/REMOVE) and brk shrinking
+// (UFFD_EVENT_REMOVE / UNMAP), mremap (UFFD_EVENT_REMAP). That includes
+// what glibc's free() does to large blocks (munmap) and to the heap
+// (madvise, brk), which an interposed munmap would miss.
+//
+// A thread reads the events and appends the ranges to a ring; it never
+// allocates or frees memory and takes no lock a registration cache holds
+// while it could unmap (the kernel blocks a munmap of a watched range until
+// the event is read, so the reader must never wait on that munmapper).
+// Caches drain the ring on their next call: one atomic load when nothing
+// happened. docs/gpu.md ("Registration cache").
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "base/error.h"
+
+namespace ufab::regcache {
+
+struct Range {
+  uint64_t start = 0, end = 0;  // [start, end)
+};
+
+class UnmapMonitor {
+ public:
+  // The process's monitor, started on first use. Errors (no userfaultfd:
+  // kernel, seccomp, vm.unprivileged_userfaultfd=0 without privilege and
+  // without UFFD_USER_MODE_ONLY) say why; caches then cache nothing.
+  static Result<UnmapMonitor*> get();
+
+  // Watches [start, end) (page-aligned outward). Fails (EINVAL, EBUSY) for
+  // memory userfaultfd cannot watch: file mappings on disk file systems,
+  // device mappings, ranges another userfaultfd watches, unmapped ranges.
+  Status watch(uint64_t start, uint64_t end);
+
+  // Events so far (a sequence number), and the range of event `seq` when
+  // it is still in the ring (false: overwritten, the reader fell behind).
+  // Waits (briefly) while the reader holds events it has read but not yet
+  // recorded: the kernel lets a munmap return once its event is read, so
+  // after a munmap returns its range is in the ring or being put there.
+  uint64_t sequence() const {
+    for (uint32_t spins = 0; busy_.load(std::memory_order_acquire) && spins < (1u << 20); ++spins) {
+      std::this_thread::yield();
+    }
+    return seq_.load(std::memory_order_acquire);
+  }
+  bool event(uint64_t seq, Range* out) const;
+  static constexpr uint64_t kRing = 4096;
+
+  ~UnmapMonitor();
+
+ private:
+  UnmapMonitor() = default;
+  void run();
+
+  int uffd_ = -1;
+  int stop_fd_ = -1;
+  std::thread thread_;
+  mutable std::mutex ring_mu_;  // held for a few loads/stores only
+  Range ring_[kRing];
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> busy_{false};
+};
+
+}  // namespace ufab::regcache

@@ -1,0 +1,153 @@
+// Registration through the cache over uncached registration (issue 12's
+// goal: at most 0.01), through the C API on a soft-RoCE device over the
+// software NIC: per size, the median of 5 runs of N x (ufab_mr_reg +
+// ufab_mr_dereg) against N x (ufab_mr_cache_reg + ufab_mr_cache_release)
+// of the same range (after one warm-up registration), in ns per pair.
+// Host memory always; GPU device memory too where a GPU is present.
+// Prints a table and writes JSON (--json FILE).
+//
+//   regcache_bench [--iters N] [--json FILE]
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/json.h"
+#include "core/gpu/cuda.h"
+#include "ufab/rdma.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ns_per(Clock::duration d, int n) { return std::chrono::duration<double, std::nano>(d).count() / n; }
+
+template <typename F>
+double median_of_5(F&& run) {
+  std::vector<double> v;
+  for (int i = 0; i < 5; ++i) v.push_back(run());
+  std::sort(v.begin(), v.end());
+  return v[2];
+}
+
+struct Row {
+  std::string memory;
+  uint64_t bytes;
+  double uncached_ns, cached_ns;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 20000;
+  const char* json_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--iters N] [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  ufab_device_opts o{};
+  o.size = sizeof o;
+  o.ip = "10.78.0.1";
+  std::string name = "swnic:regbench" + std::to_string(getpid()) + ":0";
+  ufab_device* dev = nullptr;
+  ufab_pd* pd = nullptr;
+  if (ufab_device_open(name.c_str(), &o, &dev) != 0 || ufab_pd_alloc(dev, &pd) != 0) {
+    std::fprintf(stderr, "regcache_bench: %s\n", ufab_last_error());
+    return 1;
+  }
+  ufab_mr_cache* cache = nullptr;
+  if (ufab_mr_cache_create(pd, nullptr, &cache) != 0) {
+    std::fprintf(stderr, "regcache_bench: %s\n", ufab_last_error());
+    return 1;
+  }
+  const uint32_t access = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
+  std::vector<Row> rows;
+  bool failed = false;
+  auto measure = [&](const char* memory, void* p, uint64_t n) {
+    int it = n >= (64u << 20) ? std::max(1, iters / 10) : iters;
+    double unc = median_of_5([&] {
+      auto t0 = Clock::now();
+      for (int i = 0; i < it; ++i) {
+        ufab_mr* mr = nullptr;
+        if (ufab_mr_reg(pd, p, n, access, &mr) != 0 || ufab_mr_dereg(mr) != 0) failed = true;
+      }
+      return ns_per(Clock::now() - t0, it);
+    });
+    ufab_mr* warm = nullptr;
+    if (ufab_mr_cache_reg(cache, p, n, access, &warm) != 0) failed = true;
+    ufab_mr_cache_release(cache, warm);
+    double cached = median_of_5([&] {
+      auto t0 = Clock::now();
+      for (int i = 0; i < it; ++i) {
+        ufab_mr* mr = nullptr;
+        if (ufab_mr_cache_reg(cache, p, n, access, &mr) != 0) failed = true;
+        ufab_mr_cache_release(cache, mr);
+      }
+      return ns_per(Clock::now() - t0, it);
+    });
+    rows.push_back({memory, n, unc, cached});
+  };
+  for (uint64_t n : {4096ull, 1ull << 20, 64ull << 20}) {
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::memset(p, 1, n);
+    measure("host", p, n);
+    munmap(p, n);
+  }
+  std::string gpu_note = ufab::gpu::unavailable_reason();
+  if (gpu_note.empty()) {
+    const ufab::gpu::Driver* d = *ufab::gpu::Driver::get();
+    for (uint64_t n : {4096ull, 1ull << 20, 64ull << 20}) {
+      auto mem = ufab::gpu::Allocation::allocate(*d, 0, ufab::gpu::Allocation::Kind::kDevice, n);
+      if (!mem) {
+        std::fprintf(stderr, "regcache_bench: %s\n", mem.error().message().c_str());
+        return 1;
+      }
+      measure("cuda", mem->data(), n);
+    }
+  }
+  ufab_mr_cache_stats st{};
+  ufab_mr_cache_query_stats(cache, &st);
+  if (failed) std::fprintf(stderr, "regcache_bench: a registration failed: %s\n", ufab_last_error());
+  std::printf("registration cache (%s), %d pairs per run, median of 5; ns per register+deregister pair\n",
+              ufab_mr_cache_host_watch(cache), iters);
+  std::printf("%-6s %10s %12s %12s %10s\n", "memory", "bytes", "uncached_ns", "cached_ns", "ratio");
+  for (const Row& r : rows) {
+    std::printf("%-6s %10llu %12.1f %12.1f %10.4f\n", r.memory.c_str(), (unsigned long long)r.bytes, r.uncached_ns,
+                r.cached_ns, r.cached_ns / r.uncached_ns);
+  }
+  if (!gpu_note.empty()) std::printf("cuda: not measured (%s)\n", gpu_note.c_str());
+  std::printf("cache: hits %llu misses %llu invalidations %llu\n", (unsigned long long)st.hits,
+              (unsigned long long)st.misses, (unsigned long long)st.invalidations);
+  if (json_path) {
+    ufab::JsonWriter w;
+    w.begin_object().field("bench", "regcache").field("host_watch", ufab_mr_cache_host_watch(cache));
+    w.field("iters", static_cast<int64_t>(iters)).key("rows").begin_array();
+    for (const Row& r : rows) {
+      w.begin_object().field("memory", r.memory).field("bytes", static_cast<int64_t>(r.bytes));
+      w.field("uncached_ns", r.uncached_ns).field("cached_ns", r.cached_ns);
+      w.field("ratio", r.cached_ns / r.uncached_ns).end_object();
+    }
+    w.end_array().end_object();
+    if (FILE* f = std::fopen(json_path, "w")) {
+      std::fprintf(f, "%s\n", w.str().c_str());
+      std::fclose(f);
+    }
+  }
+  ufab_mr_cache_destroy(cache);
+  ufab_pd_free(pd);
+  ufab_device_close(dev);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU suite of issue 12 so far (docs/gpu.md): the CUDA loader,
+# registration of device memory (detected with its GPU ordinal and buffer
+# id), managed memory refused, a freed and reallocated buffer caught at post
+# time and at the responder, GPU entries of the registration cache.
+#
+#   tests/gpu/run.sh                 build with Bazel, then run here
+#   tests/gpu/run.sh --stage DIR     build and copy the binaries to DIR (for a
+#                                    GPU machine without Bazel)
+#   tests/gpu/run.sh --from DIR      run binaries staged in DIR
+#
+# The binaries link ufab statically (--dynamic_mode=off) and glibc and
+# libstdc++ dynamically: libcuda.so.1 is dlopen'ed, which a static glibc
+# cannot do safely, and a newer distribution's glibc and libstdc++ (the GPU
+# machine's) run what Debian 12 built. Exit status: 0 when
+# every test passed, 1 otherwise; a machine without a GPU reports the GPU
+# tests as skipped ("no GPU: ...") and fails the suite, since this suite is
+# meant for a GPU machine (the README test command runs the same tests and
+# accepts the skips).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
+         //tests/bench:regcache_bench //tools/ufab)
+mode=${1:-}
+dir=${2:-}
+
+build() {
+  bazel build --dynamic_mode=off "${targets[@]}" >&2
+}
+run_from() {
+  local d=$1 fail=0 skipped
+  for t in gpu_test region_test cache_test; do
+    echo "== $t"
+    out=$(timeout 300 "$d/$t" 2>&1) || fail=1
+    echo "$out"
+    # A GPU test that skipped for want of a GPU fails the suite (the
+    # no-driver tests skip on a GPU machine, as they should).
+    skipped=$(grep -c '^no GPU: ' <<<"$out" || true)
+    if [ "$skipped" -gt 0 ]; then
+      echo "gpu suite: $t skipped $skipped GPU test(s) (no GPU): not a GPU run"
+      fail=1
+    fi
+  done
+  echo "== ufab doctor (GPU lines)"
+  # doctor's own exit status is about VFIO (none on the GPU machine): only
+  # its GPU lines are looked at, and they must say ok.
+  doc=$("$d/ufab" doctor 2>&1 || true)
+  grep '^\[.*\] gpu' <<<"$doc" || fail=1
+  if grep '^\[.*\] gpu' <<<"$doc" | grep -qv '^\[ok  \]'; then fail=1; fi
+  echo "== regcache_bench (not a test: timings)"
+  "$d/regcache_bench" --json "${BENCH_JSON:-/dev/null}" || fail=1
+  if [ "$fail" -eq 0 ]; then echo "gpu suite: PASSED"; else echo "gpu suite: FAILED"; fi
+  return "$fail"
+}
+
+case "$mode" in
+  --stage)
+    [ -n "$dir" ] || { echo "usage: $0 --stage DIR" >&2; exit 2; }
+    build
+    mkdir -p "$dir"
+    for t in "${targets[@]}"; do
+      p=${t#//}; [[ $p == *:* ]] && p=${p/://} || p=$p/${p##*/}
+      install -m 0755 "bazel-bin/$p" "$dir/"
+    done
+    echo "staged in $dir: $(ls "$dir" | tr '\n' ' ')" ;;
+  --from)
+    [ -n "$dir" ] || { echo "usage: $0 --from DIR" >&2; exit 2; }
+    run_from "$dir" ;;
+  "")
+    build
+    d=$(mktemp -d)
+    trap 'rm -rf "$d"' EXIT
+    for t in "${targets[@]}"; do
+      p=${t#//}; [[ $p == *:* ]] && p=${p/://} || p=$p/${p##*/}
+      cp "bazel-bin/$p" "$d/"
+    done
+    run_from "$d" ;;
+  *) echo "usage: $0 [--stage DIR | --from DIR]" >&2; exit 2 ;;
+esac

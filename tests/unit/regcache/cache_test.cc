@@ -1,0 +1,310 @@
+// The registration cache on host memory with a fake registrar: hits,
+// misses, invalidation when memory goes away (munmap, madvise, mremap,
+// free of a large malloc block), bounds and eviction, held entries, memory
+// that cannot be watched, GPU entries by buffer id.
+#include "core/regcache/cache.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include "core/regcache/unmap_monitor.h"
+
+namespace {
+
+using ufab::regcache::Cache;
+using ufab::regcache::Options;
+using ufab::regcache::Registrar;
+
+struct Fake {
+  int next = 1;
+  std::set<intptr_t> live;
+  int regs = 0, deregs = 0;
+  std::map<uint64_t, uint64_t> gpu_ids;  // address -> buffer id now
+  Registrar registrar() {
+    Registrar r;
+    r.reg = [this](void*, uint64_t, uint32_t) -> ufab::Result<void*> {
+      ++regs;
+      intptr_t h = next++;
+      live.insert(h);
+      return reinterpret_cast<void*>(h);
+    };
+    r.dereg = [this](void* h) {
+      ++deregs;
+      EXPECT_EQ(live.erase(reinterpret_cast<intptr_t>(h)), 1u) << "deregistered twice";
+    };
+    r.gpu_buffer_id = [this](const void* a) -> uint64_t {
+      auto it = gpu_ids.find(reinterpret_cast<uintptr_t>(a));
+      return it == gpu_ids.end() ? 0 : it->second;
+    };
+    return r;
+  }
+};
+
+constexpr size_t kMiB = 1 << 20;
+
+char* map_anon(size_t n) {
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(p, MAP_FAILED);
+  return static_cast<char*>(p);
+}
+
+std::unique_ptr<Cache> make(Fake& f, Options o = {}) {
+  auto c = Cache::create(f.registrar(), o);
+  EXPECT_TRUE(c) << c.error().message();
+  return std::move(*c);
+}
+
+#define NEED_MONITOR(c)                                                                     \
+  if ((c)->host_watch() != "userfaultfd") GTEST_SKIP() << "no userfaultfd here: " << (c)->host_watch()
+
+TEST(RegCache, SameRangeTwiceIsAHit) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(kMiB);
+  auto a = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a) << a.error().message();
+  c->release(*a);
+  auto b = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(Cache::handle(*a), Cache::handle(*b));
+  auto other_access = c->acquire(p, kMiB, 1, std::nullopt);  // another access: another registration
+  auto sub = c->acquire(p + 4096, 4096, 7, std::nullopt);    // exact ranges only
+  ASSERT_TRUE(other_access && sub);
+  auto s = c->stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 3u);
+  EXPECT_EQ(s.entries, 3u);
+  EXPECT_EQ(s.held, 3u);
+  EXPECT_EQ(f.regs, 3);
+  c->release(*b);
+  c->release(*other_access);
+  c->release(*sub);
+  EXPECT_EQ(c->stats().held, 0u);
+  EXPECT_EQ(f.deregs, 0);  // released entries stay registered
+  munmap(p, kMiB);
+}
+
+TEST(RegCache, MunmapInvalidates) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(kMiB);
+  auto a = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  c->release(*a);
+  ASSERT_EQ(munmap(p + 64 * 1024, 4096), 0);  // one page in the middle
+  char* q = map_anon(kMiB);                   // and something else
+  auto b = c->acquire(q, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(b);
+  auto s = c->stats();
+  EXPECT_EQ(s.invalidations, 1u);
+  EXPECT_EQ(f.deregs, 1);
+  EXPECT_EQ(s.entries, 1u);
+  c->release(*b);
+  munmap(p, kMiB);
+  munmap(q, kMiB);
+}
+
+TEST(RegCache, RemappedAtTheSameAddressMisses) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(kMiB);
+  auto a = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  void* old_handle = Cache::handle(*a);
+  c->release(*a);
+  ASSERT_EQ(munmap(p, kMiB), 0);
+  void* again = mmap(p, kMiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  ASSERT_EQ(again, p);
+  auto b = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(b);
+  EXPECT_NE(Cache::handle(*b), old_handle);
+  EXPECT_EQ(c->stats().hits, 0u);
+  c->release(*b);
+  munmap(p, kMiB);
+}
+
+TEST(RegCache, MadviseDontneedAndMremapInvalidate) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(kMiB);
+  char* q = map_anon(kMiB);
+  auto a = c->acquire(p, kMiB, 7, std::nullopt);
+  auto b = c->acquire(q, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a && b);
+  c->release(*a);
+  c->release(*b);
+  ASSERT_EQ(madvise(p, 4096, MADV_DONTNEED), 0);
+  void* moved = mremap(q, kMiB, 2 * kMiB, MREMAP_MAYMOVE);
+  ASSERT_NE(moved, MAP_FAILED);
+  auto again = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(c->stats().invalidations, 2u);
+  EXPECT_EQ(c->stats().hits, 0u);
+  c->release(*again);
+  munmap(p, kMiB);
+  munmap(moved, 2 * kMiB);
+}
+
+TEST(RegCache, FreeOfALargeMallocBlockInvalidates) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = static_cast<char*>(std::malloc(8 * kMiB));  // above glibc's mmap threshold: its own mapping
+  ASSERT_NE(p, nullptr);
+  p[0] = 1;
+  auto a = c->acquire(p, 8 * kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  c->release(*a);
+  std::free(p);
+  EXPECT_EQ(c->stats().entries, 1u);  // events are taken on the next call
+  char* q = map_anon(kMiB);
+  auto b = c->acquire(q, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(c->stats().invalidations, 1u);
+  c->release(*b);
+  munmap(q, kMiB);
+}
+
+TEST(RegCache, InvalidatedWhileHeldIsDeregisteredAtRelease) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(kMiB);
+  auto a = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  ASSERT_EQ(munmap(p, kMiB), 0);
+  char* q = map_anon(4096);
+  auto b = c->acquire(q, 4096, 7, std::nullopt);  // takes the event
+  ASSERT_TRUE(b);
+  EXPECT_EQ(c->stats().invalidations, 1u);
+  EXPECT_EQ(f.deregs, 0);  // still held
+  c->release(*a);
+  EXPECT_EQ(f.deregs, 1);
+  c->release(*b);
+  munmap(q, 4096);
+}
+
+TEST(RegCache, BoundsEvictLeastRecentlyUsedNeverHeld) {
+  Fake f;
+  Options o;
+  o.max_entries = 3;
+  o.max_bytes = 1ull << 40;
+  auto c = make(f, o);
+  NEED_MONITOR(c);
+  char* p = map_anon(16 * 4096);
+  Cache::Entry* e[5];
+  for (int i = 0; i < 5; ++i) {
+    auto r = c->acquire(p + i * 4096, 4096, 7, std::nullopt);
+    ASSERT_TRUE(r);
+    e[i] = *r;
+  }
+  // All held: nothing can go, the bound is exceeded for now.
+  EXPECT_EQ(c->stats().entries, 5u);
+  EXPECT_EQ(c->stats().evictions, 0u);
+  c->release(e[3]);
+  c->release(e[0]);  // order of release = recency: 3 is the oldest
+  EXPECT_EQ(c->stats().evictions, 2u);
+  EXPECT_EQ(c->stats().entries, 3u);
+  auto again = c->acquire(p + 3 * 4096, 4096, 7, std::nullopt);  // evicted: a miss
+  ASSERT_TRUE(again);
+  EXPECT_EQ(c->stats().hits, 0u);
+  c->release(*again);
+  c->release(e[1]);
+  c->release(e[2]);
+  c->release(e[4]);
+  EXPECT_LE(c->stats().entries, 3u);
+  Options ob;
+  ob.max_bytes = 8192;
+  Fake g;
+  auto cb = make(g, ob);
+  for (int i = 0; i < 4; ++i) {
+    auto r = cb->acquire(p + i * 4096, 4096, 7, std::nullopt);
+    ASSERT_TRUE(r);
+    cb->release(*r);
+  }
+  EXPECT_LE(cb->stats().bytes, 8192u);
+  EXPECT_EQ(cb->stats().evictions, 2u);
+  munmap(p, 16 * 4096);
+}
+
+TEST(RegCache, FileMappingsAreNotCached) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char path[] = "/var/tmp/ufab_regcache_XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 65536), 0);
+  void* m = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  for (int i = 0; i < 2; ++i) {
+    auto a = c->acquire(m, 65536, 7, std::nullopt);
+    ASSERT_TRUE(a);
+    c->release(*a);
+  }
+  auto s = c->stats();
+  // tmpfs (shmem) can be watched; a disk file system cannot.
+  // A file on a disk file system cannot be watched: registered and
+  // deregistered each time. (On tmpfs, shared memory, it would be cached.)
+  if (s.uncached > 0) {
+    EXPECT_EQ(s.uncached, 2u);
+    EXPECT_EQ(f.deregs, 2);  // registered and deregistered each time
+    EXPECT_EQ(s.entries, 0u);
+  }
+  munmap(m, 65536);
+  close(fd);
+  unlink(path);
+}
+
+TEST(RegCache, WithoutWatchingNothingIsCached) {
+  Fake f;
+  Options o;
+  o.watch_host = false;
+  auto c = make(f, o);
+  char* p = map_anon(4096);
+  for (int i = 0; i < 3; ++i) {
+    auto a = c->acquire(p, 4096, 7, std::nullopt);
+    ASSERT_TRUE(a);
+    c->release(*a);
+  }
+  EXPECT_EQ(c->stats().hits, 0u);
+  EXPECT_EQ(c->stats().uncached, 3u);
+  EXPECT_EQ(f.deregs, 3);
+  munmap(p, 4096);
+}
+
+TEST(RegCache, GpuEntriesAreCheckedAgainstTheBufferId) {
+  Fake f;
+  Options o;
+  o.watch_host = false;  // GPU entries do not need the monitor
+  auto c = make(f, o);
+  void* gpu = reinterpret_cast<void*>(0x7f0000000000ull);
+  f.gpu_ids[0x7f0000000000ull] = 11;
+  auto a = c->acquire(gpu, kMiB, 7, 11);
+  ASSERT_TRUE(a);
+  c->release(*a);
+  auto b = c->acquire(gpu, kMiB, 7, 11);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(c->stats().hits, 1u);
+  void* old_handle = Cache::handle(*b);
+  c->release(*b);
+  f.gpu_ids[0x7f0000000000ull] = 12;  // freed and allocated again at the same address
+  auto d = c->acquire(gpu, kMiB, 7, 12);
+  ASSERT_TRUE(d);
+  EXPECT_NE(Cache::handle(*d), old_handle);
+  EXPECT_EQ(c->stats().invalidations, 1u);
+  EXPECT_EQ(f.deregs, 1);
+  c->release(*d);
+}
+
+}  // namespace
