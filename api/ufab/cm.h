@@ -39,6 +39,10 @@ struct ufab_cm_listener;
  * SIDR_REP 136. */
 #define UFAB_CM_SIDR_REQ_PRIVATE_DATA 180
 #define UFAB_CM_SIDR_REP_PRIVATE_DATA 136
+/* Requests (REQ or SIDR_REQ) waiting for the application's accept or
+ * reject, at most, per connection manager; beyond that a REQ is answered
+ * REJ "no resources" (3) and a SIDR_REQ SIDR_REP "rejected" (2) at once. */
+#define UFAB_CM_MAX_PENDING_REQUESTS 256
 /* The Q_Key rdma_cm gives UD QPs of its UDP port space (RDMA_UDP_QKEY):
  * ufab_cm_accept sets it on a UD QP, and a kernel peer insists on it. */
 #define UFAB_CM_UDP_QKEY 0x01234567u

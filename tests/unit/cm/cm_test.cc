@@ -3,10 +3,12 @@
 // disconnect from either side, a listener that goes away, many connects at
 // once, lost and duplicated MADs, and a hand-driven peer on a bare GSI QP
 // sending the duplicates and odd messages a CM must answer.
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <variant>
@@ -524,20 +526,21 @@ class RawPeer {
     wr.ud = ufab_ud_dest{.ip = kIpA, .qpn = 1, .qkey = ufab::cm::kGsiQKey, .traffic_class = 0, .hop_limit = 64,
                          .reserved = 0};
     ASSERT_EQ(ufab_post_send(qp_, &wr, 1, nullptr), 0) << ufab_last_error();
+    // Wait for it to leave (its buffer is reused), keeping what arrives.
+    auto deadline = std::chrono::steady_clock::now() + 3s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (poll_one() == 100) return;
+    }
+    ADD_FAILURE() << "the send did not complete within 3 s";
   }
   // The next MAD A sends us (nullopt after `ms`).
   std::optional<ufab::cm::Mad> receive(int ms = 3000) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      ufab_wc wc{};
-      if (ufab_cq_wait(d_.cq, &wc, 1, 10) != 1 || wc.wr_id == 100) continue;
-      uint32_t slot = static_cast<uint32_t>(wc.wr_id);
-      auto mad = ufab::cm::parse_mad(std::span<const uint8_t>(&d_.buf[slot * 296 + 40], wc.byte_len - 40));
-      repost(slot);
-      EXPECT_TRUE(mad) << mad.error().message();
-      if (mad) return *mad;
-    }
-    return std::nullopt;
+    while (received_.empty() && std::chrono::steady_clock::now() < deadline) poll_one();
+    if (received_.empty()) return std::nullopt;
+    ufab::cm::Mad m = std::move(received_.front());
+    received_.pop_front();
+    return m;
   }
   template <typename T>
   T expect(int ms = 3000) {
@@ -553,6 +556,19 @@ class RawPeer {
 
  private:
   static constexpr size_t kSendAt = 8 * 296;
+  // One completion within 10 ms: a received MAD is kept. Returns its wr_id
+  // (0xFFFF for none).
+  uint64_t poll_one() {
+    ufab_wc wc{};
+    if (ufab_cq_wait(d_.cq, &wc, 1, 10) != 1) return 0xFFFF;
+    if (wc.wr_id == 100) return 100;
+    uint32_t slot = static_cast<uint32_t>(wc.wr_id);
+    auto mad = ufab::cm::parse_mad(std::span<const uint8_t>(&d_.buf[slot * 296 + 40], wc.byte_len - 40));
+    repost(slot);
+    EXPECT_TRUE(mad) << mad.error().message();
+    if (mad) received_.push_back(std::move(*mad));
+    return wc.wr_id;
+  }
   void repost(uint32_t slot) {
     ufab_sge r{.addr = reinterpret_cast<uint64_t>(&d_.buf[slot * 296]), .length = 296, .lkey = ufab_mr_lkey(d_.mr)};
     ufab_recv_wr wr{.wr_id = slot, .sg_list = &r, .num_sge = 1, .reserved = 0};
@@ -561,6 +577,7 @@ class RawPeer {
   Dev& d_;
   ufab_qp* qp_ = nullptr;
   uint64_t last_tid_ = 0;
+  std::deque<ufab::cm::Mad> received_;
 };
 
 ufab::cm::Req raw_req(uint32_t comm_id, uint16_t port, uint32_t qpn) {
@@ -707,6 +724,212 @@ TEST_F(Cm, DuplicatesAndStrangersGetTheAnswersIbCmGives) {
   EXPECT_EQ(peer.expect<Rej>().reason, static_cast<uint16_t>(RejectReason::kInvalidServiceId));
   EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
   ufab_qp_destroy(q);
+}
+
+bool readable(int fd) {
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+}
+
+// Waits up to 5 s for `fd` to become readable.
+bool becomes_readable(int fd) {
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  return ::poll(&p, 1, 5000) == 1 && (p.revents & POLLIN) != 0;
+}
+
+// A peer that floods REQs fills at most UFAB_CM_MAX_PENDING_REQUESTS
+// requests waiting for the application; beyond that each REQ gets REJ "no
+// resources" (3) at once, and the room comes back as the application
+// answers.
+TEST_F(Cm, AFloodOfRequestsIsBoundedNoResourcesBeyond) {
+  using namespace ufab::cm;
+  open({}, ufab_cm_opts{}, false);
+  RawPeer peer(b_);
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
+  std::vector<ufab_cm_id*> ids;
+  for (uint32_t i = 0; i < UFAB_CM_MAX_PENDING_REQUESTS; ++i) {
+    peer.send(Mad{.header = cm_header(0x100000 + i), .message = raw_req(0x100000 + i, 7174, 0x1000 + i)});
+    ufab_cm_event ev = next(a_);
+    ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST) << "request " << i;
+    ids.push_back(ev.id);
+  }
+  peer.send(Mad{.header = cm_header(0x200000), .message = raw_req(0x200000, 7174, 0x2000)});
+  Rej full = peer.expect<Rej>(1000);
+  EXPECT_EQ(full.reason, static_cast<uint16_t>(RejectReason::kNoResources));
+  EXPECT_EQ(full.remote_comm_id, 0x200000u);
+  EXPECT_EQ(full.message_rejected, MessageCode::kReq);
+  EXPECT_EQ(peer.last_tid(), 0x200000u);
+  ufab_cm_event none{};
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+  // A repeat of a request already waiting is no new request: MRA, as before.
+  peer.send(Mad{.header = cm_header(0x100000), .message = raw_req(0x100000, 7174, 0x1000)});
+  EXPECT_EQ(peer.expect<Mra>(1000).remote_comm_id, 0x100000u);
+  // A SIDR_REQ counts too: SIDR_REP "rejected".
+  ufab_cm_listener* lu = nullptr;
+  ASSERT_EQ(ufab_cm_listen_ud(a_.cm, 7174, &lu), 0);
+  SidrReq sidr{.request_id = 0x300000, .partition_key = 0xFFFF, .service_id = rdma_cm_service_id(kRdmaPsUdp, 7174),
+               .private_data = *build_rdma_cm_req_private_data(
+                   CmaHeader{.ip_version = 4, .port = 40002, .src_addr = cma_ipv4(kIpB), .dst_addr = cma_ipv4(kIpA)},
+                   {})};
+  peer.send(Mad{.header = cm_header(0x300000), .message = sidr});
+  EXPECT_EQ(peer.expect<SidrRep>(1000).status, static_cast<uint8_t>(SidrStatus::kReject));
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+  // The application answers one: room for one more.
+  ASSERT_EQ(ufab_cm_reject(ids[0], nullptr, 0), 0) << ufab_last_error();
+  EXPECT_EQ(peer.expect<Rej>(1000).reason, static_cast<uint16_t>(RejectReason::kConsumerDefined));
+  peer.send(Mad{.header = cm_header(0x200001), .message = raw_req(0x200001, 7174, 0x2001)});
+  EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  peer.send(Mad{.header = cm_header(0x200002), .message = raw_req(0x200002, 7174, 0x2002)});
+  EXPECT_EQ(peer.expect<Rej>(1000).reason, static_cast<uint16_t>(RejectReason::kNoResources));
+}
+
+// After ufab_cm_id_destroy the QP is the application's again (cm.h): a DREQ
+// from the peer that crosses ours must not touch it, even when the
+// application has already reset it for another use.
+TEST_F(Cm, ADestroyedIdLetsGoOfItsQp) {
+  using namespace ufab::cm;
+  open({}, ufab_cm_opts{}, false);
+  RawPeer peer(b_);
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
+  Req req = raw_req(0x51515151, 7174, 0x88);
+  peer.send(Mad{.header = cm_header(21), .message = req});
+  ufab_cm_event ev = next(a_);
+  ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  ufab_qp* q = a_.qp();
+  ASSERT_EQ(ufab_cm_accept(ev.id, q, nullptr), 0) << ufab_last_error();
+  Rep rep = peer.expect<Rep>();
+  peer.send(Mad{.header = cm_header(21),
+                .message = Rtu{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
+                               .private_data = {}}});
+  ASSERT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
+
+  ufab_cm_id_destroy(ev.id);
+  Dreq ours = peer.expect<Dreq>();
+  EXPECT_EQ(ours.local_comm_id, rep.local_comm_id);
+  EXPECT_EQ(query(q).state, UFAB_QPS_ERR);
+  ufab_qp_attr reset{};
+  reset.state = UFAB_QPS_RESET;
+  ASSERT_EQ(ufab_qp_modify(q, &reset, UFAB_QP_STATE), 0) << ufab_last_error();
+  // The peer's DREQ crosses ours: DREP, and the QP stays as the application left it.
+  peer.send(Mad{.header = cm_header(22),
+                .message = Dreq{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
+                                .remote_qpn_eecn = rep.local_qpn, .private_data = {}}});
+  EXPECT_EQ(peer.expect<Drep>().remote_comm_id, req.local_comm_id);
+  EXPECT_EQ(query(q).state, UFAB_QPS_RESET);
+  ufab_cm_event none{};
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);  // nobody to tell
+  ufab_qp_destroy(q);
+}
+
+// The event fd is readable while events wait, and only then: events that
+// go with a destroyed id or a closed listener leave it quiet.
+TEST_F(Cm, TheEventFdIsQuietWhenDroppedEventsWereTheLast) {
+  open();
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(b_.cm, 6100, &l), 0);
+  ufab_cm_id* id = nullptr;
+  ASSERT_EQ(ufab_cm_connect(a_.cm, a_.qp(), kIpB, 6100, nullptr, &id), 0);
+  // B's CONNECT_REQUEST waits; the listener closes: no event left on B.
+  ASSERT_TRUE(becomes_readable(ufab_cm_event_fd(b_.cm)));
+  ufab_cm_listener_close(l);
+  EXPECT_FALSE(readable(ufab_cm_event_fd(b_.cm)));
+  ufab_cm_event none{};
+  EXPECT_EQ(ufab_cm_get_event(b_.cm, &none, 0), -ETIMEDOUT);
+  // A's REJECTED waits; the id is destroyed: no event left on A.
+  ASSERT_TRUE(becomes_readable(ufab_cm_event_fd(a_.cm)));
+  ufab_cm_id_destroy(id);
+  EXPECT_FALSE(readable(ufab_cm_event_fd(a_.cm)));
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 0), -ETIMEDOUT);
+}
+
+// One connection's end must not erase what another connection is filed
+// under: here A's active connection and a request from the same peer carry
+// the same peer communication id; the active one fails (its QP went to
+// ERROR under it) and a repeat of the request is still recognized.
+TEST_F(Cm, ForgettingAConnectionKeepsAnotherFiledUnderTheSamePeerId) {
+  using namespace ufab::cm;
+  open({}, ufab_cm_opts{}, false);
+  RawPeer peer(b_);
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
+  ufab_qp* qa = a_.qp();
+  ufab_cm_id* active = nullptr;
+  ASSERT_EQ(ufab_cm_connect(a_.cm, qa, kIpB, 5000, nullptr, &active), 0);
+  Req areq = peer.expect<Req>();
+  uint64_t atid = peer.last_tid();
+  constexpr uint32_t kX = 0x42424242;
+  Req req = raw_req(kX, 7174, 0x89);
+  peer.send(Mad{.header = cm_header(31), .message = req});
+  ufab_cm_event ev = next(a_);
+  ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  ufab_qp_attr err{};
+  err.state = UFAB_QPS_ERR;
+  ASSERT_EQ(ufab_qp_modify(qa, &err, UFAB_QP_STATE), 0);
+  Rep rep;
+  rep.local_comm_id = kX;
+  rep.remote_comm_id = areq.local_comm_id;
+  rep.local_qpn = 0x99;
+  rep.starting_psn = 0x1234;
+  rep.responder_resources = 1;
+  rep.initiator_depth = 1;
+  rep.rnr_retry_count = 7;
+  peer.send(Mad{.header = cm_header(atid), .message = rep});
+  EXPECT_EQ(peer.expect<Rej>().reason, static_cast<uint16_t>(RejectReason::kNoQp));
+  EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_UNREACHABLE);
+  // The request again: still the one waiting (MRA), not a new request.
+  peer.send(Mad{.header = cm_header(31), .message = req});
+  EXPECT_EQ(peer.expect<Mra>(1000).remote_comm_id, kX);
+  ufab_cm_event none{};
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+  ufab_cm_id_destroy(active);
+  ufab_cm_id_destroy(ev.id);
+}
+
+// A REQ sent again after the application rejected it (our REJ was lost)
+// gets that REJ again (reason 28 and its private data), not "stale".
+TEST_F(Cm, ARepeatedRequestGetsTheSameReject) {
+  using namespace ufab::cm;
+  open({}, ufab_cm_opts{}, false);
+  RawPeer peer(b_);
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
+  Req req = raw_req(0x61616161, 7174, 0x8a);
+  peer.send(Mad{.header = cm_header(41), .message = req});
+  ufab_cm_event ev = next(a_);
+  ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_EQ(ufab_cm_reject(ev.id, "busy", 4), 0);
+  Rej first = peer.expect<Rej>();
+  EXPECT_EQ(first.reason, static_cast<uint16_t>(RejectReason::kConsumerDefined));
+  peer.send(Mad{.header = cm_header(41), .message = req});
+  Rej again = peer.expect<Rej>();
+  EXPECT_EQ(again.reason, static_cast<uint16_t>(RejectReason::kConsumerDefined));
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(peer.last_tid(), 41u);
+  ufab_cm_event none{};
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 100), -ETIMEDOUT);
+  ufab_cm_id_destroy(ev.id);
+}
+
+// Private data announced without a pointer is an argument error, not a
+// read of address 0.
+TEST_F(Cm, PrivateDataLengthWithoutDataIsRefused) {
+  open();
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(b_.cm, 6200, &l), 0);
+  ufab_cm_conn_param bad{};
+  bad.private_data_len = 8;
+  ufab_cm_id* id = nullptr;
+  EXPECT_EQ(ufab_cm_connect(a_.cm, a_.qp(), kIpB, 6200, &bad, &id), -EINVAL);
+  EXPECT_NE(std::string(ufab_last_error()).find("private_data"), std::string::npos) << ufab_last_error();
+  EXPECT_EQ(ufab_cm_resolve_ud(a_.cm, kIpB, 6200, &bad, &id), -EINVAL);
+  ASSERT_EQ(ufab_cm_connect(a_.cm, a_.qp(), kIpB, 6200, nullptr, &id), 0);
+  ufab_cm_event req = next(b_);
+  ASSERT_EQ(req.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(ufab_cm_accept(req.id, b_.qp(), &bad), -EINVAL);
+  EXPECT_EQ(ufab_cm_accept(req.id, b_.qp(), nullptr), 0) << ufab_last_error();  // still answerable
+  EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
 }
 
 }  // namespace
