@@ -932,4 +932,33 @@ TEST_F(Cm, PrivateDataLengthWithoutDataIsRefused) {
   EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
 }
 
+// Closing a listener takes its requests the application never saw along
+// with every event of theirs: here the active side gave up first (REJ
+// timeout), so A held a CONNECT_ERROR behind the CONNECT_REQUEST.
+TEST_F(Cm, AClosedListenerTakesAllEventsOfRequestsNeverSeen) {
+  using namespace ufab::cm;
+  open({}, ufab_cm_opts{}, false);
+  RawPeer peer(b_);
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
+  Req req = raw_req(0x71717171, 7174, 0x8b);
+  peer.send(Mad{.header = cm_header(51), .message = req});
+  ASSERT_TRUE(becomes_readable(ufab_cm_event_fd(a_.cm)));
+  std::vector<uint8_t> guid(8, 0x11);
+  peer.send(Mad{.header = cm_header(51),
+                .message = Rej{.local_comm_id = req.local_comm_id, .remote_comm_id = 0,
+                               .message_rejected = MessageCode::kReq,
+                               .reason = static_cast<uint16_t>(RejectReason::kTimeout), .ari = guid,
+                               .private_data = {}}});
+  // A DREQ for nothing: its DREP says A's CM has taken the REJ before it.
+  peer.send(Mad{.header = cm_header(52), .message = Dreq{.local_comm_id = 1, .remote_comm_id = 2,
+                                                            .remote_qpn_eecn = 3, .private_data = {}}});
+  ASSERT_EQ(peer.expect<Drep>().remote_comm_id, 1u);
+  ufab_cm_listener_close(l);
+  ufab_cm_event ev{};
+  int rc = ufab_cm_get_event(a_.cm, &ev, 0);
+  EXPECT_EQ(rc, -ETIMEDOUT) << "got " << ufab_cm_event_str(ev.type) << " for an id never handed out";
+  EXPECT_FALSE(readable(ufab_cm_event_fd(a_.cm)));
+}
+
 }  // namespace
