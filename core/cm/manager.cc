@@ -379,6 +379,7 @@ void Manager::on_req(uint32_t peer_ip, const MadHeader& h, const Req& m) {
     return reject(RejectReason::kInvalidTransportType);
   }
   if (mtu_bytes(m.path_mtu) == 0) return reject(RejectReason::kInvalidMtu);
+  if (pending_requests() >= UFAB_CM_MAX_PENDING_REQUESTS) return reject(RejectReason::kNoResources);
 
   auto c = std::make_unique<Conn>();
   c->state = State::kReqReceived;
@@ -531,6 +532,13 @@ void Manager::on_sidr_req(uint32_t peer_ip, const MadHeader& h, const SidrReq& m
   if (!cma || cma->dst_ipv4() != ip_) return unsupported();
   auto l = listeners_.find({kRdmaPsUdp, service->port});
   if (l == listeners_.end()) return unsupported();
+  if (pending_requests() >= UFAB_CM_MAX_PENDING_REQUESTS) {
+    send_message(peer_ip, h.transaction_id,
+                 SidrRep{.request_id = m.request_id, .status = static_cast<uint8_t>(SidrStatus::kReject),
+                         .vendor_id = 0, .qpn = 0, .service_id = m.service_id, .qkey = 0, .additional_info = {},
+                         .private_data = {}});
+    return;
+  }
   auto c = std::make_unique<Conn>();
   c->state = State::kReqReceived;
   c->ud = true;
@@ -612,6 +620,12 @@ Manager::Conn& Manager::file(std::unique_ptr<Conn> c) {
   Conn& conn = *c;
   conns_[c->local_id] = std::move(c);
   return conn;
+}
+
+size_t Manager::pending_requests() const {
+  return static_cast<size_t>(std::count_if(conns_.begin(), conns_.end(), [](const auto& e) {
+    return !e.second->active && (e.second->state == State::kReqReceived || e.second->state == State::kMraSent);
+  }));
 }
 
 Manager::Conn* Manager::find(uint32_t local_id) {

@@ -128,6 +128,9 @@ class Manager {
   // under the peer's id for its repeats).
   Conn& file(std::unique_ptr<Conn> c);
   Conn* find(uint32_t local_id);
+  // Passive requests (REQ, SIDR_REQ) the application has not answered:
+  // bounded by UFAB_CM_MAX_PENDING_REQUESTS against a peer's flood.
+  size_t pending_requests() const;
   Conn* find_rc(uint32_t local_id);  // a connection, not a SIDR
   Conn* find_handle(ufab_cm_id* id);
   uint32_t new_local_id();
