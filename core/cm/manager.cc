@@ -1112,7 +1112,13 @@ void Manager::destroy(ufab_cm_id* id) {
       default:
         break;
     }
-    if (c != nullptr) c->handle = nullptr;
+    if (c != nullptr) {
+      // What is left (DREQ sent, timewait) runs without the application;
+      // its QP is the application's again (a DREQ that crosses ours must
+      // not move it to ERROR after it was reset or destroyed).
+      c->handle = nullptr;
+      c->qp = nullptr;
+    }
   }
   std::erase_if(events_, [&](const ufab_cm_event& e) { return e.id == id; });
   std::erase_if(handles_, [&](const auto& h) { return h.get() == id; });
