@@ -148,7 +148,8 @@ int ufab_cm_listen(struct ufab_cm* cm, uint16_t port, struct ufab_cm_listener** 
  * with "rejected". */
 int ufab_cm_listen_ud(struct ufab_cm* cm, uint16_t port, struct ufab_cm_listener** out);
 /* REQs not yet accepted are rejected; later ones get REJ "invalid service
- * id", as when nobody listened. NULL is ignored. */
+ * id", as when nobody listened. CONNECT_REQUEST events not yet taken go
+ * with their ids (and every other event of those ids). NULL is ignored. */
 int ufab_cm_listener_close(struct ufab_cm_listener* listener);
 
 /* QPs are handed over in RESET, or in INIT with receives posted (as

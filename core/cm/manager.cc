@@ -834,6 +834,15 @@ void Manager::push(ufab_cm_event event) {
   events_cv_.notify_all();
 }
 
+void Manager::drop_events(const std::function<bool(const ufab_cm_event&)>& which) {
+  std::erase_if(events_, which);
+  // The fd is readable while events wait, and only then.
+  if (events_.empty()) {
+    uint64_t v;
+    (void)!::read(event_fd_.get(), &v, sizeof v);
+  }
+}
+
 Status Manager::get_event(ufab_cm_event& out, int timeout_ms) {
   std::unique_lock lock(mu_);
   auto ready = [&] { return !events_.empty(); };
@@ -893,7 +902,19 @@ void Manager::close_listener(ufab_cm_listener* listener) {
   for (auto& [id, c] : conns_) {
     if (c->listener == listener) c->listener = nullptr;
   }
-  std::erase_if(events_, [&](const ufab_cm_event& e) { return e.listener == listener; });
+  // CONNECT_REQUESTs not yet taken: their ids were never the
+  // application's, so they go with every event of theirs (a CONNECT_ERROR
+  // behind one, when the peer gave up first).
+  std::vector<ufab_cm_id*> unseen;
+  for (const auto& e : events_) {
+    if (e.listener == listener) unseen.push_back(e.id);
+  }
+  auto is_unseen = [&](ufab_cm_id* id) { return std::find(unseen.begin(), unseen.end(), id) != unseen.end(); };
+  drop_events([&](const ufab_cm_event& e) { return e.listener == listener || is_unseen(e.id); });
+  for (auto& [id, c] : conns_) {
+    if (is_unseen(c->handle)) c->handle = nullptr;
+  }
+  std::erase_if(handles_, [&](const auto& h) { return is_unseen(h.get()); });
   std::erase_if(listener_handles_, [&](const auto& l) { return l.get() == listener; });
 }
 
@@ -1120,7 +1141,7 @@ void Manager::destroy(ufab_cm_id* id) {
       c->qp = nullptr;
     }
   }
-  std::erase_if(events_, [&](const ufab_cm_event& e) { return e.id == id; });
+  drop_events([&](const ufab_cm_event& e) { return e.id == id; });
   std::erase_if(handles_, [&](const auto& h) { return h.get() == id; });
 }
 

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -147,6 +148,9 @@ class Manager {
   // Events.
   void push(Conn& c, uint32_t type, int status, std::span<const uint8_t> private_data = {}, uint16_t reason = 0);
   void push(ufab_cm_event event);
+  // Takes events out of the queue (a destroyed id's, a closed listener's);
+  // the event fd goes quiet when none is left.
+  void drop_events(const std::function<bool(const ufab_cm_event&)>& which);
 
   ufab_device* dev_ = nullptr;
   uint32_t ip_ = 0;
