@@ -714,7 +714,11 @@ void Manager::enter_timewait(Conn& c) {
 }
 
 void Manager::forget(Conn& c) {
-  by_remote_.erase({c.peer_ip, c.remote_id});
+  // Only its own filing: an active connection is not filed there, and
+  // another connection (or SIDR) from that peer may carry the same id.
+  if (auto it = by_remote_.find({c.peer_ip, c.remote_id}); it != by_remote_.end() && it->second == c.local_id) {
+    by_remote_.erase(it);
+  }
   conns_.erase(c.local_id);
 }
 
