@@ -262,9 +262,11 @@ std::optional<std::array<uint8_t, kMadSize>> Manager::send_message(uint32_t peer
   return mad;
 }
 
-void Manager::send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_id, uint32_t remote_id, MessageCode what,
-                       RejectReason reason, std::span<const uint8_t> private_data) {
-  send_message(peer_ip, tid,
+std::optional<std::array<uint8_t, kMadSize>> Manager::send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_id,
+                                                              uint32_t remote_id, MessageCode what,
+                                                              RejectReason reason,
+                                                              std::span<const uint8_t> private_data) {
+  return send_message(peer_ip, tid,
                Rej{.local_comm_id = local_id, .remote_comm_id = remote_id, .message_rejected = what,
                    .reason = static_cast<uint16_t>(reason), .ari = {},
                    .private_data = PrivateData(private_data.begin(), private_data.end())});
@@ -357,8 +359,12 @@ void Manager::on_req(uint32_t peer_ip, const MadHeader& h, const Req& m) {
         if (c->resend) send(peer_ip, *c->resend);
         break;
       case State::kTimewait:
-        send_rej(peer_ip, h.transaction_id, c->local_id, m.local_comm_id, MessageCode::kReq,
-                 RejectReason::kStaleConnection);
+        if (c->rejected && c->answer) {
+          send(peer_ip, *c->answer);  // our REJ was lost: the same REJ (reason, private data) again
+        } else {
+          send_rej(peer_ip, h.transaction_id, c->local_id, m.local_comm_id, MessageCode::kReq,
+                   RejectReason::kStaleConnection);
+        }
         break;
       default:
         break;  // established: the RTU is on its way or the REQ is stale
@@ -1093,9 +1099,10 @@ Status Manager::reject(ufab_cm_id* id, std::span<const uint8_t> private_data) {
     answer_sidr(*c, SidrStatus::kReject, 0, 0, private_data);
     return {};
   }
-  send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq, RejectReason::kConsumerDefined,
-           private_data);
-  // Kept a while: a REQ sent again before our REJ arrived gets "stale".
+  c->answer = send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq,
+                       RejectReason::kConsumerDefined, private_data);
+  c->rejected = true;
+  // Kept a while: a REQ sent again before our REJ arrived gets it again.
   enter_timewait(*c);
   return {};
 }
@@ -1124,7 +1131,9 @@ void Manager::destroy(ufab_cm_id* id) {
         if (c->ud) {
           answer_sidr(*c, SidrStatus::kReject, 0, 0, {});
         } else {
-          send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq, RejectReason::kConsumerDefined);
+          c->answer = send_rej(c->peer_ip, c->tid, c->local_id, c->remote_id, MessageCode::kReq,
+                               RejectReason::kConsumerDefined);
+          c->rejected = true;
           enter_timewait(*c);
         }
         break;

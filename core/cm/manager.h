@@ -76,6 +76,7 @@ class Manager {
     State state = State::kReqSent;
     bool active = false;
     bool ud = false;  // SIDR: a UD service resolution, not a connection
+    bool rejected = false;  // passive: we answered REJ (kept in `answer` for a repeated REQ)
     uint32_t local_id = 0, remote_id = 0;
     uint64_t tid = 0;  // of the REQ: REP, RTU, MRA and REJ answer it
     uint32_t peer_ip = 0;
@@ -106,8 +107,9 @@ class Manager {
   std::optional<std::array<uint8_t, kMadSize>> build(uint64_t tid, Message message);
   // Builds, sends and returns the MAD (to keep for resending).
   std::optional<std::array<uint8_t, kMadSize>> send_message(uint32_t peer_ip, uint64_t tid, Message message);
-  void send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_id, uint32_t remote_id, MessageCode what,
-                RejectReason reason, std::span<const uint8_t> private_data = {});
+  std::optional<std::array<uint8_t, kMadSize>> send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_id,
+                                                        uint32_t remote_id, MessageCode what, RejectReason reason,
+                                                        std::span<const uint8_t> private_data = {});
 
   void reject_timeout(Conn& c);  // REJ "timeout" for a REQ we give up on
 
