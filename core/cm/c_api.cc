@@ -24,6 +24,14 @@ int invalid(const char* what) {
 
 ufab_cm_conn_param param_or_default(const ufab_cm_conn_param* p) { return p != nullptr ? *p : ufab_cm_conn_param{}; }
 
+// NULL private data with a length would be read from address 0.
+bool param_ok(const ufab_cm_conn_param* p, const char* who) {
+  if (p == nullptr || p->private_data != nullptr || p->private_data_len == 0) return true;
+  last_error() = std::string(who) + ": param->private_data is NULL but private_data_len is " +
+                 std::to_string(p->private_data_len);
+  return false;
+}
+
 }  // namespace
 
 extern "C" {
@@ -70,6 +78,7 @@ int ufab_cm_listen_ud(ufab_cm* cm, uint16_t port, ufab_cm_listener** out) {
 int ufab_cm_resolve_ud(ufab_cm* cm, uint32_t dest_ip, uint16_t port, const ufab_cm_conn_param* param,
                        ufab_cm_id** out) {
   if (cm == nullptr || out == nullptr) return invalid("ufab_cm_resolve_ud: cm and out are required");
+  if (!param_ok(param, "ufab_cm_resolve_ud")) return -EINVAL;
   auto id = cm->manager->resolve_ud(dest_ip, port, param_or_default(param));
   if (!id) return report(id.error());
   *out = *id;
@@ -84,6 +93,7 @@ int ufab_cm_listener_close(ufab_cm_listener* listener) {
 int ufab_cm_connect(ufab_cm* cm, ufab_qp* qp, uint32_t dest_ip, uint16_t port, const ufab_cm_conn_param* param,
                     ufab_cm_id** out) {
   if (cm == nullptr || out == nullptr) return invalid("ufab_cm_connect: cm and out are required");
+  if (!param_ok(param, "ufab_cm_connect")) return -EINVAL;
   auto id = cm->manager->connect(qp, dest_ip, port, param_or_default(param));
   if (!id) return report(id.error());
   *out = *id;
@@ -92,6 +102,7 @@ int ufab_cm_connect(ufab_cm* cm, ufab_qp* qp, uint32_t dest_ip, uint16_t port, c
 
 int ufab_cm_accept(ufab_cm_id* id, ufab_qp* qp, const ufab_cm_conn_param* param) {
   if (id == nullptr) return invalid("ufab_cm_accept: id is NULL");
+  if (!param_ok(param, "ufab_cm_accept")) return -EINVAL;
   if (auto s = id->manager->accept(id, qp, param_or_default(param)); !s) return report(s.error());
   return 0;
 }
