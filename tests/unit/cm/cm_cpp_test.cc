@@ -82,6 +82,23 @@ TEST(CmCpp, ConnectAcceptTransferDisconnect) {
     auto none = (*cma)->next_event(100ms);
     ASSERT_FALSE(none);
     EXPECT_EQ(none.error().code(), ETIMEDOUT);
+
+    // A reject with more private data than a REJ carries is refused whole,
+    // not cut to its length modulo 256 (300 bytes would have sent 44).
+    auto qa2 = pda->create_qp({.type = rdma::QpType::kRc, .send_cq = cqa->get(), .recv_cq = cqa->get()});
+    ASSERT_TRUE(qa2);
+    auto id2 = (*cma)->connect(**qa2, (*b)->ip(), 7000);
+    ASSERT_TRUE(id2) << id2.error().message();
+    auto req2 = (*cmb)->next_event(5s);
+    ASSERT_TRUE(req2 && req2->type == cm::EventType::kConnectRequest);
+    cm::Id idb2 = req2->take_id();
+    std::vector<uint8_t> big(300, 'x');
+    auto refused = idb2.reject(big);
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code(), EMSGSIZE);
+    ASSERT_TRUE(idb2.reject(std::span<const uint8_t>(big.data(), 2)));
+    auto rej = (*cma)->next_event(5s);
+    ASSERT_TRUE(rej && rej->type == cm::EventType::kRejected);
   }
 }
 
