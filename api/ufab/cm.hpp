@@ -14,6 +14,7 @@
 // what is left of them on the C side).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -73,8 +74,9 @@ class Id {
     return rdma::detail::status(ufab_cm_accept(id_, qp.c(), &p));
   }
   Status reject(std::span<const uint8_t> private_data = {}) {
+    // Over 255 bytes: 255, which the C call refuses (EMSGSIZE), rather than the length modulo 256.
     return rdma::detail::status(
-        ufab_cm_reject(id_, private_data.data(), static_cast<uint8_t>(private_data.size())));
+        ufab_cm_reject(id_, private_data.data(), static_cast<uint8_t>(std::min<size_t>(private_data.size(), 255))));
   }
   Status disconnect() { return rdma::detail::status(ufab_cm_disconnect(id_)); }
   ufab_cm_id* c() const { return id_; }
