@@ -961,4 +961,33 @@ TEST_F(Cm, AClosedListenerTakesAllEventsOfRequestsNeverSeen) {
   EXPECT_FALSE(readable(ufab_cm_event_fd(a_.cm)));
 }
 
+// More messages at once than the CM has send slots (64): 150 connects in a
+// burst, then closing the CM with 150 connections up. Every REQ and every
+// DREQ leaves at once (none waits for a retransmission: the response
+// timeout here is ~4.3 s, longer than the test allows).
+TEST_F(Cm, MoreMessagesThanSendSlotsAllLeave) {
+  open({}, ufab_cm_opts{.size = 0, .response_timeout = 20, .max_retries = 1, .reserved = 0});
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(b_.cm, 400, &l), 0);
+  constexpr int kN = 150;
+  std::vector<ufab_qp*> qps;
+  for (int i = 0; i < kN; ++i) qps.push_back(a_.qp());
+  for (int i = 0; i < kN; ++i) {
+    ufab_cm_id* id = nullptr;
+    ASSERT_EQ(ufab_cm_connect(a_.cm, qps[i], kIpB, 400, nullptr, &id), 0) << ufab_last_error();
+  }
+  EXPECT_EQ(serve(UFAB_CM_EVENT_ESTABLISHED, kN, 3s), std::make_pair(kN, kN));
+  ufab_cm_close(a_.cm);  // a DREQ for each
+  a_.cm = nullptr;
+  int gone = 0;
+  auto deadline = std::chrono::steady_clock::now() + 3s;
+  while (gone < kN && std::chrono::steady_clock::now() < deadline) {
+    ufab_cm_event ev{};
+    if (ufab_cm_get_event(b_.cm, &ev, 10) != 0) continue;
+    EXPECT_EQ(ev.type, UFAB_CM_EVENT_DISCONNECTED) << ufab_cm_event_str(ev.type);
+    ++gone;
+  }
+  EXPECT_EQ(gone, kN);
+}
+
 }  // namespace
