@@ -131,7 +131,8 @@ struct ufab_cm_event {
  * destroyed. */
 int ufab_cm_open(struct ufab_device* dev, const struct ufab_cm_opts* opts, struct ufab_cm** out);
 /* Destroys every id and listener still there (connected ones are
- * disconnected with a DREQ, not waited for). NULL is ignored. */
+ * disconnected with a DREQ: sent, up to 500 ms for them to leave, but their
+ * DREPs not waited for). NULL is ignored. */
 void ufab_cm_close(struct ufab_cm* cm);
 /* Readable while ufab_cm_get_event has an event to return. */
 int ufab_cm_event_fd(struct ufab_cm* cm);

@@ -12,7 +12,12 @@
 namespace ufab::cm {
 namespace {
 
-constexpr uint32_t kSlots = 64;              // receive slots; as many send slots
+// Receive slots: a peer's burst (one DREQ per connection when it closes
+// many) is taken without loss up to this many (the kernel's MAD layer
+// posts 512). Send slots: what is in flight; more waits in the backlog.
+constexpr uint32_t kRecvSlots = 256;
+constexpr uint32_t kSendSlots = 64;
+constexpr size_t kBacklog = 1024;            // MADs waiting for a send slot, at most
 constexpr uint32_t kGrh = 40;                // a UD receive starts with the GRH area
 constexpr uint32_t kRecvSlot = kGrh + kMadSize;
 constexpr uint64_t kSendBit = 1ull << 32;    // wr_id: a send slot
@@ -95,12 +100,12 @@ Status Manager::start(ufab_device* dev, const ufab_cm_opts& opts) {
     return {};
   };
   if (auto s = check(ufab_pd_alloc(dev, &pd_), "allocating the CM's PD"); !s) return s;
-  if (auto s = check(ufab_cq_create(dev, 2 * kSlots, &cq_), "creating the CM's CQ"); !s) return s;
+  if (auto s = check(ufab_cq_create(dev, kRecvSlots + kSendSlots, &cq_), "creating the CM's CQ"); !s) return s;
   ufab_qp_init_attr init{.qp_type = UFAB_QPT_GSI,
                          .sq_sig_all = 1,
                          .send_cq = cq_,
                          .recv_cq = cq_,
-                         .cap = {.max_send_wr = kSlots, .max_recv_wr = kSlots, .max_send_sge = 1, .max_recv_sge = 1,
+                         .cap = {.max_send_wr = kSendSlots, .max_recv_wr = kRecvSlots, .max_send_sge = 1, .max_recv_sge = 1,
                                  .max_inline_data = 0}};
   if (int rc = ufab_qp_create(pd_, &init, &gsi_); rc < 0) {
     return fail(-rc, std::string("creating the GSI QP (QP 1) for the connection manager: ") + ufab_last_error());
@@ -110,14 +115,14 @@ Status Manager::start(ufab_device* dev, const ufab_cm_opts& opts) {
   a.qkey = kGsiQKey;
   ufab_conn none{};
   if (auto s = check(ufab_qp_connect(gsi_, &none, &a), "bringing the GSI QP to RTS"); !s) return s;
-  buffers_.assign(kSlots * kRecvSlot + kSlots * kMadSize, 0);
+  buffers_.assign(kRecvSlots * kRecvSlot + kSendSlots * kMadSize, 0);
   if (auto s = check(ufab_mr_reg(pd_, buffers_.data(), buffers_.size(), UFAB_ACCESS_LOCAL_WRITE, &mr_),
                      "registering the CM's buffers");
       !s) {
     return s;
   }
-  for (uint32_t i = 0; i < kSlots; ++i) free_sends_.push_back(static_cast<uint16_t>(kSlots - 1 - i));
-  send_peer_.assign(kSlots, 0);
+  for (uint32_t i = 0; i < kSendSlots; ++i) free_sends_.push_back(static_cast<uint16_t>(kSendSlots - 1 - i));
+  send_peer_.assign(kSendSlots, 0);
   post_receives();
   thread_ = std::thread([this] { run(); });
   return {};
@@ -142,12 +147,13 @@ Manager::~Manager() {
     }
   }
   if (thread_.joinable()) {
-    // Let the DREQs and REJs leave before the QP goes.
-    auto until = Clock::now() + std::chrono::milliseconds(50);
+    // Let the DREQs and REJs leave before the QP goes (the thread sends
+    // what waits for a slot as slots come back).
+    auto until = Clock::now() + std::chrono::milliseconds(500);
     while (Clock::now() < until) {
       {
         std::lock_guard lock(mu_);
-        if (free_sends_.size() == kSlots) break;
+        if (free_sends_.size() == kSendSlots && backlog_.empty()) break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -163,7 +169,7 @@ Manager::~Manager() {
 // ------------------------------------------------------------------- wire
 
 void Manager::post_receives() {
-  for (uint32_t i = 0; i < kSlots; ++i) {
+  for (uint32_t i = 0; i < kRecvSlots; ++i) {
     ufab_sge sge{.addr = reinterpret_cast<uint64_t>(&buffers_[i * kRecvSlot]), .length = kRecvSlot,
                  .lkey = ufab_mr_lkey(mr_)};
     ufab_recv_wr wr{.wr_id = i, .sg_list = &sge, .num_sge = 1, .reserved = 0};
@@ -186,6 +192,7 @@ void Manager::run() {
     std::lock_guard lock(mu_);
     for (int i = 0; i < n; ++i) on_completion(wc[i]);
     run_timers(Clock::now());
+    drain_backlog();
   }
 }
 
@@ -193,6 +200,7 @@ void Manager::on_completion(const ufab_wc& wc) {
   if (wc.wr_id & kSendBit) {
     auto slot = static_cast<uint16_t>(wc.wr_id & 0xFFFF);
     free_sends_.push_back(slot);
+    drain_backlog();
     if (wc.status != UFAB_WC_SUCCESS) {
       // The one way a datagram fails here: no ARP answer. Active
       // connections to that peer cannot get anywhere.
@@ -211,7 +219,7 @@ void Manager::on_completion(const ufab_wc& wc) {
     return;
   }
   uint32_t slot = static_cast<uint32_t>(wc.wr_id);
-  if (slot >= kSlots) return;
+  if (slot >= kRecvSlots) return;
   uint8_t* buf = &buffers_[slot * kRecvSlot];
   if (wc.status == UFAB_WC_SUCCESS && wc.byte_len >= kGrh) {
     uint32_t peer = (uint32_t{buf[32]} << 24) | (uint32_t{buf[33]} << 16) | (uint32_t{buf[34]} << 8) | buf[35];
@@ -223,14 +231,32 @@ void Manager::on_completion(const ufab_wc& wc) {
 }
 
 void Manager::send(uint32_t peer_ip, const std::array<uint8_t, kMadSize>& mad) {
-  if (free_sends_.empty()) {
-    ++dropped_;  // all 64 slots in flight: a datagram lost, as on the wire; timers resend
+  if (free_sends_.empty() || !backlog_.empty()) {
+    // All slots in flight: it waits its turn (in order) for one to come
+    // back; beyond the bound it is lost, as on the wire (timers resend).
+    if (backlog_.size() < kBacklog) {
+      backlog_.emplace_back(peer_ip, mad);
+    } else {
+      ++dropped_;
+    }
     return;
   }
+  post_send(peer_ip, mad);
+}
+
+void Manager::drain_backlog() {
+  while (!backlog_.empty() && !free_sends_.empty()) {
+    auto [peer, mad] = backlog_.front();
+    backlog_.pop_front();
+    post_send(peer, mad);
+  }
+}
+
+void Manager::post_send(uint32_t peer_ip, const std::array<uint8_t, kMadSize>& mad) {
   uint16_t slot = free_sends_.back();
   free_sends_.pop_back();
   send_peer_[slot] = peer_ip;
-  uint8_t* buf = &buffers_[kSlots * kRecvSlot + slot * kMadSize];
+  uint8_t* buf = &buffers_[kRecvSlots * kRecvSlot + slot * kMadSize];
   std::memcpy(buf, mad.data(), kMadSize);
   ufab_sge sge{.addr = reinterpret_cast<uint64_t>(buf), .length = kMadSize, .lkey = ufab_mr_lkey(mr_)};
   ufab_send_wr wr{};

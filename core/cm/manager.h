@@ -103,7 +103,10 @@ class Manager {
   void post_receives();
   void on_completion(const ufab_wc& wc);
   void on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes);
+  // Posts the MAD, or queues it while every send slot is in flight.
   void send(uint32_t peer_ip, const std::array<uint8_t, kMadSize>& mad);
+  void post_send(uint32_t peer_ip, const std::array<uint8_t, kMadSize>& mad);
+  void drain_backlog();  // posts what waits, as slots come back
   std::optional<std::array<uint8_t, kMadSize>> build(uint64_t tid, Message message);
   // Builds, sends and returns the MAD (to keep for resending).
   std::optional<std::array<uint8_t, kMadSize>> send_message(uint32_t peer_ip, uint64_t tid, Message message);
@@ -166,6 +169,7 @@ class Manager {
   std::vector<uint8_t> buffers_;  // receive slots, then send slots
   std::vector<uint16_t> free_sends_;
   std::vector<uint32_t> send_peer_;  // per send slot: where it went
+  std::deque<std::pair<uint32_t, std::array<uint8_t, kMadSize>>> backlog_;  // waiting for a send slot
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
