@@ -255,7 +255,10 @@ int QueuePairImpl::send_request_packet(SendWqe& w) {
   if (int r = is_rc() ? build_rc_request(w, p) : build_ud_request(w, p); r != 1) return r == 3 ? 2 : r;
   Gather g;
   if (int r = gather_request(w, p, g); r != 1) return r;
-  if (!ctx_.send_frame_locked(p.spec, std::span(g.pieces.data(), g.n), g.device.data())) return 0;
+  // A datagram completes as soon as its frame is queued (below), before the
+  // NIC reads it: its payload is copied into the frame, never gathered
+  // from the caller's buffer, which is the caller's again at the completion.
+  if (!ctx_.send_frame_locked(p.spec, std::span(g.pieces.data(), g.n), is_rc() ? g.device.data() : nullptr)) return 0;
 
   if (is_rc()) {
     DeviceStats& st = ctx_.stats();
