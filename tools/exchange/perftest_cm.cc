@@ -207,7 +207,7 @@ Result<cm::Id> PerftestCm::connect_one(rdma::QueuePair& qp, uint32_t ip, uint8_t
           continue;
         }
         return fail(ECONNREFUSED,
-                    "-R: the perftest peer rejected the rdma_cm connection of " + what + ": reason " +
+                    "-R: " + where(ip) + " rejected the rdma_cm connection (" + what + "): reason " +
                         std::to_string(ev->reject_reason) + " (" +
                         (ev->reject_reason == UFAB_CM_REJ_INVALID_SERVICE_ID
                              ? "nobody listening on port " + std::to_string(port_)
@@ -223,7 +223,7 @@ Result<cm::Id> PerftestCm::connect_one(rdma::QueuePair& qp, uint32_t ip, uint8_t
                     "-R: " + where(ip) + " is unreachable for " + what + ": " +
                         (ev->status == -EHOSTUNREACH
                              ? "no ARP answer (is the server's RoCE address right, in --ip's subnet?)"
-                             : "its connection manager never answered our connection request (REQ)"));
+                             : "nothing answered our connection requests (REQ); is the peer running with -R?"));
       default:
         return fail(ECONNABORTED, "-R: connecting " + what + " to " + where(ip) + ": unexpected " +
                                       event_name(*ev) + " (status " + std::to_string(ev->status) + ")");
@@ -255,6 +255,19 @@ Status PerftestCm::wait_control(rdma::CompletionQueue& cq, rdma::WorkCompletion&
     if (Clock::now() > deadline) {
       return fail(ETIMEDOUT, "-R: nothing for " + seconds(timeout) + " while " + what + " on the rdma_cm control " +
                                  "connection to " + peer_ + "; is the peer still running the same test?");
+    }
+  }
+  if (wc.status == rdma::WcStatus::kWrFlushErr) {
+    // The QP went to ERROR: the peer's DREQ, most likely (its process
+    // ended); say so rather than "flushed". Its event follows the QP's
+    // move to ERROR closely.
+    for (auto until = Clock::now() + milliseconds(200); !control_down_ && Clock::now() < until;) {
+      pump();
+      if (!control_down_) std::this_thread::sleep_for(milliseconds(5));
+    }
+    if (control_down_) {
+      return fail(ECONNRESET, "-R: " + peer_ + " disconnected the rdma_cm control connection (its DREQ) while we were " +
+                                  what + "; its own output says why");
     }
   }
   if (wc.status != rdma::WcStatus::kSuccess) {
