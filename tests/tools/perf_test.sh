@@ -237,8 +237,9 @@ client_rc=$?
 wait_server
 rm -f "/dev/shm/ufab-swnic-${link}cmtxt"
 if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && grep -q '^ rdma_cm QPs	 : ON$' "$dir/client.out" &&
-  grep -q '^ Data ex. method : rdma_cm$' "$dir/client.out" && grep -Eq '^ 2       50 +[0-9.]+ ' "$dir/client.out"; then
-  pass "-R text output: rdma_cm QPs ON, data exchange rdma_cm"
+  grep -q '^ Data ex. method : rdma_cm$' "$dir/client.out" && grep -Eq '^ 2       50 +[0-9.]+ ' "$dir/client.out" &&
+  grep -Eq '^ local address: LID 0000 QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]+$' "$dir/client.out"; then
+  pass "-R text output: rdma_cm QPs ON, data exchange rdma_cm, address lines without RKey/VAddr (perftest's -R)"
 else fail "-R text output (client $client_rc server $server_rc)"; show client.out client.err server.err; fi
 
 # -R errors: a port nobody listens on (the peer's CM answers REJ 8; ufab

@@ -551,8 +551,12 @@ void Session::print_addresses(bool remote) const {
     };
     std::fprintf(out, " %s address: LID %s QPN %s PSN %s", side, hex(k.lid, 4).c_str(), hex(k.qpn, 6).c_str(),
                  hex(k.psn, 6).c_str());
-    if (cfg_.verb == Verb::kRead) std::fprintf(out, " OUT %s", hex(k.out_reads, 4).c_str());
-    if (cfg_.verb == Verb::kRead || cfg_.verb == Verb::kWrite || cfg_.verb == Verb::kFlush) {
+    // With -R perftest prints these lines with its control connection's
+    // verb, SEND: no OUT, RKey or VAddr (ctx_print_pingpong_data reads
+    // comm->rdma_params->verb).
+    const Verb verb = cfg_.rdma_cm ? Verb::kSend : cfg_.verb;
+    if (verb == Verb::kRead) std::fprintf(out, " OUT %s", hex(k.out_reads, 4).c_str());
+    if (verb == Verb::kRead || verb == Verb::kWrite || verb == Verb::kFlush) {
       std::fprintf(out, " RKey %s VAddr %s", hex(k.rkey, 8).c_str(), hex(k.vaddr, 16).c_str());
     }
     std::fprintf(out, "\n GID: %s\n", roce::gid_to_perftest_text(k.gid).c_str());
