@@ -65,8 +65,8 @@ struct ufab_cm_opts {
 struct ufab_cm_conn_param {
   const void* private_data; /* NULL with private_data_len 0 */
   uint8_t private_data_len;
-  uint8_t responder_resources; /* READs/atomics we take at once (0: 1) */
-  uint8_t initiator_depth;     /* READs/atomics we send at once (0: 1) */
+  uint8_t responder_resources; /* READs/atomics we take at once (0: 16, the most) */
+  uint8_t initiator_depth;     /* READs/atomics we send at once (0: 16) */
   uint8_t retry_count;         /* transport retries, 0..7 (0: 7) */
   uint8_t rnr_retry_count;     /* 0..7, 7 = infinite (0: 7) */
   uint8_t reserved[3];
@@ -153,8 +153,10 @@ int ufab_cm_listen_ud(struct ufab_cm* cm, uint16_t port, struct ufab_cm_listener
  * with their ids (and every other event of those ids). NULL is ignored. */
 int ufab_cm_listener_close(struct ufab_cm_listener* listener);
 
-/* QPs are handed over in RESET, or in INIT with receives posted (as
- * rdma_cm applications post them before connecting or accepting). */
+/* QPs are handed over in RESET (they get remote WRITE, READ and atomic
+ * access), or in INIT with the access flags the application chose and
+ * receives posted (as rdma_cm applications post them before connecting or
+ * accepting). After ufab_cm_id_destroy the CM touches the QP no more. */
 
 /* Active side: connects `qp` (RC, in RESET or INIT, on the CM's device) to
  * whoever listens on dest_ip:port. Returns at once with the id; the

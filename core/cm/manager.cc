@@ -792,10 +792,14 @@ Status Manager::connect_qp(Conn& c, ufab_qp* qp, uint32_t remote_qpn, uint32_t r
   if (int rc = ufab_qp_local(qp, &local); rc < 0) return failed(rc, "its initial PSN");
   ufab_qp_attr a;
   ufab_qp_attr_defaults(&a);
+  // A QP the application brought to INIT keeps its access flags (FLUSH
+  // rights, say); from RESET it gets remote WRITE, READ and atomics.
   a.state = UFAB_QPS_INIT;
-  if (int rc = ufab_qp_modify(qp, &a, UFAB_QP_STATE | UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_ACCESS_FLAGS);
-      rc < 0) {
-    return failed(rc, "INIT");
+  if (now.state == UFAB_QPS_RESET) {
+    if (int rc = ufab_qp_modify(qp, &a, UFAB_QP_STATE | UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_ACCESS_FLAGS);
+        rc < 0) {
+      return failed(rc, "INIT");
+    }
   }
   a.state = UFAB_QPS_RTR;
   a.av.dest_ip = c.peer_ip;
@@ -1173,9 +1177,8 @@ void Manager::destroy(ufab_cm_id* id) {
         break;
     }
     if (c != nullptr) {
-      // What is left (DREQ sent, timewait) runs without the application;
-      // its QP is the application's again (a DREQ that crosses ours must
-      // not move it to ERROR after it was reset or destroyed).
+      // The QP is the application's again (it may destroy it now): what
+      // comes later (the peer's DREQ or DREP) touches neither.
       c->handle = nullptr;
       c->qp = nullptr;
     }

@@ -10,31 +10,11 @@
 #   tests/tools/cmatose_test.sh [PATH_TO_UFAB]
 set -uo pipefail
 
-bin=${1:-}
-if [ -z "$bin" ]; then
-  for candidate in tools/ufab/ufab bazel-bin/tools/ufab/ufab; do
-    if [ -x "$candidate" ]; then bin=$candidate; break; fi
-  done
-fi
-if [ ! -x "$bin" ]; then
-  echo "cmatose_test: no ufab binary (bazel build //tools/ufab)"
-  exit 1
-fi
-
-dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cmatose_test.XXXXXX")
-link=cm$$
-server_pid=
-cleanup() {
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; fi
-  rm -rf "$dir"
-  rm -f "/dev/shm/ufab-swnic-$link"
-}
-trap cleanup EXIT
-
-passed=0 failed=0
-pass() { passed=$((passed + 1)); echo "PASS $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL $*"; }
-show() { for f in "$@"; do echo "--- $f"; sed 's/^/  | /' "$dir/$f" 2>/dev/null; done; }
+name=cmatose_test
+link=cm$$  # a swnic link no concurrent run uses
+# shellcheck source=tests/tools/two_ports.sh
+. "$(dirname "$0")/two_ports.sh"
+two_ports_setup "${1:-}"
 
 # Starts a server (arguments after `cmatose DEVICE --ip`) and waits for its
 # "listening" line.
@@ -126,5 +106,4 @@ else
   fail "no server (rc $rc)"; show client.out client.err
 fi
 
-echo "cmatose_test: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

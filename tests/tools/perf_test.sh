@@ -2,7 +2,9 @@
 # Runs `ufab perf` against itself over a software NIC link (swnic:pfPID:0
 # server at 10.0.0.1, swnic:pfPID:1 client at 10.0.0.2, the TCP exchange on
 # 127.0.0.1 on a port the server picks with -p 0): all eight tests, -a,
-# several QPs, -D, loss, --json; FLUSH (write-lat/write-bw --flush,
+# several QPs, -D, loss, --json; -R (perftest's rdma_cm mode: the exchange
+# and the test QPs through ufab's connection manager on the swnic link),
+# its text output and errors; FLUSH (write-lat/write-bw --flush,
 # flush-lat, --flush persistent into a --pmem file, and their errors:
 # options, a peer without the same --flush, a perftest peer, shm) and
 # `ufab info` of a software device's RDMA caps; then the errors: bad
@@ -161,6 +163,116 @@ if [ "$client_rc" -eq 0 ] && grep -q '^                    RDMA_Read Latency Tes
   grep -q 'Waiting for client to connect' "$dir/server.out"; then
   pass "text output in perftest's format"
 else fail "text output (client $client_rc)"; show client.out client.err server.out; fi
+
+# --------------------------------------------------------- -R (rdma_cm)
+# perftest's -R: the exchange over an rdma_cm control connection and the
+# test QPs connected by ufab's connection manager, both on the swnic link
+# (10.0.0.1 is the server's RoCE address; rdma_cm port 18515, perftest's).
+# run_cm NAME "SERVER OPTS" "CLIENT OPTS": as run, with -R.
+run_cm() {
+  local name=$1 sopts=$2 copts=$3
+  rm -f "$dir/server.out" "$dir/server.err"
+  # shellcheck disable=SC2086
+  timeout 120 "$bin" perf $sopts "swnic:$link$name:0" --ip 10.0.0.1 -R --json --timeout 20 \
+    >"$dir/server.out" 2>"$dir/server.err" &
+  server_pid=$!
+  local up=
+  for _ in $(seq 200); do
+    if grep -q "waiting for a client on rdma_cm port 18515 (10.0.0.1)" "$dir/server.err"; then up=1; break; fi
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  [ -n "$up" ] || { fail "-R $name: the server did not say it waits on rdma_cm port 18515"; show server.err; }
+  # shellcheck disable=SC2086
+  timeout 120 "$bin" perf $copts "swnic:$link$name:1" --ip 10.0.0.2 -R --json --timeout 20 10.0.0.1 \
+    >"$dir/client.out" 2>"$dir/client.err"
+  client_rc=$?
+  wait_server
+  rm -f "/dev/shm/ufab-swnic-$link$name"
+}
+# TEST|OPTS|EXPECTED_SIZE|EXPECTED_ITERS (as the client reports them)
+while IFS='|' read -r test opts size iters; do
+  name="-R $test $opts"
+  run_cm "cm${test//-/}" "$test $opts" "$test $opts"
+  why=()
+  [ "$server_rc" -eq 0 ] || why+=("server exited $server_rc")
+  [ "$client_rc" -eq 0 ] || why+=("client exited $client_rc")
+  jq_ok ".ok == true and .test == \"$test\" and .role == \"client\" and .rdma_cm == true" client.out || why+=("client JSON")
+  jq_ok ".ok == true and .role == \"server\" and .rdma_cm == true" server.out || why+=("server JSON")
+  jq_ok ".results[-1].size == $size and .results[-1].iters == $iters" client.out ||
+    why+=("client reports $(jq -c '[.results[-1].size, .results[-1].iters]' "$dir/client.out" 2>/dev/null), expected [$size,$iters]")
+  # The connection manager's path MTU: both swnic ports' 1024 (the default).
+  jq_ok ".path_mtu == 1024" client.out && jq_ok ".path_mtu == 1024" server.out || why+=("path_mtu")
+  jq_ok ".transport.rx_parse_errors == 0 and .transport.naks_received == 0" client.out || why+=("client counted parse errors or NAKs")
+  case $test in
+    *-lat) jq_ok ".results[-1].t_typical_usec > 0 and .results[-1].t_min_usec <= .results[-1].t_typical_usec and
+                 .results[-1].t_typical_usec <= .results[-1].t_max_usec" client.out || why+=("latency figures") ;;
+    *-bw) jq_ok ".results[-1].bw_avg > 0 and .results[-1].msg_rate_mpps > 0 and
+                .results[-1].bw_avg <= .results[-1].bw_peak" client.out || why+=("bandwidth figures")
+      # The server's copy of the client's report travelled over rdma_cm.
+      case $test in send-bw) ;; *)
+        jq_ok ".results[-1].bw_avg == $(jq '.results[-1].bw_avg' "$dir/client.out" 2>/dev/null || echo -1)" server.out ||
+          why+=("the server's copy of the client's report differs") ;;
+      esac ;;
+  esac
+  if [ ${#why[@]} -eq 0 ]; then pass "$name: both sides OK over rdma_cm"; else fail "$name: ${why[*]}"; show server.err client.err client.out; fi
+done <<'EOF_CM'
+write-bw|-n 500|65536|500
+send-lat|-n 200|2|200
+read-bw|-s 4096 -n 300|4096|300
+write-lat|-n 200|2|200
+read-lat|-s 64K -n 50|65536|50
+send-bw|-q 2 -s 256 -n 200|256|400
+atomic-bw|-n 300|8|300
+write-bw|-q 3 -s 1024 -n 300|1024|900
+EOF_CM
+
+# -R, text output: perftest's banner says rdma_cm.
+rm -f "$dir/server.out" "$dir/server.err"
+timeout 60 "$bin" perf write-lat "swnic:${link}cmtxt:0" --ip 10.0.0.1 -R -n 50 --timeout 20 >"$dir/server.out" 2>"$dir/server.err" &
+server_pid=$!
+for _ in $(seq 200); do grep -q "waiting for a client on rdma_cm" "$dir/server.err" && break; sleep 0.05; done
+timeout 60 "$bin" perf write-lat "swnic:${link}cmtxt:1" --ip 10.0.0.2 -R -n 50 --timeout 20 10.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
+client_rc=$?
+wait_server
+rm -f "/dev/shm/ufab-swnic-${link}cmtxt"
+if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] && grep -q '^ rdma_cm QPs	 : ON$' "$dir/client.out" &&
+  grep -q '^ Data ex. method : rdma_cm$' "$dir/client.out" && grep -Eq '^ 2       50 +[0-9.]+ ' "$dir/client.out" &&
+  grep -Eq '^ local address: LID 0000 QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]+$' "$dir/client.out"; then
+  pass "-R text output: rdma_cm QPs ON, data exchange rdma_cm, address lines without RKey/VAddr (perftest's -R)"
+else fail "-R text output (client $client_rc server $server_rc)"; show client.out client.err server.err; fi
+
+# -R errors: a port nobody listens on (the peer's CM answers REJ 8; ufab
+# tries again until its timeout, then says so), and what -R refuses.
+rm -f "$dir/server.out" "$dir/server.err"
+timeout 60 "$bin" perf write-bw "swnic:${link}cmrej:0" --ip 10.0.0.1 -R --timeout 4 >"$dir/server.out" 2>"$dir/server.err" &
+server_pid=$!
+for _ in $(seq 200); do grep -q "waiting for a client on rdma_cm" "$dir/server.err" && break; sleep 0.05; done
+t0=$SECONDS
+timeout 60 "$bin" perf write-bw "swnic:${link}cmrej:1" --ip 10.0.0.2 -R -p 18516 --timeout 2 10.0.0.1 >"$dir/client.out" 2>"$dir/client.err"
+client_rc=$?
+took=$((SECONDS - t0))
+wait_server
+rm -f "/dev/shm/ufab-swnic-${link}cmrej"
+if [ "$client_rc" -eq 1 ] && [ "$took" -le 10 ] &&
+  grep -q "10.0.0.1 rdma_cm port 18516 rejected the rdma_cm connection (the control connection): reason 8 (nobody listening on port 18516)" "$dir/client.err" &&
+  [ "$server_rc" -eq 1 ] && grep -q "no rdma_cm event for 4 s while waiting for a client" "$dir/server.err"; then
+  pass "-R to a port nobody listens on: REJ 8, tried again for --timeout, then the reason (${took} s)"
+else fail "-R REJ 8 (client $client_rc in $took s, server $server_rc)"; show client.err server.err; fi
+expect_cm_refused() { # DESCRIPTION EXPECTED_TEXT ARGS...
+  local what=$1 text=$2
+  shift 2
+  timeout 20 "$bin" perf "$@" >"$dir/e.out" 2>"$dir/e.err"
+  local rc=$?
+  if [ "$rc" -eq 2 ] && grep -qF -- "$text" "$dir/e.err"; then pass "-R refuses $what"; else fail "-R $what (rc $rc)"; show e.err; fi
+}
+expect_cm_refused "--flush" "the connection manager grants the QPs RDMA WRITE, READ and atomic access, not FLUSH" \
+  write-bw "swnic:${link}cmx:0" --ip 10.0.0.1 -R --flush global
+expect_cm_refused "-m" "the connection manager sets the path MTU" write-bw "swnic:${link}cmx:0" --ip 10.0.0.1 -R -m 512
+expect_cm_refused "a server name that is not an address" "must be its RoCE IPv4 address" \
+  write-bw "swnic:${link}cmx:1" --ip 10.0.0.2 -R localhost
+expect_cm_refused "shm" "has no connection manager" write-bw "shm:${link}cmx" -R
+rm -f "/dev/shm/ufab-swnic-${link}cmx"*
 
 # ------------------------------------------------------------------ FLUSH
 # --flush TYPE: a FLUSH of each WRITE's range behind it; flush-lat: one

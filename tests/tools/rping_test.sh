@@ -14,32 +14,11 @@
 #   tests/tools/rping_test.sh [PATH_TO_UFAB]
 set -uo pipefail
 
-bin=${1:-}
-if [ -z "$bin" ]; then
-  for candidate in tools/ufab/ufab bazel-bin/tools/ufab/ufab; do
-    if [ -x "$candidate" ]; then bin=$candidate; break; fi
-  done
-fi
-if [ ! -x "$bin" ]; then
-  echo "rping_test: no ufab binary (bazel build //tools/ufab)"
-  exit 1
-fi
-
-dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/rping_test.XXXXXX")
-link=rp$$
-server_pid=
-cleanup() {
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; fi
-  rm -rf "$dir"
-  rm -f "/dev/shm/ufab-swnic-$link"
-}
-trap cleanup EXIT
-
-passed=0 failed=0
-pass() { passed=$((passed + 1)); echo "PASS $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL $*"; }
-# Long -v lines are cut for the log.
-show() { for f in "$@"; do echo "--- $f"; head -n 30 "$dir/$f" 2>/dev/null | cut -c1-160 | sed 's/^/  | /'; done; }
+name=rping_test
+link=rp$$  # a swnic link no concurrent run uses
+# shellcheck source=tests/tools/two_ports.sh
+. "$(dirname "$0")/two_ports.sh"
+two_ports_setup "${1:-}"
 
 # expected PREFIX COUNT SIZE: the lines rping -v prints for COUNT pings of
 # SIZE bytes: PREFIX, "rdma-ping-N: ", then letters from 'A' + N mod 58
@@ -258,5 +237,4 @@ usage_case "give one of -s (server) and -c (client)" -a 10.0.0.1
 usage_case "-c needs -a ADDR" -c
 usage_case "-P (persistent server) is not supported" -s -P
 
-echo "rping_test: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

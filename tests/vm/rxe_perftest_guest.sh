@@ -57,6 +57,14 @@
 # run before), ufab `--ip 10.0.0.2 --timeout 30 --json`, perftest `-d rxe0
 # -x RXE_GID_INDEX -F`. No -m: the path MTU is the smaller of both sides'
 # (rxe's is 1024 on a 1500-byte netdev).
+# -R among a case's options is perftest's rdma_cm mode, given to both
+# tools: no TCP at all; the exchange goes over an rdma_cm connection and
+# the test QPs are connected by rdma_cm (the kernel's on rxe0, ufab's
+# connection manager on NIC 1), on the run's port. Each client then names
+# the other side's RoCE address (10.0.0.1 / 10.0.0.2, not 127.0.0.1); the
+# ufab server is awaited by its "waiting for a client on rdma_cm port"
+# line, the perftest server by its listening rdma_cm id (`rdma resource
+# show cm_id`); rdma_ucm is loaded for the first such case.
 #
 # Time under TCG: the 35 runs below took 231 s in one run on the 2-core
 # build machine (QEMU 10, Linux 6.12 guest, 2 vCPUs; 2 to 12 s a run,
@@ -87,6 +95,9 @@ client  -     write-lat   -a -n 5
 both    loss  write-bw    -s 65536 -n 100
 both    loss  read-bw     -s 65536 -n 30
 both    loss  send-lat    -s 4096 -n 100
+both    -     write-bw    -R -s 65536 -n 200
+both    -     send-lat    -R -s 2 -n 200
+both    -     read-bw     -R -s 65536 -n 200
 '
 set -uo pipefail
 ufab=${UFAB_BIN:?set UFAB_BIN to the ufab binary}
@@ -221,9 +232,22 @@ exit_why() { # WHO STATUS
   esac
 }
 
+# wait_cm_listen PID SECONDS PORT: until an rdma_cm id listens on PORT
+# (`rdma resource show cm_id`: state LISTEN, src-addr ...:PORT), or PID is
+# gone, or SECONDS have passed.
+wait_cm_listen() {
+  local end=$((SECONDS + $2))
+  while :; do
+    rdma resource show cm_id 2>/dev/null | grep 'state LISTEN' | grep -q "src-addr [^ ]*:$3\b" && return 0
+    kill -0 "$1" 2>/dev/null && [ "$SECONDS" -lt "$end" ] || return 1
+    sleep 0.1
+  done
+}
+
 # ------------------------------------------------------------------- a run
 port=18599
 loss_loaded=0
+ucm_loaded=0
 # run ROLE MODE TEST OPTION...: one run, ufab in ROLE, loss MODE (a lossy()
 # mode, or off); prints PASS or FAIL.
 runs=0
@@ -238,10 +262,23 @@ run() {
   name="perftest $test${*:+ $*}: ufab $role, $tool $peer_role"
   [ "$mode" = off ] || name="$name, 2% loss $(loss_label "$mode")"
   rm -f "$W"/u.* "$W"/r.* "$W"/tc
+  local cm=0 a ufab_server=127.0.0.1 rxe_server=127.0.0.1
+  for a in "$@"; do case $a in -R | --rdma_cm) cm=1 ;; esac; done
+  if [ "$cm" = 1 ]; then
+    ufab_server=10.0.0.1 rxe_server=10.0.0.2
+    if [ "$ucm_loaded" = 0 ]; then
+      # /dev/infiniband/rdma_cm (rdma_ucm): nothing loads it on demand here.
+      if ! timeout 60 modprobe rdma_ucm || [ ! -c /dev/infiniband/rdma_cm ]; then
+        fail "$name: modprobe rdma_ucm (perftest -R needs /dev/infiniband/rdma_cm)"
+        return
+      fi
+      ucm_loaded=1
+    fi
+  fi
   u=("$ufab" perf "$test" "$ufab_bdf" --ip 10.0.0.2)
   r=(stdbuf -oL "$tool" -d rxe0 -x "$gid_index" -F -p "$port" "$@")  # stdbuf: its output survives a kill
-  [ "$role" = client ] && u+=(127.0.0.1)
-  [ "$peer_role" = client ] && r+=(127.0.0.1)
+  [ "$role" = client ] && u+=("$ufab_server")
+  [ "$peer_role" = client ] && r+=("$rxe_server")
   u+=(-p "$port" --timeout 30 --json "$@")
 
   if [ "$mode" != off ]; then
@@ -259,12 +296,14 @@ run() {
     # perftest's client does not retry its connect: start it once ufab listens.
     timeout -k 5 "$limit" "${u[@]}" >"$W/u.out" 2>"$W/u.err" &
     upid=$!
-    if wait_line "$W/u.err" "waiting for a client on TCP port $port\$" "$upid" 60; then
+    local ready="waiting for a client on TCP port $port\$"
+    [ "$cm" = 0 ] || ready="waiting for a client on rdma_cm port $port (10.0.0.2)\$"
+    if wait_line "$W/u.err" "$ready" "$upid" 60; then
       timeout -k 5 "$limit" "${r[@]}" >"$W/r.out" 2>"$W/r.err"
       rrc=$?
       reap "$upid" 45 || why+=("ufab did not end within 45 s of $tool's exit")
     else
-      reap "$upid" 0 || why+=("ufab did not say 'waiting for a client on TCP port $port' within 60 s")
+      reap "$upid" 0 || why+=("ufab did not say '${ready%\$}' within 60 s")
       : >"$W/r.out"
     fi
     urc=$reaped
@@ -272,7 +311,11 @@ run() {
     # ufab's client retries while refused; the wait only saves it the retries.
     timeout -k 5 "$limit" "${r[@]}" >"$W/r.out" 2>"$W/r.err" &
     rpid=$!
-    wait_listen "$rpid" 30 "$port" || say "$tool is not listening on TCP port $port after 30 s (ufab's client retries while refused)"
+    if [ "$cm" = 1 ]; then
+      wait_cm_listen "$rpid" 30 "$port" || say "$tool has no rdma_cm id listening on port $port after 30 s (ufab's client retries while rejected)"
+    else
+      wait_listen "$rpid" 30 "$port" || say "$tool is not listening on TCP port $port after 30 s (ufab's client retries while refused)"
+    fi
     timeout -k 5 "$limit" "${u[@]}" >"$W/u.out" 2>"$W/u.err"
     urc=$?
     local grace=45

@@ -22,7 +22,9 @@ uint64_t get_be64(const uint8_t* p) {
 void put_be32(uint8_t* p, uint32_t v) {
   for (int i = 3; i >= 0; --i, v >>= 8) p[i] = uint8_t(v);
 }
-uint32_t get_be32(const uint8_t* p) { return uint32_t(get_be64(p) >> 32); }
+uint32_t get_be32(const uint8_t* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
+}
 
 // The peer's version block: printable text then NUL padding, as strncpy
 // leaves it. Returns the text.
@@ -113,34 +115,83 @@ Result<PerftestKeys> decode_perftest_keys(std::span<const uint8_t> bytes) {
   return k;
 }
 
+Result<PerftestDestBytes> encode_perftest_dest(const PerftestKeys& k, uint32_t gid_index) {
+  if (k.qpn > 0xffffff || k.psn > 0xffffff) {
+    return fail(EINVAL, "encoding perftest keys (pingpong_dest): qpn " + std::to_string(k.qpn) + " or psn " +
+                            std::to_string(k.psn) + " does not fit 24 bits");
+  }
+  PerftestDestBytes b{};
+  put_be32(&b[0], k.lid);
+  put_be32(&b[4], k.out_reads);
+  put_be32(&b[8], k.qpn);
+  put_be32(&b[12], k.psn);
+  put_be32(&b[16], k.rkey);
+  put_be64(&b[24], k.vaddr);
+  std::memcpy(&b[32], k.gid.data(), 16);
+  put_be32(&b[48], k.srqn);
+  put_be32(&b[52], gid_index);
+  return b;
+}
+
+Result<PerftestKeys> decode_perftest_dest(std::span<const uint8_t> b) {
+  if (b.size() != kPerftestDestSize) {
+    return fail(EPROTO, "perftest keys over rdma_cm: expected the " + std::to_string(kPerftestDestSize) +
+                            "-byte struct pingpong_dest, got " + std::to_string(b.size()) + " bytes");
+  }
+  PerftestKeys k;
+  const uint32_t lid = get_be32(&b[0]), out_reads = get_be32(&b[4]);
+  k.qpn = get_be32(&b[8]);
+  k.psn = get_be32(&b[12]);
+  if (lid > 0xffff || out_reads > 0xffff || k.qpn > 0xffffff || k.psn > 0xffffff) {
+    return fail(EPROTO, "perftest keys over rdma_cm: lid " + std::to_string(lid) + ", out_reads " +
+                            std::to_string(out_reads) + ", qpn " + std::to_string(k.qpn) + ", psn " +
+                            std::to_string(k.psn) + " are not what perftest sends (LID and out_reads fit 16 bits, "
+                            "QPN and PSN 24): is the peer's pingpong_dest big-endian (perftest built with "
+                            "HAVE_ENDIAN)?");
+  }
+  k.lid = uint16_t(lid);
+  k.out_reads = uint16_t(out_reads);
+  k.rkey = get_be32(&b[16]);
+  k.vaddr = get_be64(&b[24]);
+  std::memcpy(k.gid.data(), &b[32], 16);
+  k.srqn = get_be32(&b[48]);
+  return k;
+}
+
+Status TcpPerftestLink::send_block(std::span<const uint8_t> block, milliseconds timeout) {
+  if (auto s = channel_.send_all(block, timeout); !s) return std::unexpected(s.error().context("writing to " + peer()));
+  return {};
+}
+
+Status TcpPerftestLink::recv_block(std::span<uint8_t> block, milliseconds timeout) {
+  auto n = channel_.recv_exact(block, timeout);
+  if (!n) return std::unexpected(n.error().context("reading " + std::to_string(block.size()) + " bytes from " + peer()));
+  if (*n == 0) {
+    return fail(ECONNRESET, "the peer " + peer() +
+                                " closed the connection; its own output says why (options the two sides "
+                                "disagree on, a device or GID it cannot use, ...)");
+  }
+  return {};
+}
+
 Result<PerftestChannel> PerftestChannel::accept(TcpListener& listener, milliseconds timeout) {
   auto channel = listener.accept(timeout);
   if (!channel) return std::unexpected(channel.error());
-  return PerftestChannel(std::move(*channel), false);
+  return PerftestChannel(std::make_unique<TcpPerftestLink>(std::move(*channel)), false);
 }
 
 Result<PerftestChannel> PerftestChannel::connect(const std::string& host, uint16_t port, milliseconds timeout) {
   auto channel = TcpChannel::connect(host, port, timeout);
   if (!channel) return std::unexpected(channel.error());
-  return PerftestChannel(std::move(*channel), true);
+  return PerftestChannel(std::make_unique<TcpPerftestLink>(std::move(*channel)), true);
 }
 
 Status PerftestChannel::swap(std::span<const uint8_t> mine, std::span<uint8_t> theirs, milliseconds timeout) {
-  auto receive = [&]() -> Status {
-    auto n = channel_.recv_exact(theirs, timeout);
-    if (!n) return std::unexpected(n.error().context("reading " + std::to_string(theirs.size()) + " bytes from " + peer()));
-    if (*n == 0) {
-      return fail(ECONNRESET, "the peer " + peer() +
-                                  " closed the connection; its own output says why (options the two sides "
-                                  "disagree on, a device or GID it cannot use, ...)");
-    }
-    return {};
-  };
   if (!client_) {
-    if (auto s = receive(); !s) return s;
+    if (auto s = link_->recv_block(theirs, timeout); !s) return s;
   }
-  if (auto s = channel_.send_all(mine, timeout); !s) return std::unexpected(s.error().context("writing to " + peer()));
-  if (client_) return receive();
+  if (auto s = link_->send_block(mine, timeout); !s) return s;
+  if (client_) return link_->recv_block(theirs, timeout);
   return {};
 }
 
@@ -189,6 +240,13 @@ Result<PerftestChannel::Agreed> PerftestChannel::hello(uint32_t cycle_buffer, ui
 }
 
 Result<PerftestKeys> PerftestChannel::swap_keys(const PerftestKeys& mine, milliseconds timeout) {
+  if (link_->rdma_cm()) {
+    auto ours = encode_perftest_dest(mine);
+    if (!ours) return std::unexpected(ours.error());
+    PerftestDestBytes theirs{};
+    if (auto s = swap(*ours, theirs, timeout); !s) return std::unexpected(s.error().context("exchanging QP keys"));
+    return decode_perftest_dest(theirs);
+  }
   auto ours = encode_perftest_keys(mine);
   if (!ours) return std::unexpected(ours.error());
   PerftestKeyBytes theirs{};
@@ -215,10 +273,11 @@ Result<PerftestBwReport> PerftestChannel::swap_bw_report(const PerftestBwReport&
 
 Status PerftestChannel::close(const PerftestKeys& mine, milliseconds timeout) {
   if (auto k = swap_keys(mine, timeout); !k) return std::unexpected(k.error().context("closing"));
+  if (link_->rdma_cm()) return {};  // perftest -R writes no "done"
   static constexpr uint8_t kDone[] = {'d', 'o', 'n', 'e', '\0'};
   // The peer may be gone once its own "done" is out; a failed write then
   // changes nothing.
-  (void)channel_.send_all(kDone, timeout);
+  (void)link_->send_block(kDone, timeout);
   return {};
 }
 

@@ -18,11 +18,21 @@
 //      NUL (nobody reads it) and closes.
 // perftest reads each block with one read() and fails on a short one, so we
 // write each block with one send().
+//
+// With -R (--rdma_cm) perftest carries the same messages over an rdma_cm
+// connection instead of TCP (perftest_communication.c, rdma_write_data /
+// rdma_read_data): one RC QP, every message one SEND, the receiver with
+// exactly one 56-byte receive posted; the keys travel as the binary
+// struct pingpong_dest (PerftestDestBytes below), not as text; and the
+// closing key exchange is not followed by "done". PerftestLink is what the
+// exchange needs of either carrier (tools/exchange/perftest_cm.h has the
+// rdma_cm one).
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -62,6 +72,21 @@ using PerftestKeyBytes = std::array<uint8_t, kPerftestKeysSize>;
 Result<PerftestKeyBytes> encode_perftest_keys(const PerftestKeys& keys);
 Result<PerftestKeys> decode_perftest_keys(std::span<const uint8_t> bytes);
 
+// The same keys as -R sends them: perftest's struct pingpong_dest as it
+// lies in memory on x86-64, every field big-endian (rdma_write_keys with
+// HAVE_ENDIAN), 56 bytes:
+//   0 lid (32)   4 out_reads (32)   8 qpn (32)   12 psn (32)   16 rkey (32)
+//   20 padding (4 bytes: we send zeros, perftest leaves them as they were)
+//   24 vaddr (64)   32 gid (16 bytes, as is)   48 srqn (32)
+//   52 gid_index (32: the sender's GID index; perftest's reader ignores it)
+// Decoding ignores the padding and gid_index and refuses what no perftest
+// sends: a LID or out_reads above 16 bits, a QPN or PSN above 24 (a peer
+// that copies the struct without byte-swapping it, say).
+inline constexpr size_t kPerftestDestSize = 56;
+using PerftestDestBytes = std::array<uint8_t, kPerftestDestSize>;
+Result<PerftestDestBytes> encode_perftest_dest(const PerftestKeys& keys, uint32_t gid_index = 0);
+Result<PerftestKeys> decode_perftest_dest(std::span<const uint8_t> bytes);
+
 // The bandwidth report each side sends after the run (xchg_bw_reports): five
 // blocks, each exchanged on its own, all big-endian; the doubles byte-swapped
 // as 64-bit integers. MB/sec values are 2^20 bytes per second; msg_rate in
@@ -74,16 +99,48 @@ struct PerftestBwReport {
   double msg_rate_avg = 0;
 };
 
-// The TCP side of one perftest run, in either role.
+// What carries the exchange's messages: a TCP stream, or perftest -R's
+// rdma_cm control connection. Each call sends or receives one whole
+// message; `timeout` bounds it.
+class PerftestLink {
+ public:
+  virtual ~PerftestLink() = default;
+  // One message: one write() on TCP, one SEND over rdma_cm.
+  virtual Status send_block(std::span<const uint8_t> block, std::chrono::milliseconds timeout) = 0;
+  // The peer's next message, which must be exactly block.size() bytes.
+  virtual Status recv_block(std::span<uint8_t> block, std::chrono::milliseconds timeout) = 0;
+  // Who the peer is, for messages.
+  virtual const std::string& peer() const = 0;
+  // perftest -R's control connection: binary keys, no "done".
+  virtual bool rdma_cm() const = 0;
+};
+
+// TCP, as perftest without -R.
+class TcpPerftestLink final : public PerftestLink {
+ public:
+  explicit TcpPerftestLink(TcpChannel channel) : channel_(std::move(channel)) {}
+  Status send_block(std::span<const uint8_t> block, std::chrono::milliseconds timeout) override;
+  Status recv_block(std::span<uint8_t> block, std::chrono::milliseconds timeout) override;
+  const std::string& peer() const override { return channel_.peer(); }
+  bool rdma_cm() const override { return false; }
+
+ private:
+  TcpChannel channel_;
+};
+
+// One perftest run's exchange, in either role, over a PerftestLink.
 class PerftestChannel {
  public:
-  // Server: waits at most `timeout` for one client on `listener`.
+  // TCP server: waits at most `timeout` for one client on `listener`.
   static Result<PerftestChannel> accept(TcpListener& listener, std::chrono::milliseconds timeout);
-  // Client: connects, retrying while refused, for at most `timeout`.
+  // TCP client: connects, retrying while refused, for at most `timeout`.
   static Result<PerftestChannel> connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout);
+  // Over a link already connected (perftest -R's rdma_cm connection).
+  PerftestChannel(std::unique_ptr<PerftestLink> link, bool client) : link_(std::move(link)), client_(client) {}
 
   bool client() const { return client_; }
-  const std::string& peer() const { return channel_.peer(); }
+  const std::string& peer() const { return link_->peer(); }
+  bool rdma_cm() const { return link_->rdma_cm(); }
   // The peer's version text ("6.06"), known after hello().
   const std::string& peer_version() const { return peer_version_; }
   // What the peer's version block holds after its text's NUL, trailing NULs
@@ -104,20 +161,20 @@ class PerftestChannel {
   Result<Agreed> hello(uint32_t cycle_buffer, uint32_t cache_line, uint32_t mtu_enum, std::chrono::milliseconds timeout,
                        std::string_view tail = {});
 
-  // One ctx_hand_shake: our keys out, the peer's in.
+  // One ctx_hand_shake: our keys out, the peer's in (text on TCP,
+  // pingpong_dest over rdma_cm).
   Result<PerftestKeys> swap_keys(const PerftestKeys& mine, std::chrono::milliseconds timeout);
   Result<PerftestBwReport> swap_bw_report(const PerftestBwReport& mine, std::chrono::milliseconds timeout);
-  // ctx_close_connection: a last key swap, then "done". The peer may already
-  // have closed after its own "done"; that is not an error.
+  // ctx_close_connection: a last key swap, then (TCP only) "done". The
+  // peer may already have closed after its own "done"; that is not an
+  // error.
   Status close(const PerftestKeys& mine, std::chrono::milliseconds timeout);
 
   // One symmetric exchange of a fixed-size block (ctx_xchg_data).
   Status swap(std::span<const uint8_t> mine, std::span<uint8_t> theirs, std::chrono::milliseconds timeout);
 
  private:
-  PerftestChannel(TcpChannel channel, bool client) : channel_(std::move(channel)), client_(client) {}
-
-  TcpChannel channel_;
+  std::unique_ptr<PerftestLink> link_;
   bool client_;
   std::string peer_version_;
   std::string peer_tail_;

@@ -115,6 +115,30 @@ Result<Config> configure(const Options& opts, const TestName& t) {
     if (p->empty()) return fail(EINVAL, "--pmem: expected a path (a file on a disk, a block device or /dev/daxN.M)");
     c.pmem = *p;
   }
+  // -R: perftest's rdma_cm mode (the exchange and the test QPs through
+  // the connection manager; tools/exchange/perftest_cm.h).
+  c.rdma_cm = opts.flags.count("rdma_cm");
+  if (c.rdma_cm) {
+    if (shared_memory(c.device)) {
+      return fail(EINVAL, "-R: " + c.device + " is a shared-memory device, which has no connection manager (no GSI "
+                          "QP); -R needs a soft-RoCE port (swnic:LINK:PORT or a NIC on vfio-pci)");
+    }
+    if (c.flush_type != 0) {
+      return fail(EINVAL, "-R with --flush: the connection manager grants the QPs RDMA WRITE, READ and atomic "
+                          "access, not FLUSH; run --flush without -R");
+    }
+    if (opts.value("mtu")) {
+      return fail(EINVAL, "-R with -m: the connection manager sets the path MTU (the smaller of the two ports'); "
+                          "leave -m out");
+    }
+    if (!c.server() && !roce::ipv4_from_string(c.server_host)) {
+      return fail(EINVAL, "-R: the server " + c.server_host + " must be its RoCE IPv4 address (A.B.C.D), which "
+                          "rdma_cm connects to");
+    }
+    if (const std::string* p = opts.value("port"); p && *p == "0") {
+      return fail(EINVAL, "-R with -p 0: rdma_cm needs a port both sides know (18515 unless -p)");
+    }
+  }
   c.all_sizes = opts.flags.count("all");
   if (const std::string* s = opts.value("size")) {
     if (atomic) return fail(EINVAL, "-s: the message size of the atomic tests is 8 bytes and cannot be changed");
@@ -268,6 +292,8 @@ int cmd_perf(const Options& opts) {
       });
     }
   }
+  // -R: the test QPs disconnected, as perftest ends.
+  if (run) run = session.finish();
   // The counters on failure too: what the transport went through says
   // much about why.
   if (session.device_open()) std::fprintf(stderr, "perf: transport: %s\n", session.counters().c_str());
@@ -286,6 +312,7 @@ int cmd_perf(const Options& opts) {
       w.null();
     }
     w.field("memory", session.memory_kind());
+    w.field("rdma_cm", cfg->rdma_cm);
     if (!cfg->pmem.empty()) w.field("pmem", cfg->pmem);
     w.field("units", cfg->report_gbits ? "Gb/s" : "MiB/s");
     w.key("results").begin_array();

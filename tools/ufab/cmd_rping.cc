@@ -223,9 +223,13 @@ Status Rping::setup_qp() {
                             .sq_sig_all = true});
   if (!qp) return std::unexpected(qp.error());
   qp_ = std::move(*qp);
-  // INIT, so that the receive goes in before the connection exists (the
-  // connection manager sets the access flags).
-  if (auto s = qp_->modify({.state = rdma::QpState::kInit, .access_flags = 0, .pkey_index = 0, .port = 1},
+  // INIT, so that the receive goes in before the connection exists, with
+  // the access rdma_cm gives an rping QP: the server READs the client's
+  // source and WRITEs its sink.
+  if (auto s = qp_->modify({.state = rdma::QpState::kInit,
+                            .access_flags = rdma::kRemoteRead | rdma::kRemoteWrite,
+                            .pkey_index = 0,
+                            .port = 1},
                            rdma::kAttrState | rdma::kAttrAccessFlags | rdma::kAttrPkeyIndex | rdma::kAttrPort);
       !s) {
     return s;

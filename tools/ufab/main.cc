@@ -78,7 +78,10 @@ commands:
       -I, --inline N   inline data up to N bytes (write-lat 220, send-lat 236)
       -A, --atomic-type FETCH_AND_ADD|CMP_AND_SWAP
       -m, --mtu N      path MTU (default: the port's; the smaller side wins)
-      -p, --port N     TCP port (18515)
+      -R, --rdma_cm    perftest's -R: the exchange and the test QPs over
+                       rdma_cm (ufab's connection manager; port -p);
+                       SERVER_HOST is then the server's RoCE address
+      -p, --port N     TCP port (18515; with -R the rdma_cm port)
       -x, --gid-index 0  the port's one GID; -F is accepted and ignored
       --report_gbits   Gb/s instead of MB/s (2^20 bytes)
       --timeout S      bound on each wait (default 30); --param K=V
@@ -165,6 +168,7 @@ const std::map<std::string, std::set<std::string>> kValueOptions = {
 const std::map<std::string, std::set<std::string>> kFlagOptions = {
     {"all", {"perf"}},
     {"report_gbits", {"perf"}},
+    {"rdma_cm", {"perf"}},
     {"F", {"perf"}},  // perftest's "do not warn about the CPU frequency": nothing to do
     {"server-side", {"rping"}},
     {"client-side", {"rping"}},
@@ -182,7 +186,7 @@ const std::map<char, std::string> kShortOptions = {
     {'p', "port"}, {'s', "size"},     {'n', "iters"},     {'r', "rx-depth"}, {'m', "mtu"},       {'D', "duration"},
     {'q', "qps"},  {'t', "tx-depth"}, {'Q', "cq-mod"},    {'I', "inline"},   {'A', "atomic-type"}, {'x', "gid-index"},
 };
-const std::map<char, std::string> kShortFlags = {{'a', "all"}, {'F', "F"}};
+const std::map<char, std::string> kShortFlags = {{'a', "all"}, {'F', "F"}, {'R', "rdma_cm"}};
 
 // Commands that speak another tool's command line (ucmatose's, rping's) spell
 // short options their own way: their tables replace the two above.

@@ -396,6 +396,50 @@ TEST_F(Cm, AnUnansweredRequestEndsUnreachable) {
 }
 
 
+// A QP handed over in INIT keeps the access flags its application chose
+// (and the receives it posted); one handed over in RESET gets remote
+// WRITE, READ and atomics.
+TEST_F(Cm, AQpInInitKeepsItsAccessFlagsAndReceives) {
+  open();
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(b_.cm, 7100, &l), 0);
+  ufab_qp* qa = a_.qp();
+  ufab_qp* qb = b_.qp();
+  ufab_qp_attr init{};
+  init.state = UFAB_QPS_INIT;
+  init.port = 1;
+  init.access_flags = UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_FLUSH_GLOBAL;
+  ASSERT_EQ(ufab_qp_modify(qb, &init, UFAB_QP_STATE | UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_ACCESS_FLAGS), 0)
+      << ufab_last_error();
+  ufab_sge r{.addr = reinterpret_cast<uint64_t>(b_.buf.data()), .length = 64, .lkey = ufab_mr_lkey(b_.mr)};
+  ufab_recv_wr rw{.wr_id = 1, .sg_list = &r, .num_sge = 1, .reserved = 0};
+  ASSERT_EQ(ufab_post_recv(qb, &rw, 1, nullptr), 0);
+  ufab_cm_id* ida = nullptr;
+  ASSERT_EQ(ufab_cm_connect(a_.cm, qa, kIpB, 7100, nullptr, &ida), 0);
+  ufab_cm_event req = next(b_);
+  ASSERT_EQ(req.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_EQ(ufab_cm_accept(req.id, qb, nullptr), 0) << ufab_last_error();
+  ASSERT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
+  ASSERT_EQ(next(b_).type, UFAB_CM_EVENT_ESTABLISHED);
+  EXPECT_EQ(query(qb).access_flags, uint32_t{UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_FLUSH_GLOBAL});
+  EXPECT_EQ(query(qa).access_flags,
+            uint32_t{UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ | UFAB_ACCESS_REMOTE_ATOMIC});
+  // The receive posted in INIT takes the first SEND.
+  std::memset(a_.buf.data(), 0x77, 64);
+  ufab_sge s{.addr = reinterpret_cast<uint64_t>(a_.buf.data()), .length = 64, .lkey = ufab_mr_lkey(a_.mr)};
+  ufab_send_wr sw{};
+  sw.wr_id = 2;
+  sw.sg_list = &s;
+  sw.num_sge = 1;
+  sw.opcode = UFAB_WR_SEND;
+  ASSERT_EQ(ufab_post_send(qa, &sw, 1, nullptr), 0);
+  ufab_wc wc{};
+  ASSERT_EQ(ufab_cq_wait(b_.cq, &wc, 1, 5000), 1);
+  EXPECT_EQ(wc.status, UFAB_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(b_.buf[0], 0x77);
+}
+
 // The active side gives up before the accept (its id destroyed): REJ
 // "timeout" tells the listener, whose request ends in CONNECT_ERROR.
 TEST_F(Cm, AnActiveSideThatGivesUpEndsThePassiveRequest) {

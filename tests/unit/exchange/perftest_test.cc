@@ -3,8 +3,12 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <endian.h>
+
 #include <bit>
 #include <chrono>
+#include <deque>
+#include <memory>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -328,6 +332,192 @@ TEST(PerftestChannel, SilentPeerTimesOut) {
   ASSERT_FALSE(agreed);
   EXPECT_EQ(agreed.error().code(), ETIMEDOUT);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+// ------------------------------------------------------------ -R (rdma_cm)
+
+// perftest's struct pingpong_dest (perftest_resources.h), as the compiler
+// lays it out on x86-64: the GID is a union with a 64-bit member, so it
+// and everything after it sit on 8-byte boundaries.
+struct PingpongDest {
+  int lid;
+  int out_reads;
+  int qpn;
+  int psn;
+  unsigned rkey;
+  unsigned long long vaddr;
+  union {
+    uint8_t raw[16];
+    struct {
+      uint64_t subnet_prefix, interface_id;
+    } global;
+  } gid;
+  unsigned srqn;
+  int gid_index;
+};
+static_assert(sizeof(PingpongDest) == kPerftestDestSize);
+
+// What rdma_write_keys puts in its send buffer (the HAVE_ENDIAN branch),
+// with `pad` in the 4 bytes the compiler leaves after rkey.
+PerftestDestBytes as_perftest_sends(const PerftestKeys& k, int gid_index, uint8_t pad) {
+  PingpongDest d;
+  std::memset(&d, pad, sizeof d);
+  d.lid = int(htobe32(k.lid));
+  d.out_reads = int(htobe32(k.out_reads));
+  d.qpn = int(htobe32(k.qpn));
+  d.psn = int(htobe32(k.psn));
+  d.rkey = htobe32(k.rkey);
+  d.srqn = htobe32(k.srqn);
+  d.gid_index = int(htobe32(uint32_t(gid_index)));
+  d.vaddr = htobe64(k.vaddr);
+  std::memcpy(d.gid.raw, k.gid.data(), 16);
+  PerftestDestBytes b;
+  std::memcpy(b.data(), &d, sizeof d);
+  return b;
+}
+
+TEST(PerftestDest, EncodesAsPerftestSendsIt) {
+  PerftestKeys k = sample();
+  k.srqn = 0x42;
+  auto ours = encode_perftest_dest(k, 3);
+  ASSERT_TRUE(ours) << error_of(ours);
+  EXPECT_EQ(*ours, as_perftest_sends(k, 3, 0));  // our padding is zero
+  // The offsets, spelled out.
+  const PerftestDestBytes& b = *ours;
+  EXPECT_EQ(std::vector<uint8_t>(b.begin(), b.begin() + 24),
+            std::vector<uint8_t>({0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0x11, 0, 0xab, 0xcd, 0xef, 0x12, 0x34, 0xab, 0xcd,
+                                  0, 0, 0, 0}));
+  EXPECT_EQ(std::vector<uint8_t>(b.begin() + 24, b.begin() + 32),
+            std::vector<uint8_t>({0, 0, 0x7f, 0x12, 0x34, 0x56, 0x78, 0xc0}));
+  EXPECT_EQ(b[42], 0xff);
+  EXPECT_EQ(b[43], 0xff);
+  EXPECT_EQ(b[44], 10);
+  EXPECT_EQ(b[47], 1);
+  EXPECT_EQ(std::vector<uint8_t>(b.begin() + 48, b.end()), std::vector<uint8_t>({0, 0, 0, 0x42, 0, 0, 0, 3}));
+}
+
+TEST(PerftestDest, DecodesWhatPerftestSends) {
+  PerftestKeys k = sample();
+  k.lid = 0xffff;
+  k.srqn = 7;
+  // perftest leaves its padding as the stack had it, and sends its GID
+  // index (-1 without -x): neither is read.
+  auto got = decode_perftest_dest(as_perftest_sends(k, -1, 0xa5));
+  ASSERT_TRUE(got) << error_of(got);
+  EXPECT_EQ(got->lid, 0xffff);
+  EXPECT_EQ(got->out_reads, 16);
+  EXPECT_EQ(got->qpn, 0x11u);
+  EXPECT_EQ(got->psn, 0xabcdefu);
+  EXPECT_EQ(got->rkey, 0x1234abcdu);
+  EXPECT_EQ(got->vaddr, 0x00007f12345678c0ull);
+  EXPECT_EQ(got->gid, k.gid);
+  EXPECT_EQ(got->srqn, 7u);
+  // The keys perftest sends before its test QPs exist: all zeros.
+  PerftestDestBytes zeros{};
+  auto z = decode_perftest_dest(zeros);
+  ASSERT_TRUE(z) << error_of(z);
+  EXPECT_EQ(z->qpn, 0u);
+  EXPECT_EQ(z->vaddr, 0u);
+}
+
+TEST(PerftestDest, RejectsWhatPerftestDoesNotSend) {
+  // A struct copied without byte-swapping (little-endian fields).
+  PerftestKeys k = sample();
+  PingpongDest d{};
+  d.lid = 0;
+  d.out_reads = 16;
+  d.qpn = 0x11;
+  d.psn = 0xabcdef;
+  PerftestDestBytes raw;
+  std::memcpy(raw.data(), &d, sizeof d);
+  auto got = decode_perftest_dest(raw);
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code(), EPROTO);
+  EXPECT_NE(got.error().message().find("big-endian"), std::string::npos) << got.error().message();
+  // Not 56 bytes.
+  std::vector<uint8_t> short_one(52, 0);
+  auto s = decode_perftest_dest(short_one);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message().find("56-byte struct pingpong_dest, got 52 bytes"), std::string::npos)
+      << s.error().message();
+  // A QPN over 24 bits does not go out.
+  k.qpn = 1u << 24;
+  EXPECT_FALSE(encode_perftest_dest(k));
+}
+
+// A link whose peer's messages are given in advance and whose own are
+// kept: what the exchange sends over rdma_cm, message by message.
+class ScriptedLink final : public PerftestLink {
+ public:
+  ScriptedLink(std::deque<std::vector<uint8_t>> in, std::vector<std::vector<uint8_t>>* out)
+      : in_(std::move(in)), out_(out) {}
+  Status send_block(std::span<const uint8_t> block, std::chrono::milliseconds) override {
+    out_->emplace_back(block.begin(), block.end());
+    return {};
+  }
+  Status recv_block(std::span<uint8_t> block, std::chrono::milliseconds) override {
+    if (in_.empty()) return fail(ETIMEDOUT, "nothing more from the script");
+    std::vector<uint8_t> m = std::move(in_.front());
+    in_.pop_front();
+    if (m.size() != block.size()) {
+      return fail(EPROTO, "a " + std::to_string(m.size()) + "-byte message where " + std::to_string(block.size()) +
+                              " were expected");
+    }
+    std::memcpy(block.data(), m.data(), m.size());
+    return {};
+  }
+  const std::string& peer() const override { return peer_; }
+  bool rdma_cm() const override { return true; }
+
+ private:
+  std::deque<std::vector<uint8_t>> in_;
+  std::vector<std::vector<uint8_t>>* out_;
+  std::string peer_ = "scripted";
+};
+
+TEST(PerftestChannel, OverRdmaCmKeysAreBinaryAndNoDone) {
+  PerftestKeys theirs = sample();
+  theirs.qpn = 0x77;
+  auto dest = as_perftest_sends(theirs, 1, 0);
+  std::vector<uint8_t> version(16, 0);
+  std::memcpy(version.data(), "6.06", 4);
+  std::deque<std::vector<uint8_t>> in = {version,
+                                         {0, 0, 0x10, 0},
+                                         {0, 0, 0, 64},
+                                         {'3', 0},
+                                         std::vector<uint8_t>(dest.begin(), dest.end()),
+                                         std::vector<uint8_t>(dest.begin(), dest.end())};
+  std::vector<std::vector<uint8_t>> out;
+  PerftestChannel ch(std::make_unique<ScriptedLink>(std::move(in), &out), true);
+  EXPECT_TRUE(ch.rdma_cm());
+  auto agreed = ch.hello(4096, 64, 3, kLong);
+  ASSERT_TRUE(agreed) << error_of(agreed);
+  auto keys = ch.swap_keys(sample(), kLong);
+  ASSERT_TRUE(keys) << error_of(keys);
+  EXPECT_EQ(keys->qpn, 0x77u);
+  ASSERT_TRUE(ch.close(sample(), kLong));
+  // What went out: one message per block, the keys as pingpong_dest, and
+  // nothing after the closing keys.
+  ASSERT_EQ(out.size(), 6u);
+  EXPECT_EQ(out[0].size(), 16u);
+  EXPECT_EQ(out[1], std::vector<uint8_t>({0, 0, 0x10, 0}));
+  EXPECT_EQ(out[2], std::vector<uint8_t>({0, 0, 0, 64}));
+  EXPECT_EQ(out[3], std::vector<uint8_t>({'3', 0}));
+  auto mine = *encode_perftest_dest(sample());
+  EXPECT_EQ(out[4], std::vector<uint8_t>(mine.begin(), mine.end()));
+  EXPECT_EQ(out[5], out[4]);
+}
+
+TEST(PerftestChannel, OverRdmaCmAMessageOfTheWrongSizeFails) {
+  // The peer sends text keys (108 bytes) where pingpong_dest (56) belongs.
+  auto text = as_perftest_writes(sample());
+  std::deque<std::vector<uint8_t>> in = {std::vector<uint8_t>(text.begin(), text.end())};
+  std::vector<std::vector<uint8_t>> out;
+  PerftestChannel ch(std::make_unique<ScriptedLink>(std::move(in), &out), false);
+  auto keys = ch.swap_keys(sample(), kLong);
+  ASSERT_FALSE(keys);
+  EXPECT_NE(keys.error().message().find("108-byte message where 56"), std::string::npos) << keys.error().message();
+  EXPECT_TRUE(out.empty());  // the server reads first
 }
 
 }  // namespace

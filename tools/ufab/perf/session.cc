@@ -322,8 +322,24 @@ Status Session::check_peer_flush(const std::string& peer_version, const std::str
   return {};
 }
 
-Status Session::open_channel() {
+Status Session::hello() {
   const uint32_t mtu = cfg_.mtu ? cfg_.mtu : dev_->active_mtu();
+  auto agreed = channel_->hello(kCycleBuffer, kCacheLine, mtu_enum(mtu), cfg_.timeout, ufab_mark(cfg_.flush_type));
+  if (!agreed) return std::unexpected(agreed.error());
+  if (auto f = check_peer_flush(channel_->peer_version(), channel_->peer_tail()); !f) return f;
+  path_mtu_ = 128u << agreed->mtu_enum;
+  // perftest walks its requests through the larger of the two page sizes
+  // from our vaddr; our areas are sized for 4 KiB pages.
+  if (agreed->cycle_buffer > area_) {
+    return fail(ENOTSUP, "the peer's cycle buffer (page size) is " + std::to_string(agreed->cycle_buffer) +
+                             " bytes; ufab perf sizes its buffer for " + std::to_string(kCycleBuffer) +
+                             "-byte pages: use -s " + std::to_string(agreed->cycle_buffer) + " or more");
+  }
+  return {};
+}
+
+Status Session::open_channel() {
+  if (cfg_.rdma_cm) return open_channel_cm();
   return with_progress(*dev_, [&]() -> Status {
     if (cfg_.server()) {
       auto listener = exchange::TcpChannel::listen(cfg_.port);
@@ -341,19 +357,64 @@ Status Session::open_channel() {
       if (!ch) return std::unexpected(ch.error());
       channel_.emplace(std::move(*ch));
     }
-    auto agreed = channel_->hello(kCycleBuffer, kCacheLine, mtu_enum(mtu), cfg_.timeout, ufab_mark(cfg_.flush_type));
-    if (!agreed) return std::unexpected(agreed.error());
-    if (auto f = check_peer_flush(channel_->peer_version(), channel_->peer_tail()); !f) return f;
-    path_mtu_ = 128u << agreed->mtu_enum;
-    // perftest walks its requests through the larger of the two page sizes
-    // from our vaddr; our areas are sized for 4 KiB pages.
-    if (agreed->cycle_buffer > area_) {
-      return fail(ENOTSUP, "the peer's cycle buffer (page size) is " + std::to_string(agreed->cycle_buffer) +
-                               " bytes; ufab perf sizes its buffer for " + std::to_string(kCycleBuffer) +
-                               "-byte pages: use -s " + std::to_string(agreed->cycle_buffer) + " or more");
+    return hello();
+  });
+}
+
+// perftest -R: establish_connection over rdma_cm, the version/system/MTU
+// exchange over it, then create_rdma_cm_connection (a key exchange, the
+// test QPs through the connection manager, a key exchange). The keys of
+// those two exchanges are QP 0's (perftest sends zeros there; nobody reads
+// them).
+Status Session::open_channel_cm() {
+  return with_progress(*dev_, [&]() -> Status {
+    auto cm = exchange::PerftestCm::open(*dev_, cfg_.port, cfg_.timeout);
+    if (!cm) return std::unexpected(cm.error());
+    cm_ = std::move(*cm);
+    std::optional<uint32_t> server_ip;
+    if (cfg_.server()) {
+      // Not in perftest's output: for scripts, as the TCP line.
+      std::fprintf(stderr, "perf: waiting for a client on rdma_cm port %u (%s)\n", unsigned(cfg_.port),
+                   roce::ipv4_to_string(dev_->ip()).c_str());
+      std::fflush(stderr);
+      auto link = cm_->accept_control();
+      if (!link) return std::unexpected(link.error());
+      channel_.emplace(std::move(*link), false);
+    } else {
+      server_ip = roce::ipv4_from_string(cfg_.server_host);
+      if (!server_ip) {
+        return fail(EINVAL, "-R: the server " + cfg_.server_host +
+                                " must be its RoCE IPv4 address (A.B.C.D), which rdma_cm connects to");
+      }
+      auto link = cm_->connect_control(*server_ip);
+      if (!link) return std::unexpected(link.error());
+      channel_.emplace(std::move(*link), true);
     }
+    if (auto h = hello(); !h) return h;
+    if (auto k = channel_->swap_keys(my_keys(0), cfg_.timeout); !k) {
+      return std::unexpected(k.error().context("-R: the exchange before the test QPs connect"));
+    }
+    std::vector<rdma::QueuePair*> qps;
+    for (auto& qp : qps_) qps.push_back(qp.get());
+    // perftest's conn_param: out_reads for READ and atomics, else 0 (1
+    // here: ufab_cm_conn_param's 0 means its default).
+    const uint8_t depth = cfg_.verb == Verb::kRead || cfg_.verb == Verb::kAtomic ? uint8_t(out_reads(cfg_)) : 1;
+    Status connected = cfg_.server() ? cm_->accept_qps(qps, depth) : cm_->connect_qps(qps, *server_ip, depth);
+    if (!connected) return connected;
+    if (auto k = channel_->swap_keys(my_keys(0), cfg_.timeout); !k) {
+      return std::unexpected(k.error().context("-R: the exchange after the test QPs connected"));
+    }
+    // The path MTU is the connection manager's (the smaller port's).
+    path_mtu_ = qps_[0]->attr().path_mtu;
     return {};
   });
+}
+
+Status Session::finish() {
+  if (!cm_) return {};
+  Status s = with_progress(*dev_, [&]() -> Status { return cm_->disconnect_qps(); });
+  for (const auto& w : cm_->take_warnings()) std::fprintf(stderr, "perf: -R: %s\n", w.c_str());
+  return s;
 }
 
 Status Session::open() {
@@ -386,6 +447,7 @@ Status Session::swap_keys(bool first_only) {
 }
 
 Status Session::connect() {
+  if (cfg_.rdma_cm) return {};  // connected by the connection manager in open()
   for (uint32_t i = 0; i < cfg_.qps; ++i) {
     const exchange::PerftestKeys& peer = remote_[i];
     auto ip = roce::ipv4_from_gid(peer.gid);
@@ -473,8 +535,8 @@ void Session::print_banner(const char* title) const {
                  cfg_.verb == Verb::kFlush ? ", RANGE of the message size" : ", RANGE, behind each WRITE");
   }
   if (!cfg_.pmem.empty()) std::fprintf(out, " Memory          : persistent, %s (%s)\n", cfg_.pmem.c_str(), memory_kind_.c_str());
-  std::fprintf(out, " rdma_cm QPs\t : OFF\n");
-  std::fprintf(out, " Data ex. method : Ethernet\n");
+  std::fprintf(out, " rdma_cm QPs\t : %s\n", cfg_.rdma_cm ? "ON" : "OFF");
+  std::fprintf(out, " Data ex. method : %s\n", cfg_.rdma_cm ? "rdma_cm" : "Ethernet");
   std::fputs(kResultLine, out);
 }
 
@@ -489,8 +551,12 @@ void Session::print_addresses(bool remote) const {
     };
     std::fprintf(out, " %s address: LID %s QPN %s PSN %s", side, hex(k.lid, 4).c_str(), hex(k.qpn, 6).c_str(),
                  hex(k.psn, 6).c_str());
-    if (cfg_.verb == Verb::kRead) std::fprintf(out, " OUT %s", hex(k.out_reads, 4).c_str());
-    if (cfg_.verb == Verb::kRead || cfg_.verb == Verb::kWrite || cfg_.verb == Verb::kFlush) {
+    // With -R perftest prints these lines with its control connection's
+    // verb, SEND: no OUT, RKey or VAddr (ctx_print_pingpong_data reads
+    // comm->rdma_params->verb).
+    const Verb verb = cfg_.rdma_cm ? Verb::kSend : cfg_.verb;
+    if (verb == Verb::kRead) std::fprintf(out, " OUT %s", hex(k.out_reads, 4).c_str());
+    if (verb == Verb::kRead || verb == Verb::kWrite || verb == Verb::kFlush) {
       std::fprintf(out, " RKey %s VAddr %s", hex(k.rkey, 8).c_str(), hex(k.vaddr, 16).c_str());
     }
     std::fprintf(out, "\n GID: %s\n", roce::gid_to_perftest_text(k.gid).c_str());

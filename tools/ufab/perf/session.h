@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tools/exchange/perftest.h"
+#include "tools/exchange/perftest_cm.h"
 #include "ufab/rdma.hpp"
 
 namespace ufab::cli::perf {
@@ -60,6 +61,11 @@ struct Config {
   // created or extended to the buffer's size, a block device, or a
   // /dev/daxN.M), registered as MemoryType::kPersistent.
   std::string pmem;
+  // -R (--rdma_cm): the exchange over an rdma_cm control connection and
+  // the test QPs connected by ufab's connection manager, as perftest's -R
+  // (tools/exchange/perftest_cm.h); server_host is then the server's RoCE
+  // address.
+  bool rdma_cm = false;
   bool server() const { return server_host.empty(); }
   // Whether the peer writes and flushes this side's buffer: both sides of
   // write-lat, the server of the others.
@@ -108,13 +114,21 @@ class Session {
 
   // Device, buffer, CQs and QPs (INIT), then the TCP connection and
   // perftest's version/system/MTU exchange; ARP is answered meanwhile.
+  // With -R: the rdma_cm control connection instead of TCP, the same
+  // exchange over it, then perftest's create_rdma_cm_connection (a key
+  // exchange, the test QPs connected by the connection manager, another
+  // key exchange).
   Status open();
   // One ctx_hand_shake for every QP (or for QP 0 only: `first_only`).
   Status swap_keys(bool first_only = false);
-  // RTR and RTS towards the peer's keys from the last swap.
+  // RTR and RTS towards the peer's keys from the last swap (nothing with
+  // -R: the connection manager connected the QPs in open()).
   Status connect();
-  // The close handshake and "done".
+  // The close handshake and (TCP) "done".
   Status close();
+  // After a run with -R: the test QPs disconnected (DREQ/DREP), as
+  // perftest ends; nothing without -R.
+  Status finish();
   Result<exchange::PerftestBwReport> swap_bw_report(const exchange::PerftestBwReport& mine);
 
   // Where perftest's text goes: stdout, or stderr under --json.
@@ -167,6 +181,8 @@ class Session {
   Status check_flush_caps(bool as_target) const;
   Status check_peer_flush(const std::string& peer_version, const std::string& peer_tail) const;
   Status open_channel();
+  Status open_channel_cm();
+  Status hello();
   exchange::PerftestKeys my_keys(uint32_t qp) const;
 
   const Config& cfg_;
@@ -181,6 +197,8 @@ class Session {
   std::vector<std::unique_ptr<rdma::QueuePair>> qps_;
   std::vector<uint32_t> psns_;
   std::vector<exchange::PerftestKeys> remote_;
+  // -R: goes before the QPs it connected, after the channel that uses it.
+  std::unique_ptr<exchange::PerftestCm> cm_;
   std::optional<exchange::PerftestChannel> channel_;
   uint32_t path_mtu_ = 0;
 };
