@@ -108,7 +108,7 @@ class Allocation {
  private:
   Allocation(const Driver* d, PrimaryContext ctx, Kind kind, uint64_t ptr, size_t size)
       : driver_(d), ctx_(std::move(ctx)), kind_(kind), ptr_(ptr), size_(size) {}
-  const Driver* driver_ = nullptr;
+  [[maybe_unused]] const Driver* driver_ = nullptr;  // unused without the toolkit
   PrimaryContext ctx_;
   Kind kind_ = Kind::kDevice;
   uint64_t ptr_ = 0;
@@ -157,7 +157,7 @@ class Driver {
   Driver();
   static Result<const Driver*> load();
   std::unique_ptr<Api> api_;
-  void* handle_ = nullptr;  // dlopen handle (never closed: see above)
+  [[maybe_unused]] void* handle_ = nullptr;  // dlopen handle (never closed: see above); unused without the toolkit
   int version_ = 0;
   std::string library_;
 };

@@ -72,10 +72,15 @@ if [ "$stale" = 0 ]; then
 fi
 if [ "$stale" = 1 ]; then
   echo "fuzz $name: building with $cxx" >&2
-  "$cxx" -std=c++2b -U__cpp_concepts -D__cpp_concepts=202002L -Wno-builtin-macro-redefined \
+  # A failed build fails the target: never fuzz a binary left from before.
+  if ! "$cxx" -std=c++2b -U__cpp_concepts -D__cpp_concepts=202002L -Wno-builtin-macro-redefined \
     -O1 -g -fno-omit-frame-pointer \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -Wall -Wextra -Werror -I "$root" -I "$root/api" "${srcs[@]}" ${extra_libs:-} -o "$bin.tmp"
+    -Wall -Wextra -Werror -I "$root" -I "$root/api" "${srcs[@]}" ${extra_libs:-} -o "$bin.tmp"; then
+    echo "fuzz $name: BUILD FAILED (above); the target is not fuzzed" >&2
+    rm -f "$bin" "$bin.tmp"
+    return 1
+  fi
   mv "$bin.tmp" "$bin"
 fi
 
@@ -125,7 +130,8 @@ for t in "${targets[@]}"; do
         "$root"/core/provider/{c_api,providers,registries,softroce}.cc "$root"/drivers/builtin_providers.cc \
         "$root"/drivers/shm/{device,provider,qp}.cc \
         "$root"/core/transport/{completion_queue,context,lane,link,qp_transition,queue_pair,requester,responder,verbs}.cc \
-        "$root"/core/rdma/memory.cc "$root"/core/roce/{builder,gid,headers,icrc,opcodes,parser}.cc \
+        "$root"/core/rdma/{memory,durable}.cc "$root"/core/roce/{builder,gid,headers,icrc,opcodes,parser}.cc \
+        "$root"/core/gpu/{cuda,region}.cc "$root"/core/regcache/{cache,unmap_monitor}.cc \
         "$root"/core/net/{arp,addresses}.cc "$root"/core/{nic,nic_open,plugin_registry,plugin_ops}.cc \
         "$root"/drivers/builtin.cc "$root"/drivers/swnic/swnic.cc "$root"/drivers/e1000e/e1000e.cc \
         "$root"/drivers/virtio_net/{virtio_net,virtio_pci,virtqueue}.cc "$root"/dma/{buffer_pool,dma}.cc \
