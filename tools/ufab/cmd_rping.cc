@@ -173,7 +173,8 @@ class Rping {
   // Runs completions and connection events until done() holds; fails on
   // an error, at the timeout, on a disconnection (unless
   // disconnect_ends), or when interrupted.
-  Status wait(const std::function<bool()>& done, const std::string& what, bool disconnect_ends = false);
+  Status wait(const std::function<bool()>& done, const std::string& what, bool disconnect_ends = false,
+              milliseconds limit = milliseconds(0));  // 0: --timeout
   Status on_event(const ufab_cm_event& ev);
   Status on_completion(const rdma::WorkCompletion& wc);
   Status server();
@@ -380,8 +381,9 @@ Status Rping::on_completion(const rdma::WorkCompletion& wc) {
   return {};
 }
 
-Status Rping::wait(const std::function<bool()>& done, const std::string& what, bool disconnect_ends) {
-  const auto until = Clock::now() + cfg_.timeout;
+Status Rping::wait(const std::function<bool()>& done, const std::string& what, bool disconnect_ends,
+                   milliseconds limit) {
+  const auto until = Clock::now() + (limit.count() > 0 ? limit : cfg_.timeout);
   for (;;) {
     if (done()) return {};
     if (disconnected_) {
@@ -511,9 +513,27 @@ Status Rping::serve_pings() {
   std::vector<uint8_t> want;
   for (;;) {
     // The client's source: a DISCONNECTED instead is the end.
-    auto s = wait([&] { return !adverts_.empty(); }, "ping " + std::to_string(pings_) + "'s source advertisement",
-                  /*disconnect_ends=*/true);
-    if (!s) return s;
+    if (cfg_.count_given && pings_ == cfg_.count) {
+      // Every ping -C asked for: the client's DREQ comes next. rping exits
+      // right after rdma_disconnect, and its exit cancels the DREQ's
+      // retransmissions, so a lost DREQ is never sent again: after a while
+      // this side ends the connection itself.
+      const auto grace = std::min(cfg_.timeout, milliseconds(10000));
+      auto s = wait([&] { return !adverts_.empty(); }, "the client's disconnection", /*disconnect_ends=*/true, grace);
+      if (!s && s.error().code() == ETIMEDOUT) {
+        progress("no disconnection from " + peer_ + " within " + std::to_string(grace.count() / 1000) + " s after ping " +
+                 std::to_string(pings_) + " of " + std::to_string(cfg_.count) + ": disconnecting");
+        disconnect_after_failure();
+        return {};
+      }
+      if (!s) return s;
+      // Disconnected; or a ping beyond -C, served below (and reported by
+      // the count check at the end).
+    } else {
+      auto s = wait([&] { return !adverts_.empty(); }, "ping " + std::to_string(pings_) + "'s source advertisement",
+                    /*disconnect_ends=*/true);
+      if (!s) return s;
+    }
     if (adverts_.empty()) return {};  // disconnected
     RdmaInfo src = adverts_.front();
     adverts_.erase(adverts_.begin());
