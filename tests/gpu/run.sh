@@ -47,6 +47,11 @@ run_from() {
   doc=$("$d/ufab" doctor 2>&1 || true)
   grep '^\[.*\] gpu' <<<"$doc" || fail=1
   if grep '^\[.*\] gpu' <<<"$doc" | grep -qv '^\[ok  \]'; then fail=1; fi
+  echo "== ufab info gpu"
+  # Every GPU listed with working stream memory operations.
+  "$d/ufab" info gpu || fail=1
+  "$d/ufab" info gpu --json | grep -q '"available":true' || { echo "ufab info gpu: no GPU available"; fail=1; }
+  if "$d/ufab" info gpu --json | grep -q '"stream_memops":false'; then echo "ufab info gpu: stream memory operations fail"; fail=1; fi
   echo "== regcache_bench (not a test: timings)"
   "$d/regcache_bench" --json "${BENCH_JSON:-/dev/null}" || fail=1
   if [ "$fail" -eq 0 ]; then echo "gpu suite: PASSED"; else echo "gpu suite: FAILED"; fi

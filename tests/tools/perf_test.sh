@@ -450,6 +450,16 @@ if [ "$rc" -eq 0 ] && jq_ok '.ok and .rdma.provider == "soft-roce" and .rdma.flu
     (.rdma.flush_persistent == ((.rdma.mem_types | index("persistent")) != null))' info.json; then
   pass "info --json swnic: soft-RoCE caps (flush_global, atomic_write, memory types)"
 else fail "info --json swnic (exit $rc)"; show info.json e.err; fi
+# `ufab info gpu`: the GPU support found. No GPU is a report with the
+# reason (exit 0); a GPU machine lists its GPUs (tests/gpu/run.sh insists).
+"$bin" info gpu --json >"$dir/gpu.json" 2>"$dir/e.err"
+rc=$?
+if [ "$rc" -eq 0 ] && jq_ok '.ok and (.built_with_cuda | type == "boolean") and
+    (if .available then (.devices | length) > 0 else (.reason | length) > 0 and .devices == [] end)' gpu.json &&
+  "$bin" info gpu >"$dir/gpu.txt" 2>>"$dir/e.err" && grep -q '^GPU support$' "$dir/gpu.txt" &&
+  grep -q '^  driver: ' "$dir/gpu.txt"; then
+  pass "info gpu: the GPU support found (available=$(jq -r .available "$dir/gpu.json"))"
+else fail "info gpu (exit $rc)"; show gpu.json gpu.txt e.err; fi
 "$bin" info "swnic:${link}inf:0" --ip 10.9.8.7 >"$dir/info.txt" 2>"$dir/e.err"
 if grep -q "^    placement   flush global yes, flush persistent \(yes\|no\), atomic write yes$" "$dir/info.txt" &&
   grep -q "^    address     10.9.8.7$" "$dir/info.txt" && grep -q "^    memory      host" "$dir/info.txt"; then

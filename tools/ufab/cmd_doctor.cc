@@ -3,9 +3,9 @@
 #include <vector>
 
 #include "base/json.h"
-#include "core/gpu/cuda.h"
 #include "core/pci/doctor.h"
 #include "tools/ufab/cli.h"
+#include "tools/ufab/gpu_report.h"
 
 namespace ufab::cli {
 namespace {
@@ -15,38 +15,30 @@ namespace {
 // warning: registration works, GPU-triggered operations will not.
 void gpu_checks(std::vector<pci::Check>& checks) {
   using pci::CheckStatus;
-  if (!gpu::built_with_cuda()) {
-    checks.push_back({"gpu support", CheckStatus::kSkip, gpu::unavailable_reason(),
+  GpuReport r = gpu_report();
+  if (!r.built) {
+    checks.push_back({"gpu support", CheckStatus::kSkip, r.unavailable,
                       "install the CUDA Toolkit (/usr/local/cuda or CUDA_PATH) and rebuild"});
     return;
   }
-  auto d = gpu::Driver::get();
-  if (!d) {
-    checks.push_back({"gpu driver", CheckStatus::kSkip, d.error().message(),
-                      "install the NVIDIA driver where GPU memory is wanted"});
+  if (!r.unavailable.empty()) {
+    checks.push_back({"gpu driver", CheckStatus::kSkip, r.unavailable, "install the NVIDIA driver where GPU memory is wanted"});
     return;
   }
-  const gpu::Driver& driver = **d;
-  auto n = driver.device_count();
-  checks.push_back({"gpu driver", n && *n > 0 ? CheckStatus::kOk : CheckStatus::kSkip,
-                    "CUDA " + gpu::cuda_version_string(driver.version()) + " driver (" + driver.library_path() +
-                        "), built against CUDA " + gpu::cuda_version_string(gpu::built_cuda_version()) + ", " +
-                        (n ? std::to_string(*n) + " GPU(s)" : n.error().message()),
+  checks.push_back({"gpu driver", r.devices.empty() ? CheckStatus::kSkip : CheckStatus::kOk,
+                    "CUDA " + gpu::cuda_version_string(r.driver_version) + " driver (" + r.library +
+                        "), built against CUDA " + gpu::cuda_version_string(r.built_version) + ", " +
+                        (r.count_error.empty() ? std::to_string(r.devices.size()) + " GPU(s)" : r.count_error),
                     ""});
-  for (int i = 0; n && i < *n; ++i) {
-    auto info = driver.device(i);
-    if (!info) {
-      checks.push_back({"gpu " + std::to_string(i), CheckStatus::kWarn, info.error().message(), ""});
+  for (const auto& d : r.devices) {
+    std::string name = "gpu " + std::to_string(d.ordinal);
+    if (!d.info) {
+      checks.push_back({name, CheckStatus::kWarn, d.error, ""});
       continue;
     }
-    auto probe = driver.probe_stream_memops(i);
-    char mem[32];
-    std::snprintf(mem, sizeof mem, "%.1f GiB", double(info->memory_bytes) / double(1ull << 30));
-    checks.push_back({"gpu " + std::to_string(i), probe ? CheckStatus::kOk : CheckStatus::kWarn,
-                      info->name + ", " + info->pci_address + ", " + mem + ", sm_" +
-                          std::to_string(info->compute_major) + std::to_string(info->compute_minor) +
-                          "; stream memory operations: " + (probe ? "work" : probe.error().message()),
-                      probe ? "" : "GPU-triggered operations need cuStreamWriteValue32/cuStreamWaitValue32"});
+    checks.push_back({name, d.memops ? CheckStatus::kOk : CheckStatus::kWarn,
+                      gpu_device_line(*d.info) + "; stream memory operations: " + (d.memops ? "work" : d.memops_error),
+                      d.memops ? "" : "GPU-triggered operations need cuStreamWriteValue32/cuStreamWaitValue32"});
   }
 }
 

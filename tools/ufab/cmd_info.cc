@@ -16,6 +16,7 @@
 #include "core/pci/discovery.h"
 #include "drivers/builtin.h"
 #include "tools/ufab/cli.h"
+#include "tools/ufab/gpu_report.h"
 #include "tools/ufab/render.h"
 #include "tools/ufab/table.h"
 #include "ufab/rdma.hpp"
@@ -491,9 +492,54 @@ int info_software_device(const Options& opts, const std::string& name) {
   return kExitOk;
 }
 
+// `ufab info gpu`: the GPU support found (gpu_report.h). No GPU is a
+// report, not an error: the reason is printed and the exit status is 0.
+int info_gpu(const Options& opts) {
+  GpuReport r = gpu_report();
+  std::string built = r.built ? "CUDA " + gpu::cuda_version_string(r.built_version) + " headers" : "no";
+  if (opts.json) {
+    JsonWriter w;
+    w.begin_object().field("ok", true).field("built_with_cuda", r.built).field("built_cuda_version", r.built_version);
+    w.field("available", r.unavailable.empty() && r.count_error.empty()).field("reason", r.unavailable + r.count_error);
+    w.field("driver_version", r.driver_version).field("library", r.library).key("devices").begin_array();
+    for (const auto& d : r.devices) {
+      w.begin_object().field("ordinal", d.ordinal);
+      if (d.info) {
+        w.field("name", d.info->name).field("pci_address", d.info->pci_address);
+        w.field("memory_bytes", d.info->memory_bytes);
+        w.field("compute_capability", std::to_string(d.info->compute_major) + "." + std::to_string(d.info->compute_minor));
+        w.field("stream_memops", d.memops).field("stream_memops_error", d.memops_error);
+      } else {
+        w.field("error", d.error);
+      }
+      w.end_object();
+    }
+    w.end_array().end_object();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("GPU support\n  built with:  %s\n", built.c_str());
+  if (!r.unavailable.empty()) {
+    std::printf("  driver:      none: %s\n", r.unavailable.c_str());
+    return kExitOk;
+  }
+  std::printf("  driver:      CUDA %s (%s)\n", gpu::cuda_version_string(r.driver_version).c_str(), r.library.c_str());
+  if (!r.count_error.empty()) std::printf("  GPUs:        %s\n", r.count_error.c_str());
+  for (const auto& d : r.devices) {
+    if (!d.info) {
+      std::printf("  gpu %d:       %s\n", d.ordinal, d.error.c_str());
+      continue;
+    }
+    std::printf("  gpu %d:       %s\n               stream memory operations: %s\n", d.ordinal,
+                gpu_device_line(*d.info).c_str(), d.memops ? "work" : d.memops_error.c_str());
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_info(const Options& opts) {
+  if (opts.args[0] == "gpu") return info_gpu(opts);
   // A name with a prefix (swnic:, shm:) that is no PCI address.
   if (!PciAddress::parse(opts.args[0]) && opts.args[0].find(':') != std::string::npos) {
     return info_software_device(opts, opts.args[0]);

@@ -313,7 +313,7 @@ int run(int argc, char** argv) {
   };
   static const std::map<std::string, Spec> commands = {
       {"list", {cmd_list, 0, 0, "ufab list"}},
-      {"info", {cmd_info, 1, 1, "ufab info BDF|swnic:LINK:PORT|shm:DOMAIN"}},
+      {"info", {cmd_info, 1, 1, "ufab info BDF|swnic:LINK:PORT|shm:DOMAIN|gpu"}},
       {"bind", {cmd_bind, 1, 1, "ufab bind BDF [--force]"}},
       {"unbind", {cmd_unbind, 1, 1, "ufab unbind BDF"}},
       {"doctor", {cmd_doctor, 0, 1, "ufab doctor [BDF]"}},
