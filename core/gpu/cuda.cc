@@ -68,6 +68,8 @@ Allocation::Allocation(Allocation&& o) noexcept : ctx_(std::move(o.ctx_)) {}
 Allocation& Allocation::operator=(Allocation&&) noexcept { return *this; }
 Allocation::~Allocation() = default;
 Status Allocation::free() { return {}; }
+Status Allocation::write(size_t, const void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
+Status Allocation::read(size_t, void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
 
 #else  // UFAB_HAVE_CUDA_TOOLKIT
 
@@ -493,6 +495,42 @@ Status Allocation::free() {
   ptr_ = 0;
   size_ = 0;
   if (r != CUDA_SUCCESS) return fail(errno_for(r), "freeing GPU memory: " + driver_->error_text(r));
+  return {};
+}
+
+namespace {
+Status copy_range_check(size_t offset, size_t n, size_t size) {
+  if (offset > size || n > size - offset) {
+    return fail(EINVAL, "copy of " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                            " runs past the " + std::to_string(size) + "-byte GPU allocation");
+  }
+  return {};
+}
+}  // namespace
+
+Status Allocation::write(size_t offset, const void* src, size_t n) const {
+  if (auto c = copy_range_check(offset, n, size_); !c) return c;
+  if (kind_ == Kind::kPinnedHost) {
+    std::memcpy(reinterpret_cast<uint8_t*>(ptr_) + offset, src, n);
+    return {};
+  }
+  if (auto c = ctx_.make_current(); !c) return c;
+  if (CUresult r = driver_->api().cuMemcpyHtoD(static_cast<CUdeviceptr>(ptr_ + offset), src, n); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuMemcpyHtoD of " + std::to_string(n) + " bytes: " + driver_->error_text(r));
+  }
+  return {};
+}
+
+Status Allocation::read(size_t offset, void* dst, size_t n) const {
+  if (auto c = copy_range_check(offset, n, size_); !c) return c;
+  if (kind_ == Kind::kPinnedHost) {
+    std::memcpy(dst, reinterpret_cast<const uint8_t*>(ptr_) + offset, n);
+    return {};
+  }
+  if (auto c = ctx_.make_current(); !c) return c;
+  if (CUresult r = driver_->api().cuMemcpyDtoH(dst, static_cast<CUdeviceptr>(ptr_ + offset), n); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuMemcpyDtoH of " + std::to_string(n) + " bytes: " + driver_->error_text(r));
+  }
   return {};
 }
 

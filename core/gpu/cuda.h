@@ -104,6 +104,12 @@ class Allocation {
   Kind kind() const { return kind_; }
   // Frees it now (the object becomes empty).
   Status free();
+  // Synchronous copies between host memory and [offset, offset + n) of
+  // the allocation (cuMemcpyHtoD / cuMemcpyDtoH on device and managed
+  // memory, memcpy on pinned host memory). For tools and tests, not for a
+  // data path: they block until the copy is done. EINVAL past the end.
+  Status write(size_t offset, const void* src, size_t n) const;
+  Status read(size_t offset, void* dst, size_t n) const;
 
  private:
   Allocation(const Driver* d, PrimaryContext ctx, Kind kind, uint64_t ptr, size_t size)

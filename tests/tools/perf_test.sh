@@ -122,6 +122,45 @@ send-bw|-q 2 -s 256 -n 200|256|400
 atomic-bw|-n 500|8|500
 EOF
 
+# --data_validation: the side a message lands on checks every byte of every
+# message slot (32 slots of 100 bytes a QP; one 3000-byte slot; 2% loss), and
+# says which bytes differ when the peer sent no pattern.
+while IFS='|' read -r test opts slots; do
+  run "dv${test//-/}" "$test --data_validation $opts" "$test --data_validation $opts"
+  checker=server.out; [ "$test" = read-bw ] && checker=client.out
+  bytes=$(jq -r '.validated_bytes' "$dir/$checker" 2>/dev/null)
+  if [ "$server_rc" -eq 0 ] && [ "$client_rc" -eq 0 ] && [ "$bytes" = "$slots" ]; then
+    pass "$test --data_validation $opts: $bytes bytes checked where they landed"
+  else fail "$test --data_validation $opts (server $server_rc client $client_rc, validated $bytes, expected $slots)"
+    show server.err client.err; fi
+done <<'EOF'
+write-bw|-s 100 -n 300 -q 2|6400
+read-bw|-s 100 -n 300|3200
+send-bw|-s 3000 -n 100|3000
+write-bw|-s 1000 -n 300 --param loss=0.02|4000
+read-bw|-s 5000 -n 100 --param loss=0.02|5000
+EOF
+run dvmiss "write-bw --data_validation -s 256 -n 100" "write-bw -s 256 -n 100"
+if [ "$server_rc" -eq 1 ] && grep -q 'data_validation: QP 0, message slot 0: .* bytes differ.*both sides must run --data_validation' "$dir/server.err"; then
+  pass "--data_validation against a peer sending no pattern: exit 1, says which bytes differ"
+else fail "--data_validation without the peer's pattern (server $server_rc)"; show server.err; fi
+for bad in "write-lat --data_validation" "write-bw --data_validation -a" "write-lat --use_cuda" "atomic-bw --use_cuda=0" \
+           "write-bw --use_cuda -I 64" "write-bw --use_cuda=x"; do
+  # shellcheck disable=SC2086
+  "$bin" perf $bad "swnic:${link}x:0" --ip 10.0.0.1 >"$dir/e.out" 2>"$dir/e.err"
+  rc=$?
+  if [ "$rc" -eq 2 ] && grep -q -- '--\(data_validation\|use_cuda\)' "$dir/e.err"; then pass "perf $bad: usage error naming the option"
+  else fail "perf $bad: expected a usage error (exit $rc)"; show e.err; fi
+done
+# Without a GPU (or a GPU build), --use_cuda says why before anything runs.
+if ! "$bin" info gpu --json | jq -e .available >/dev/null; then
+  "$bin" perf write-bw "swnic:${link}x:0" --ip 10.0.0.1 --use_cuda -p 0 >"$dir/e.out" 2>"$dir/e.err"
+  rc=$?
+  if [ "$rc" -eq 1 ] && grep -q -- '--use_cuda=0: ' "$dir/e.err" && ! grep -q 'waiting for a client' "$dir/e.err"; then
+    pass "perf --use_cuda without a GPU: exit 1 before listening, says why"
+  else fail "perf --use_cuda without a GPU (exit $rc)"; show e.err; fi
+fi
+
 # -a: one line per size, 2 .. 8 MiB.
 run alllat "write-lat -a -n 5" "write-lat -a -n 5"
 if [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ] &&

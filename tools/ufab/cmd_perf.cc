@@ -222,6 +222,35 @@ Result<Config> configure(const Options& opts, const TestName& t) {
                            : lat && t.verb == Verb::kWrite ? 220
                            : lat && t.verb == Verb::kSend  ? 236
                                                            : 0);
+  // --use_cuda[=DEV]: the buffer in GPU memory, as perftest's --use_cuda;
+  // what perftest refuses with device memory is refused here too.
+  if (opts.value("use_cuda")) {
+    auto dev = whole(opts, "use_cuda", 0, 0, 1023);
+    if (!dev) return std::unexpected(dev.error());
+    c.cuda_device = int(*dev);
+    const std::string why = "--use_cuda: ";
+    if (lat && t.verb == Verb::kWrite) {
+      return fail(EINVAL, why + "write-lat polls the last byte of each arriving WRITE from the CPU, which cannot "
+                                "read GPU memory (perftest refuses it too); use write-bw, read-lat or send-lat");
+    }
+    if (atomic) return fail(EINVAL, why + "atomics on GPU memory are not supported (the target's CPU performs them)");
+    if (t.verb == Verb::kFlush || c.flush_type != 0) return fail(EINVAL, why + "GPU memory is no FLUSH target");
+    if (!c.pmem.empty()) return fail(EINVAL, why + "--pmem gives the buffer too; choose one");
+    if (opts.value("inline") && *inl > 0) {
+      return fail(EINVAL, why + "inline data is copied by the CPU from the buffer at post time, which cannot "
+                                "read GPU memory (perftest refuses it too); leave -I out");
+    }
+    c.inline_size = 0;  // as perftest: "inline size set to 0"
+  }
+  // --data_validation: every byte of every message slot checked where it
+  // lands (tools/ufab/perf/bandwidth.cc).
+  c.data_validation = opts.flags.count("data_validation");
+  if (c.data_validation) {
+    if (lat || atomic) {
+      return fail(EINVAL, "--data_validation applies to write-bw, read-bw and send-bw (as in perftest: bandwidth tests)");
+    }
+    if (c.all_sizes) return fail(EINVAL, "--data_validation with -a: validation checks one size (as in perftest)");
+  }
   c.report_gbits = opts.flags.count("report_gbits");
   if (auto it = opts.values.find("param"); it != opts.values.end()) {
     for (const auto& kv : it->second) {
@@ -314,6 +343,15 @@ int cmd_perf(const Options& opts) {
     w.field("memory", session.memory_kind());
     w.field("rdma_cm", cfg->rdma_cm);
     if (!cfg->pmem.empty()) w.field("pmem", cfg->pmem);
+    if (cfg->cuda_device >= 0) w.field("cuda_device", cfg->cuda_device);
+    if (cfg->data_validation) {
+      w.key("validated_bytes");
+      if (session.validated_bytes) {
+        w.value(*session.validated_bytes);
+      } else {
+        w.null();  // this side had nothing land: its peer checked
+      }
+    }
     w.field("units", cfg->report_gbits ? "Gb/s" : "MiB/s");
     w.key("results").begin_array();
     for (const auto& r : lat) {

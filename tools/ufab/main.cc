@@ -89,6 +89,12 @@ commands:
                        range behind it, done when the FLUSH completes
                        (persistent: commit-complete WRITEs, the same wire);
                        flush-lat: the FLUSH's type (global). ufab peers only
+      --use_cuda[=DEV] the buffer is device memory on GPU DEV (default 0),
+                       as perftest's --use_cuda (not write-lat, atomics,
+                       --flush or -I; inline off)
+      --data_validation  write-bw, read-bw, send-bw: messages carry a known
+                       pattern and the side they land on checks every byte
+                       of every message slot after the run (both sides)
       --pmem PATH      the buffer is PATH mapped shared (file: created or
                        extended; block device; /dev/daxN.M), registered as
                        persistent memory: needed where --flush persistent
@@ -162,6 +168,7 @@ const std::map<std::string, std::set<std::string>> kValueOptions = {
     {"gid-index", {"perf"}},
     {"flush", {"perf"}},
     {"pmem", {"perf"}},
+    {"use_cuda", {"perf"}},  // --use_cuda alone: GPU 0
 };
 
 // Options without a value, and their commands.
@@ -169,6 +176,7 @@ const std::map<std::string, std::set<std::string>> kFlagOptions = {
     {"all", {"perf"}},
     {"report_gbits", {"perf"}},
     {"rdma_cm", {"perf"}},
+    {"data_validation", {"perf"}},
     {"F", {"perf"}},  // perftest's "do not warn about the CPU frequency": nothing to do
     {"server-side", {"rping"}},
     {"client-side", {"rping"}},
@@ -278,6 +286,13 @@ int run(int argc, char** argv) {
       std::string name = a.substr(2, eq - 2);
       if (eq != std::string::npos) {
         opts.values[name].push_back(a.substr(eq + 1));
+      } else if (name == "use_cuda") {
+        // perftest's --use_cuda takes its GPU as the next word; ufab's
+        // value is optional (--use_cuda alone: GPU 0), so only a number is
+        // taken from the next word.
+        bool number = i + 1 < argc && argv[i + 1][0] != '\0' &&
+                      std::string(argv[i + 1]).find_first_not_of("0123456789") == std::string::npos;
+        opts.values[name].push_back(number ? argv[++i] : "0");
       } else if (i + 1 < argc) {
         opts.values[name].push_back(argv[++i]);
       } else {

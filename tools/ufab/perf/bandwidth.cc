@@ -41,6 +41,80 @@ std::string title(const Config& cfg) {
 
 uint64_t inc(uint64_t size) { return size > kCacheLine ? (size + kCacheLine - 1) / kCacheLine * kCacheLine : kCacheLine; }
 
+// Where successive messages of `msg` bytes go in a QP's area: slot k % slots
+// at offset (k % slots) * inc(msg), when two fit in the cycle buffer.
+uint64_t slot_count(uint64_t msg) { return msg <= kCycleBuffer / 2 ? kCycleBuffer / inc(msg) : 1; }
+
+// --data_validation. The source (the client of write-bw and send-bw, the
+// server of read-bw) fills every message slot of its areas with
+// pattern_byte(qp, j) for byte j of the message; the target starts its
+// areas poisoned and, after the run, checks each slot a message landed in:
+// every slot the run wrote (WRITE, READ), or the first (SEND: receives
+// land at the area's start).
+uint8_t pattern_byte(uint32_t qp, uint64_t j) { return uint8_t(j * 151 + (j >> 8) * 13 + (j >> 16) * 7 + qp * 29 + 0x3b); }
+constexpr uint8_t kPoison = 0xa5;
+
+bool validation_source(const Config& cfg) { return (cfg.verb == Verb::kRead) == cfg.server(); }
+// The server's remote area (the target of WRITE and SEND, the source of
+// READ), the client's local one.
+uint8_t* validation_area(Session& s, uint32_t q) { return s.config().server() ? s.remote_area(q) : s.local_area(q); }
+
+Status prepare_validation(Session& s) {
+  const Config& cfg = s.config();
+  const uint64_t msg = cfg.size, slots = slot_count(msg);
+  std::vector<uint8_t> bytes(s.area(), kPoison);
+  for (uint32_t q = 0; q < cfg.qps; ++q) {
+    if (validation_source(cfg)) {
+      for (uint64_t k = 0; k < slots; ++k) {
+        for (uint64_t j = 0; j < msg; ++j) bytes[k * inc(msg) + j] = pattern_byte(q, j);
+      }
+    }
+    uint8_t* area = validation_area(s, q);
+    if (auto w = s.store(s.offset_of(area), bytes.data(), bytes.size()); !w) {
+      return std::unexpected(w.error().context("--data_validation: preparing QP " + std::to_string(q) + "'s area"));
+    }
+  }
+  return {};
+}
+
+Status check_validation(Session& s) {
+  const Config& cfg = s.config();
+  const uint64_t msg = cfg.size;
+  const uint64_t slots = cfg.verb == Verb::kSend ? 1 : cfg.duration_s ? slot_count(msg)
+                                                                       : std::min(slot_count(msg), cfg.iters);
+  std::vector<uint8_t> got(msg);
+  uint64_t checked = 0;
+  for (uint32_t q = 0; q < cfg.qps; ++q) {
+    for (uint64_t k = 0; k < slots; ++k) {
+      const uint64_t offset = s.offset_of(validation_area(s, q)) + k * inc(msg);
+      if (auto r = s.load(offset, got.data(), msg); !r) {
+        return std::unexpected(r.error().context("--data_validation: reading QP " + std::to_string(q) + "'s area"));
+      }
+      uint64_t bad = 0, first = msg;
+      for (uint64_t j = 0; j < msg; ++j) {
+        if (got[j] != pattern_byte(q, j)) {
+          if (bad++ == 0) first = j;
+        }
+      }
+      if (bad != 0) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "--data_validation: QP %u, message slot %llu: %llu of %llu bytes differ, the first at byte %llu "
+                      "(expected 0x%02x, found 0x%02x%s)",
+                      q, static_cast<unsigned long long>(k), static_cast<unsigned long long>(bad),
+                      static_cast<unsigned long long>(msg), static_cast<unsigned long long>(first),
+                      pattern_byte(q, first), got[first], got[first] == kPoison ? ": nothing landed there" : "");
+        return fail(EIO, std::string(line) + "; both sides must run --data_validation");
+      }
+      checked += msg;
+    }
+  }
+  s.validated_bytes = checked;
+  std::fprintf(s.out(), " Data validation : %llu bytes in %llu message slot(s) on %u QP(s) checked: all as sent\n",
+               static_cast<unsigned long long>(checked), static_cast<unsigned long long>(slots * cfg.qps), cfg.qps);
+  return {};
+}
+
 class BandwidthTest {
  public:
   BandwidthTest(Session& s, const Progress& progress) : s_(s), cfg_(s.config()), ticker_(progress) {}
@@ -64,7 +138,7 @@ class BandwidthTest {
     uint64_t signaled_posts = 0, completions = 0;
     const uint64_t msg = cfg_.verb == Verb::kAtomic ? 8 : size;
     // Successive requests walk the cycle buffer when two fit in it.
-    const uint64_t slots = msg <= kCycleBuffer / 2 ? kCycleBuffer / inc(msg) : 1;
+    const uint64_t slots = slot_count(msg);
     const rdma::WrOpcode op = cfg_.verb == Verb::kWrite  ? rdma::WrOpcode::kRdmaWrite
                               : cfg_.verb == Verb::kRead ? rdma::WrOpcode::kRdmaRead
                               : cfg_.verb == Verb::kSend ? rdma::WrOpcode::kSend
@@ -275,6 +349,9 @@ Status run_bandwidth(Session& s, const Progress& progress, const BandwidthReport
   const Config& cfg = s.config();
   const bool send = cfg.verb == Verb::kSend;
   s.print_banner(title(cfg).c_str());
+  if (cfg.data_validation) {
+    if (auto r = prepare_validation(s); !r) return r;
+  }
   if (auto r = s.swap_keys(); !r) return r;
   if (auto r = s.connect(); !r) return r;
   if (send) {
@@ -299,6 +376,11 @@ Status run_bandwidth(Session& s, const Progress& progress, const BandwidthReport
     auto theirs = s.swap_bw_report({});
     if (!theirs) return std::unexpected(theirs.error());
     report(from_wire(*theirs));
+    // The client's report came after its last completion: the WRITEs
+    // have landed (READ: the client checks what it read).
+    if (cfg.data_validation && !validation_source(cfg)) {
+      if (auto r = check_validation(s); !r) return r;
+    }
     if (auto r = s.close(); !r) return r;
     s.print_rule();
     return {};
@@ -315,6 +397,11 @@ Status run_bandwidth(Session& s, const Progress& progress, const BandwidthReport
     if (!mine) return std::unexpected(mine.error());
     report(*mine);
     last = *mine;
+    // send-bw's server after its receives completed, read-bw's client
+    // after its READs did.
+    if (cfg.data_validation && !validation_source(cfg)) {
+      if (auto r = check_validation(s); !r) return r;
+    }
     if (send && cfg.all_sizes) {
       if (auto r = s.swap_keys(true); !r) return r;
     }

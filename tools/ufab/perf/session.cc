@@ -97,25 +97,40 @@ Status Session::open_device() {
   }
   area_ = round_up(std::max<uint64_t>(cfg_.size, kCycleBuffer), kCacheLine);
   const uint64_t total = 2 * uint64_t(cfg_.qps) * area_;
-  if (auto m = cfg_.pmem.empty() ? map_buffer(total) : map_pmem(total); !m) return m;
+  const bool cuda = cfg_.cuda_device >= 0;
+  if (auto m = cuda ? map_cuda(total) : cfg_.pmem.empty() ? map_buffer(total) : map_pmem(total); !m) return m;
   buffer_ = memory_.get();
   // write-lat polls the last byte of what arrives, so its buffer starts
   // zeroed; the other tests send perftest's random bytes.
-  if (cfg_.verb == Verb::kWrite && cfg_.kind == Kind::kLatency) {
-    std::memset(buffer_, 0, total);
-  } else {
-    std::mt19937_64 rng(std::random_device{}());
-    for (uint64_t i = 0; i < total; i += 8) {
-      uint64_t r = rng();
-      std::memcpy(buffer_ + i, &r, std::min<uint64_t>(8, total - i));
+  {
+    std::vector<uint8_t> init;
+    uint8_t* fill = buffer_;
+    if (cuda) {
+      init.resize(total);
+      fill = init.data();
+    }
+    if (cfg_.verb == Verb::kWrite && cfg_.kind == Kind::kLatency) {
+      std::memset(fill, 0, total);
+    } else {
+      std::mt19937_64 rng(std::random_device{}());
+      for (uint64_t i = 0; i < total; i += 8) {
+        uint64_t r = rng();
+        std::memcpy(fill + i, &r, std::min<uint64_t>(8, total - i));
+      }
+    }
+    if (cuda) {
+      if (auto w = store(0, fill, total); !w) return std::unexpected(w.error().context("initialising the GPU buffer"));
     }
   }
   const rdma::AccessFlags access = rdma::kLocalWrite | remote_access(cfg_.verb) | flush_access(cfg_);
-  const rdma::MemoryType type = cfg_.pmem.empty() ? rdma::MemoryType::kHost : rdma::MemoryType::kPersistent;
+  const rdma::MemoryType type = cuda                ? rdma::MemoryType::kCuda
+                                : cfg_.pmem.empty() ? rdma::MemoryType::kHost
+                                                    : rdma::MemoryType::kPersistent;
   auto mr = pd_->register_mr(buffer_, total, access, type);
   if (!mr) {
     return std::unexpected(mr.error().context(
         "registering the " + std::to_string(total) + "-byte buffer" +
+        (cuda ? " (" + memory_kind_ + ")" : std::string()) +
         (cfg_.pmem.empty() ? std::string() : " (" + cfg_.pmem + ", " + memory_kind_ + ") as persistent memory") +
         (access & rdma::kFlushPersistent ? " with FLUSH_PERSISTENT" : "")));
   }
@@ -181,6 +196,41 @@ Status Session::map_buffer(uint64_t total) {
   }
   memory_ = {static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); }};
   memory_kind_ = "heap";
+  return {};
+}
+
+// --use_cuda=DEV: device memory as perftest allocates it (cuMemAlloc of
+// the size rounded up to 64 KiB), on the GPU's primary context.
+Status Session::map_cuda(uint64_t total) {
+  const std::string what = "--use_cuda=" + std::to_string(cfg_.cuda_device);
+  auto driver = gpu::Driver::get();
+  if (!driver) return std::unexpected(driver.error().context(what));
+  auto n = (*driver)->device_count();
+  if (!n) return std::unexpected(n.error().context(what));
+  if (cfg_.cuda_device >= *n) {
+    return fail(ENODEV, what + ": this machine has " + std::to_string(*n) + " GPU(s) (0.." + std::to_string(*n - 1) +
+                            "); `ufab info gpu` lists them");
+  }
+  constexpr uint64_t kGpuPage = 64 << 10;
+  auto a = gpu::Allocation::allocate(**driver, cfg_.cuda_device, gpu::Allocation::Kind::kDevice,
+                                     (total + kGpuPage - 1) / kGpuPage * kGpuPage);
+  if (!a) return std::unexpected(a.error().context(what));
+  gpu_memory_.emplace(std::move(*a));
+  memory_ = {static_cast<uint8_t*>(gpu_memory_->data()), [](uint8_t*) {}};  // gpu_memory_ frees it
+  auto info = (*driver)->device(cfg_.cuda_device);
+  memory_kind_ = "CUDA device memory on GPU " + std::to_string(cfg_.cuda_device) + (info ? " (" + info->name + ")" : "");
+  return {};
+}
+
+Status Session::store(uint64_t offset, const uint8_t* src, uint64_t n) {
+  if (gpu_memory_) return gpu_memory_->write(offset, src, n);
+  std::memcpy(buffer_ + offset, src, n);
+  return {};
+}
+
+Status Session::load(uint64_t offset, uint8_t* dst, uint64_t n) const {
+  if (gpu_memory_) return gpu_memory_->read(offset, dst, n);
+  std::memcpy(dst, buffer_ + offset, n);
   return {};
 }
 
@@ -535,6 +585,7 @@ void Session::print_banner(const char* title) const {
                  cfg_.verb == Verb::kFlush ? ", RANGE of the message size" : ", RANGE, behind each WRITE");
   }
   if (!cfg_.pmem.empty()) std::fprintf(out, " Memory          : persistent, %s (%s)\n", cfg_.pmem.c_str(), memory_kind_.c_str());
+  if (cfg_.cuda_device >= 0) std::fprintf(out, " Memory          : %s\n", memory_kind_.c_str());
   std::fprintf(out, " rdma_cm QPs\t : %s\n", cfg_.rdma_cm ? "ON" : "OFF");
   std::fprintf(out, " Data ex. method : %s\n", cfg_.rdma_cm ? "rdma_cm" : "Ethernet");
   std::fputs(kResultLine, out);

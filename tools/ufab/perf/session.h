@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gpu/cuda.h"
 #include "tools/exchange/perftest.h"
 #include "tools/exchange/perftest_cm.h"
 #include "ufab/rdma.hpp"
@@ -66,6 +67,13 @@ struct Config {
   // (tools/exchange/perftest_cm.h); server_host is then the server's RoCE
   // address.
   bool rdma_cm = false;
+  // --use_cuda[=DEV]: the buffer is device memory on GPU DEV (cuMemAlloc,
+  // as perftest allocates it), registered as MemoryType::kCuda; -1: host.
+  int cuda_device = -1;
+  // --data_validation (write-bw, read-bw, send-bw): the source's messages
+  // carry a known pattern and the side they land on checks every byte of
+  // every message slot after the run (bandwidth.cc).
+  bool data_validation = false;
   bool server() const { return server_host.empty(); }
   // Whether the peer writes and flushes this side's buffer: both sides of
   // write-lat, the server of the others.
@@ -150,6 +158,14 @@ class Session {
   // The buffer's memory: "memfd", "heap", or --pmem's kind ("file",
   // "block device", "device DAX") and whether MAP_SYNC took.
   const std::string& memory_kind() const { return memory_kind_; }
+  // Host bytes into the buffer at `offset` and back (device memory through
+  // a synchronous copy): what the tests use instead of touching the buffer
+  // when it may be GPU memory.
+  Status store(uint64_t offset, const uint8_t* src, uint64_t n);
+  Status load(uint64_t offset, uint8_t* dst, uint64_t n) const;
+  uint64_t offset_of(const uint8_t* p) const { return uint64_t(p - buffer_); }
+  // --data_validation: the bytes the run checked (set once it has).
+  std::optional<uint64_t> validated_bytes;
   rdma::QueuePair& qp(uint32_t i) { return *qps_[i]; }
   rdma::CompletionQueue& send_cq() { return *send_cq_; }
   rdma::CompletionQueue& recv_cq() { return recv_cq_ ? *recv_cq_ : *send_cq_; }
@@ -178,6 +194,7 @@ class Session {
   Status open_device();
   Status map_buffer(uint64_t total);
   Status map_pmem(uint64_t total);
+  Status map_cuda(uint64_t total);
   Status check_flush_caps(bool as_target) const;
   Status check_peer_flush(const std::string& peer_version, const std::string& peer_tail) const;
   Status open_channel();
@@ -189,6 +206,7 @@ class Session {
   std::unique_ptr<rdma::Device> dev_;
   std::optional<rdma::ProtectionDomain> pd_;
   std::unique_ptr<uint8_t, std::function<void(uint8_t*)>> memory_;
+  std::optional<gpu::Allocation> gpu_memory_;  // --use_cuda: owns the buffer
   uint8_t* buffer_ = nullptr;
   uint64_t area_ = 0;
   std::string memory_kind_;
