@@ -413,19 +413,26 @@ void Manager::on_req(uint32_t peer_ip, const MadHeader& h, const Req& m) {
   if (mtu_bytes(m.path_mtu) == 0) return reject(RejectReason::kInvalidMtu);
   if (pending_requests() >= UFAB_CM_MAX_PENDING_REQUESTS) return reject(RejectReason::kNoResources);
 
+  auto c = passive_conn(peer_ip, h.transaction_id, m.local_comm_id, cma->port, service->port, l->second);
+  c->req = m;
+  Conn& conn = file(std::move(c));
+  push(conn, UFAB_CM_EVENT_CONNECT_REQUEST, 0, rdma_cm_req_user_data(m.private_data));
+}
+
+std::unique_ptr<Manager::Conn> Manager::passive_conn(uint32_t peer_ip, uint64_t tid, uint32_t remote_id,
+                                                     uint16_t peer_port, uint16_t local_port,
+                                                     ufab_cm_listener* listener) {
   auto c = std::make_unique<Conn>();
   c->state = State::kReqReceived;
   c->active = false;
   c->local_id = new_local_id();
-  c->remote_id = m.local_comm_id;
-  c->tid = h.transaction_id;
+  c->remote_id = remote_id;
+  c->tid = tid;
   c->peer_ip = peer_ip;
-  c->peer_port = cma->port;
-  c->local_port = service->port;
-  c->req = m;
-  c->listener = l->second;
-  Conn& conn = file(std::move(c));
-  push(conn, UFAB_CM_EVENT_CONNECT_REQUEST, 0, rdma_cm_req_user_data(m.private_data));
+  c->peer_port = peer_port;
+  c->local_port = local_port;
+  c->listener = listener;
+  return c;
 }
 
 void Manager::on_rep(const MadHeader& h, const Rep& m) {
@@ -571,17 +578,9 @@ void Manager::on_sidr_req(uint32_t peer_ip, const MadHeader& h, const SidrReq& m
                          .private_data = {}});
     return;
   }
-  auto c = std::make_unique<Conn>();
-  c->state = State::kReqReceived;
+  auto c = passive_conn(peer_ip, h.transaction_id, m.request_id, cma->port, service->port, l->second);
   c->ud = true;
-  c->local_id = new_local_id();
-  c->remote_id = m.request_id;
-  c->tid = h.transaction_id;
-  c->peer_ip = peer_ip;
-  c->peer_port = cma->port;
-  c->local_port = service->port;
   c->sidr = m;
-  c->listener = l->second;
   Conn& conn = file(std::move(c));
   push(conn, UFAB_CM_EVENT_CONNECT_REQUEST, 0, rdma_cm_req_user_data(m.private_data));
 }

@@ -133,6 +133,10 @@ class Manager {
   // Files a new connection with an id for the application (and, passive,
   // under the peer's id for its repeats).
   Conn& file(std::unique_ptr<Conn> c);
+  // A request for `listener` (REQ or SIDR_REQ), not filed yet: the caller
+  // adds what the request carried.
+  std::unique_ptr<Conn> passive_conn(uint32_t peer_ip, uint64_t tid, uint32_t remote_id, uint16_t peer_port,
+                                     uint16_t local_port, ufab_cm_listener* listener);
   Conn* find(uint32_t local_id);
   // Passive requests (REQ, SIDR_REQ) the application has not answered:
   // bounded by UFAB_CM_MAX_PENDING_REQUESTS against a peer's flood.
