@@ -522,6 +522,12 @@ void Manager::on_dreq(uint32_t peer_ip, const MadHeader& h, const Dreq& m) {
     send_message(peer_ip, h.transaction_id, drep);  // gone already: it is over either way
     return;
   }
+  // The DREQ names the QP it ends (IBA 12.6.10, "remote QPN"): one that is
+  // not this connection's is dropped, as ib_cm drops it.
+  if (m.remote_qpn_eecn != (c->active ? c->req.local_qpn : c->rep.local_qpn)) {
+    ++dropped_;
+    return;
+  }
   switch (c->state) {
     case State::kEstablished:
     case State::kRepSent:  // the RTU was lost; the peer is done anyway

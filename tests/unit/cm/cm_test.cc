@@ -867,6 +867,42 @@ TEST_F(Cm, ADestroyedIdLetsGoOfItsQp) {
   ufab_qp_destroy(q);
 }
 
+// A DREQ that names another QP than the connection's (IBA 12.6.10) is
+// dropped, as ib_cm drops it: no DREP, the connection stays up; the right
+// one ends it.
+TEST_F(Cm, ADreqForAnotherQpIsDropped) {
+  using namespace ufab::cm;
+  open({}, ufab_cm_opts{}, false);
+  RawPeer peer(b_);
+  ufab_cm_listener* l = nullptr;
+  ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
+  Req req = raw_req(0x61616161, 7174, 0x89);
+  peer.send(Mad{.header = cm_header(31), .message = req});
+  ufab_cm_event ev = next(a_);
+  ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  ufab_qp* q = a_.qp();
+  ASSERT_EQ(ufab_cm_accept(ev.id, q, nullptr), 0) << ufab_last_error();
+  Rep rep = peer.expect<Rep>();
+  peer.send(Mad{.header = cm_header(31),
+                .message = Rtu{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
+                               .private_data = {}}});
+  ASSERT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
+  peer.send(Mad{.header = cm_header(32),
+                .message = Dreq{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
+                                .remote_qpn_eecn = rep.local_qpn ^ 1, .private_data = {}}});
+  ufab_cm_event none{};
+  EXPECT_EQ(ufab_cm_get_event(a_.cm, &none, 300), -ETIMEDOUT) << "got " << ufab_cm_event_str(none.type);
+  EXPECT_EQ(query(q).state, UFAB_QPS_RTS);
+  peer.send(Mad{.header = cm_header(33),
+                .message = Dreq{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
+                                .remote_qpn_eecn = rep.local_qpn, .private_data = {}}});
+  EXPECT_EQ(peer.expect<Drep>().remote_comm_id, req.local_comm_id);
+  EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_DISCONNECTED);
+  ufab_cm_id_destroy(ev.id);
+  ufab_qp_destroy(q);
+  ufab_cm_listener_close(l);
+}
+
 // The event fd is readable while events wait, and only then: events that
 // go with a destroyed id or a closed listener leave it quiet.
 TEST_F(Cm, TheEventFdIsQuietWhenDroppedEventsWereTheLast) {
