@@ -47,6 +47,8 @@ run_from() {
   doc=$("$d/ufab" doctor 2>&1 || true)
   grep '^\[.*\] gpu' <<<"$doc" || fail=1
   if grep '^\[.*\] gpu' <<<"$doc" | grep -qv '^\[ok  \]'; then fail=1; fi
+  echo "== ufab perf with GPU buffers between two processes"
+  bash tests/gpu/perf_pairs.sh "$d/ufab" || fail=1
   echo "== ufab info gpu"
   # Every GPU listed with working stream memory operations.
   "$d/ufab" info gpu || fail=1
