@@ -29,6 +29,7 @@ build() {
 }
 run_from() {
   local d=$1 fail=0 skipped
+  if [ -d "$d/lib" ]; then export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
   for t in gpu_test region_test cache_test; do
     echo "== $t"
     out=$(timeout 300 "$d/$t" 2>&1) || fail=1
@@ -69,7 +70,12 @@ case "$mode" in
       p=${t#//}; [[ $p == *:* ]] && p=${p/://} || p=$p/${p##*/}
       install -m 0755 "bazel-bin/$p" "$dir/"
     done
-    echo "staged in $dir: $(ls "$dir" | tr '\n' ' ')" ;;
+    # The libraries a GPU machine may lack (libpci, libudev, ...: not the
+    # C and C++ runtimes, which it has in newer versions) go beside them.
+    mkdir -p "$dir/lib"
+    ldd "$dir/ufab" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+      while read -r lib; do cp -L "$lib" "$dir/lib/"; done
+    echo "staged in $dir: $(ls "$dir" | tr '\n' ' ') lib: $(ls "$dir/lib" | tr '\n' ' ')" ;;
   --from)
     [ -n "$dir" ] || { echo "usage: $0 --from DIR" >&2; exit 2; }
     run_from "$dir" ;;
