@@ -629,7 +629,11 @@ int mr_reg(fid* fid, const void* buf, size_t len, uint64_t access, uint64_t offs
            uint64_t flags, fid_mr** mr, void* context) {
   (void)requested_key;  // FI_MR_PROV_KEY: the provider picks keys
   if (fid->fclass != FI_CLASS_DOMAIN) return -FI_EINVAL;
-  if (offset != 0 || flags != 0) return -FI_EINVAL;  // offsets belong to FI_MR_SCALABLE; no flags are taken
+  // Offsets belong to FI_MR_SCALABLE. Flags: none of libfabric's public
+  // ones change a host registration here; utility providers pass their own
+  // (FI_PROV_SPECIFIC range), which are theirs to mean.
+  (void)flags;
+  if (offset != 0) return -FI_EINVAL;
   auto* d = reinterpret_cast<Domain*>(fid);
   // Local write always (receives, READ results); remote rights as asked.
   uint32_t acc = UFAB_ACCESS_LOCAL_WRITE;
