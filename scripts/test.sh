@@ -16,8 +16,8 @@ record() {  # name, passed count, failed count
   if [ "$3" -gt 0 ]; then failed_names+=("$1"); fi
 }
 
-echo "== unit tests (bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/...)"
-bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/... 2>&1 | grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
+echo "== unit tests (bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/... //tests/fabric/...)"
+bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/... //tests/fabric/... 2>&1 | grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
 bazel_rc=${PIPESTATUS[0]}
 # Count test cases, not targets, from the JUnit XML that gtest wrote. For a
 # test that writes none (sh_test), Bazel writes one whose totals are on the
