@@ -30,7 +30,7 @@ while IFS= read -r xml; do
   e=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$line")
   t=${t:-0}; f=${f:-0}; e=${e:-0}
   unit_pass=$((unit_pass + t - f - e)); unit_fail=$((unit_fail + f + e))
-done < <(find -L bazel-testlogs/tests/unit bazel-testlogs/tests/fuzz bazel-testlogs/tests/examples bazel-testlogs/tests/tools \
+done < <(find -L bazel-testlogs/tests/unit bazel-testlogs/tests/fuzz bazel-testlogs/tests/examples bazel-testlogs/tests/tools bazel-testlogs/tests/fabric \
   -name test.xml 2>/dev/null)
 if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # build break or crash
 record unit "$unit_pass" "$unit_fail"
