@@ -458,8 +458,10 @@ ssize_t eq_sread(fid_eq* e, uint32_t* event, void* buf, size_t len, int timeout,
 }
 
 const char* eq_strerror(fid_eq*, int prov_errno, const void* err_data, char* buf, size_t len) {
-  std::string s = "connection manager: ";
-  s += prov_errno != 0 ? ufab_cm_reject_reason_str(static_cast<uint16_t>(prov_errno)) : "error";
+  // prov_errno is the IBA REJ reason of a refused connection, else 0.
+  std::string s = prov_errno != 0 ? "connection rejected by the peer: REJ reason " + std::to_string(prov_errno) + " (" +
+                                        ufab_cm_reject_reason_str(static_cast<uint16_t>(prov_errno)) + ")"
+                                  : "connection failed (no answer, or the peer gave up)";
   (void)err_data;
   if (buf != nullptr && len > 0) {
     std::snprintf(buf, len, "%s", s.c_str());
