@@ -72,10 +72,17 @@ rm -f "/dev/shm/ufab-swnic-$link"
 pingpong() { # label, provider, fi_pingpong options...
   local label=$1 prov=$2; shift 2
   rm -f "$dir/server.out" "$dir/client.out"
-  FI_PROVIDER=$prov FI_UFAB_DEVICES="swnic:$link:0@10.0.0.1" timeout 120 fi_pingpong "$@" >"$dir/server.out" 2>&1 &
+  # fi_pingpong's control connection: a port of this run's (not 47592, so
+  # runs side by side do not meet), and the client starts once it listens.
+  local port=$((20000 + RANDOM % 30000))
+  FI_PROVIDER=$prov FI_UFAB_DEVICES="swnic:$link:0@10.0.0.1" timeout 120 fi_pingpong -B "$port" "$@" >"$dir/server.out" 2>&1 &
   server_pid=$!
-  sleep 0.5
-  FI_PROVIDER=$prov FI_UFAB_DEVICES="swnic:$link:1@10.0.0.2" timeout 120 fi_pingpong "$@" 127.0.0.1 >"$dir/client.out" 2>&1
+  for _ in $(seq 100); do
+    ss -ltn 2>/dev/null | grep -q ":$port " && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  FI_PROVIDER=$prov FI_UFAB_DEVICES="swnic:$link:1@10.0.0.2" timeout 120 fi_pingpong -P "$port" "$@" 127.0.0.1 >"$dir/client.out" 2>&1
   local crc=$?
   wait "$server_pid"
   local src=$?
