@@ -706,6 +706,8 @@ int ep_open(fid_domain* domain, fi_info* info, fid_ep** out, void* context) {
   ep->info = fi_dupinfo(info);
   ep->type = type;
   ep->max_inline = d->dev->attr.max_inline_data;
+  if (info->tx_attr != nullptr && info->tx_attr->inject_size < ep->max_inline)
+    ep->max_inline = static_cast<uint32_t>(info->tx_attr->inject_size);
   ep->max_sge = d->dev->attr.max_sge < UFAB_MAX_SGE ? d->dev->attr.max_sge : UFAB_MAX_SGE;
   if (info->tx_attr != nullptr) ep->tx_op_flags = info->tx_attr->op_flags;
   if (info->rx_attr != nullptr) ep->rx_op_flags = info->rx_attr->op_flags;

@@ -249,7 +249,7 @@ fi_info* make_info(Dev* d, fi_ep_type type, const fi_info* hints) {
   fi->ep_attr->protocol_version = 1;
   fi->ep_attr->max_msg_size = type == FI_EP_MSG ? (1ull << 31) : a.active_mtu;
   fi->ep_attr->msg_prefix_size = type == FI_EP_DGRAM ? kUdPrefix : 0;
-  fi->ep_attr->max_order_raw_size = 0;
+  fi->ep_attr->max_order_raw_size = type == FI_EP_MSG ? (1ull << 31) : 0;  // a READ sees earlier WRITEs (RC order)
   fi->ep_attr->max_order_war_size = 0;
   fi->ep_attr->max_order_waw_size = type == FI_EP_MSG ? (1ull << 31) : 0;
   fi->ep_attr->tx_ctx_cnt = 1;
@@ -262,6 +262,7 @@ fi_info* make_info(Dev* d, fi_ep_type type, const fi_info* hints) {
   fi->tx_attr->msg_order = FI_ORDER_SAS | (type == FI_EP_MSG ? (FI_ORDER_RAW | FI_ORDER_WAW | FI_ORDER_WAS | FI_ORDER_SAW) : 0);
   fi->tx_attr->comp_order = FI_ORDER_STRICT;
   fi->tx_attr->inject_size = a.max_inline_data;
+  if (type == FI_EP_DGRAM && fi->tx_attr->inject_size > a.active_mtu) fi->tx_attr->inject_size = a.active_mtu;
   fi->tx_attr->size = a.max_qp_wr;
   fi->tx_attr->iov_limit = sge;
   fi->tx_attr->rma_iov_limit = type == FI_EP_MSG ? 1 : 0;
@@ -293,7 +294,9 @@ fi_info* make_info(Dev* d, fi_ep_type type, const fi_info* hints) {
   fi->domain_attr->mr_mode = static_cast<int>(kMrMode);
   fi->domain_attr->mr_key_size = 4;
   fi->domain_attr->cq_data_size = 4;
-  fi->domain_attr->cq_cnt = 1024;
+  // ufab has no fixed bound on CQs, counters or regions (memory is the
+  // bound); these say how many an application may count on, as QPs do.
+  fi->domain_attr->cq_cnt = a.max_qp;
   fi->domain_attr->ep_cnt = a.max_qp;
   fi->domain_attr->tx_ctx_cnt = a.max_qp;
   fi->domain_attr->rx_ctx_cnt = a.max_qp;
@@ -301,7 +304,7 @@ fi_info* make_info(Dev* d, fi_ep_type type, const fi_info* hints) {
   fi->domain_attr->max_ep_rx_ctx = 1;
   fi->domain_attr->max_ep_stx_ctx = 0;
   fi->domain_attr->max_ep_srx_ctx = 0;
-  fi->domain_attr->cntr_cnt = 1024;
+  fi->domain_attr->cntr_cnt = a.max_qp;
   fi->domain_attr->mr_iov_limit = 1;
   fi->domain_attr->caps = FI_REMOTE_COMM;
   fi->domain_attr->mode = 0;
