@@ -50,6 +50,21 @@ EqEntry err_entry(Ep* ep, int err, int prov_errno, const uint8_t* data, size_t l
   return e;
 }
 
+fi_info* connreq_info(Pep* pep, Dev* d, uint32_t peer_ip, uint16_t peer_port, uint16_t local_port, ConnReq* cr) {
+  fi_info* info = fi_dupinfo(pep->info);
+  sockaddr_in peer = sin_of(peer_ip, peer_port), local = sin_of(d->ip, local_port);
+  std::free(info->dest_addr);
+  info->dest_addr = std::calloc(1, sizeof peer);
+  std::memcpy(info->dest_addr, &peer, sizeof peer);
+  info->dest_addrlen = sizeof peer;
+  std::free(info->src_addr);
+  info->src_addr = std::calloc(1, sizeof local);
+  std::memcpy(info->src_addr, &local, sizeof local);
+  info->src_addrlen = sizeof local;
+  info->handle = &cr->fid_;
+  return info;
+}
+
 Ep* ep_of(ufab_cm_id* id) {
   auto* ep = static_cast<Ep*>(ufab_cm_id_context(id));
   return ep != nullptr && g_live_eps.count(ep) != 0 ? ep : nullptr;
@@ -69,17 +84,7 @@ void route(Dev* d, const ufab_cm_event& ev) {
       cr->fid_.fclass = FI_CLASS_CONNREQ;
       cr->dev = d;
       cr->id = ev.id;
-      fi_info* info = fi_dupinfo(pep->info);
-      sockaddr_in peer = sin_of(ev.peer_ip, ev.peer_port), local = sin_of(d->ip, ev.local_port);
-      std::free(info->dest_addr);
-      info->dest_addr = std::calloc(1, sizeof peer);
-      std::memcpy(info->dest_addr, &peer, sizeof peer);
-      info->dest_addrlen = sizeof peer;
-      std::free(info->src_addr);
-      info->src_addr = std::calloc(1, sizeof local);
-      std::memcpy(info->src_addr, &local, sizeof local);
-      info->src_addrlen = sizeof local;
-      info->handle = &cr->fid_;
+      fi_info* info = connreq_info(pep, d, ev.peer_ip, ev.peer_port, ev.local_port, cr);
       pep->eq->push(cm_entry(FI_CONNREQ, &pep->pep.fid, info, ev.private_data, ev.private_data_len));
       return;
     }
@@ -123,6 +128,18 @@ void route(Dev* d, const ufab_cm_event& ev) {
 
 }  // namespace
 
+std::mutex& cm_mutex() { return g_cm_mu; }
+void cm_push_entry(Eq* eq, uint32_t event, fid_t fid, fi_info* info, const uint8_t* data, size_t len) {
+  eq->push(cm_entry(event, fid, info, data, len));
+}
+void cm_push_error(Ep* ep, int err, int prov_errno, const uint8_t* data, size_t len) {
+  if (ep->eq != nullptr) ep->eq->push(err_entry(ep, err, prov_errno, data, len));
+}
+bool cm_ep_live(Ep* ep) { return g_live_eps.count(ep) != 0; }
+fi_info* cm_connreq_info(Pep* pep, Dev* d, uint32_t peer_ip, uint16_t peer_port, uint16_t local_port, ConnReq* cr) {
+  return connreq_info(pep, d, peer_ip, peer_port, local_port, cr);
+}
+
 // One round of the device's CM thread: wait up to 100 ms for events, route
 // them.
 void cm_dispatch(Dev* d) {
@@ -137,6 +154,11 @@ void cm_dispatch(Dev* d) {
 }
 
 int cm_listen(Pep* pep) {
+  if (shm_device(pep->dev)) {
+    std::lock_guard<std::mutex> lk(g_cm_mu);
+    if (pep->shm_link != nullptr) return -FI_EOPBADSTATE;
+    return shm_listen(pep);
+  }
   int rc = ensure_cm(pep->dev);
   if (rc != 0) return rc;
   std::lock_guard<std::mutex> lk(g_cm_mu);
@@ -164,6 +186,10 @@ int cm_listen(Pep* pep) {
 
 void cm_forget_pep(Pep* pep) {
   std::lock_guard<std::mutex> lk(g_cm_mu);
+  if (shm_device(pep->dev)) {
+    shm_forget_pep(pep);
+    return;
+  }
   if (pep->listener != nullptr) {
     g_listeners.erase(pep->listener);
     ufab_cm_listener_close(pep->listener);
@@ -178,6 +204,10 @@ void cm_register_ep(Ep* ep) {
 
 int cm_connect(Ep* ep, const sockaddr_in& dest, const void* param, size_t len) {
   if (len > kConnectDataMax) return -FI_EINVAL;
+  if (shm_device(ep->dom->dev)) {
+    std::lock_guard<std::mutex> lk(g_cm_mu);
+    return shm_connect(ep, dest, param, len);
+  }
   int rc = ensure_cm(ep->dom->dev);
   if (rc != 0) return rc;
   ufab_cm_conn_param p{};
@@ -196,6 +226,10 @@ int cm_connect(Ep* ep, const sockaddr_in& dest, const void* param, size_t len) {
 int cm_accept(Ep* ep, const void* param, size_t len) {
   if (len > kAcceptDataMax) return -FI_EINVAL;
   if (ep->connreq == nullptr) return -FI_EOPBADSTATE;
+  if (shm_device(ep->dom->dev)) {
+    std::lock_guard<std::mutex> lk(g_cm_mu);
+    return shm_accept(ep, param, len);
+  }
   ufab_cm_conn_param p{};
   p.private_data = len > 0 ? param : nullptr;
   p.private_data_len = static_cast<uint8_t>(len);
@@ -216,6 +250,7 @@ int cm_reject(Pep* pep, ConnReq* req, const void* param, size_t len) {
   (void)pep;
   if (len > kRejectDataMax) return -FI_EINVAL;
   std::lock_guard<std::mutex> lk(g_cm_mu);
+  if (shm_device(req->dev)) return shm_reject(req, param, len);
   int rc = ufab_cm_reject(req->id, param, static_cast<uint8_t>(len));
   ufab_cm_id_destroy(req->id);
   delete req;
@@ -224,6 +259,7 @@ int cm_reject(Pep* pep, ConnReq* req, const void* param, size_t len) {
 
 int cm_shutdown(Ep* ep) {
   std::lock_guard<std::mutex> lk(g_cm_mu);
+  if (shm_device(ep->dom->dev)) return shm_shutdown(ep);
   if (ep->id == nullptr) return -FI_ENOTCONN;
   if (ep->state == EpState::kShutdown) return 0;
   int rc = ufab_cm_disconnect(ep->id);
@@ -233,6 +269,10 @@ int cm_shutdown(Ep* ep) {
 void cm_forget_ep(Ep* ep) {
   std::lock_guard<std::mutex> lk(g_cm_mu);
   g_live_eps.erase(ep);
+  if (shm_device(ep->dom->dev)) {
+    shm_forget_ep(ep);
+    return;
+  }
   if (ep->id != nullptr) {
     ufab_cm_id_set_context(ep->id, nullptr);
     ufab_cm_id_destroy(ep->id);

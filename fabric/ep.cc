@@ -656,6 +656,12 @@ int ep_control(fid* f, int command, void* arg) {
 
 int ep_close(fid* f) {
   auto* ep = reinterpret_cast<Ep*>(f);
+  // Let the device send what it owes the peer (a coalesced ACK of the last
+  // message received) before the QP goes: otherwise the peer's last SEND
+  // stays unacknowledged and ends flushed by our disconnect, which ofi_rxm
+  // does not report (seen as a peer hanging at the end of fi_pingpong).
+  if (ep->qp != nullptr)
+    for (int i = 0; i < 4; i++) ufab_device_progress(ep->dom->dev->dev);
   cm_forget_ep(ep);
   {
     std::lock_guard<std::mutex> lk(ep->dom->mu);
@@ -697,7 +703,7 @@ int ep_open(fid_domain* domain, fi_info* info, fid_ep** out, void* context) {
   auto* d = reinterpret_cast<Domain*>(domain);
   fi_ep_type type = info->ep_attr->type;
   if (type != FI_EP_MSG && type != FI_EP_DGRAM) return -FI_EINVAL;
-  if (type == FI_EP_MSG && !d->dev->soft_roce()) return -FI_EOPNOTSUPP;
+  if (type == FI_EP_MSG && !d->dev->has_msg()) return -FI_EOPNOTSUPP;
   if (type == FI_EP_DGRAM && !d->dev->has_ud()) return -FI_EOPNOTSUPP;
   if (info->ep_attr->rx_ctx_cnt == FI_SHARED_CONTEXT || info->ep_attr->tx_ctx_cnt == FI_SHARED_CONTEXT)
     return -FI_EOPNOTSUPP;

@@ -42,6 +42,7 @@ bool parse_ud_name(const char* s, size_t len, uint32_t* ip, uint32_t* qpn) {
 }
 
 bool Dev::soft_roce() const { return std::strcmp(attr.provider, "soft-roce") == 0; }
+bool Dev::has_msg() const { return soft_roce() || shm_device(this); }
 
 // ------------------------------------------------------------ configuration
 
@@ -171,6 +172,7 @@ int ensure_cm(Dev* d) {
 }
 
 void shutdown_devices() {
+  shm_shutdown_all();
   std::lock_guard<std::mutex> lk(g_dev_mu);
   if (g_devices == nullptr) return;
   for (Dev* d : g_devices->devs) {
@@ -446,7 +448,7 @@ int getinfo(uint32_t version, const char* node, const char* service, uint64_t fl
   for (Dev* d : devices().devs) {
     if (have_src && src_ip != d->ip) continue;
     for (fi_ep_type type : {FI_EP_MSG, FI_EP_DGRAM}) {
-      if (type == FI_EP_MSG && !d->soft_roce()) continue;  // no connection manager
+      if (type == FI_EP_MSG && !d->has_msg()) continue;  // no way to connect
       if (type == FI_EP_DGRAM && !d->has_ud()) continue;
       fi_info* fi = make_info(d, type, hints);
       if (fi == nullptr) break;

@@ -63,6 +63,8 @@ struct Dev {
   std::thread cm_thread;
   std::atomic<bool> stop{false};
   bool soft_roce() const;
+  // FI_EP_MSG: soft-RoCE through ufab's CM, shm through shm_cm.cc.
+  bool has_msg() const;
   bool has_ud() const { return (attr.caps & UFAB_DEVICE_CAP_UD) != 0; }
   bool has_atomics() const { return (attr.caps & UFAB_DEVICE_CAP_ATOMICS) != 0; }
 };
@@ -199,10 +201,17 @@ struct Av {
 };
 
 // A connection request handed to the application as fi_info.handle.
+struct Pep;
 struct ConnReq {
   fid fid_{};
   Dev* dev = nullptr;
   ufab_cm_id* id = nullptr;
+  // shm devices (shm_cm.cc): the socket it came on, its listener, the
+  // peer's QP, and whether FI_CONNREQ went out.
+  void* shm_link = nullptr;
+  Pep* shm_pep = nullptr;
+  uint32_t shm_peer_ip = 0, shm_peer_qpn = 0, shm_peer_psn = 0;
+  bool shm_announced = false;
 };
 
 struct Pep {
@@ -212,6 +221,7 @@ struct Pep {
   Dev* dev = nullptr;
   Eq* eq = nullptr;
   ufab_cm_listener* listener = nullptr;
+  void* shm_link = nullptr;  // shm devices: the listening socket
   uint16_t port = 0;
 };
 
@@ -240,6 +250,7 @@ struct Ep {
   std::atomic<EpState> state{EpState::kIdle};
   ufab_cm_id* id = nullptr;
   ConnReq* connreq = nullptr;  // passive side until accepted
+  void* shm_link = nullptr;    // shm devices: the connection's socket
   sockaddr_in local{}, peer{};
   std::unordered_set<Op*> ops;  // dom->mu: in flight
   uint32_t max_inline = 0;
@@ -278,6 +289,17 @@ int cm_reject(Pep* pep, ConnReq* req, const void* param, size_t len);
 int cm_shutdown(Ep* ep);
 void cm_forget_ep(Ep* ep);
 void cm_register_ep(Ep* ep);
+
+// shm devices' connection exchange (shm_cm.cc); called with the CM lock.
+bool shm_device(const Dev* d);
+int shm_listen(Pep* pep);
+void shm_forget_pep(Pep* pep);
+int shm_connect(Ep* ep, const sockaddr_in& dest, const void* param, size_t len);
+int shm_accept(Ep* ep, const void* param, size_t len);
+int shm_reject(ConnReq* req, const void* param, size_t len);
+int shm_shutdown(Ep* ep);
+void shm_forget_ep(Ep* ep);
+void shm_shutdown_all();
 
 int getinfo(uint32_t version, const char* node, const char* service, uint64_t flags, const fi_info* hints,
             fi_info** info);

@@ -5,7 +5,8 @@
 # checks (-c) for FI_EP_MSG (RC + connection manager), FI_EP_DGRAM (UD) and
 # FI_EP_RDM through ofi_rxm layered on ufab (msg and tagged), over a
 # software NIC link: swnic:LINK:0 at 10.0.0.1 (server), swnic:LINK:1 at
-# 10.0.0.2 (client). fi_pingpong's own control connection goes over
+# 10.0.0.2 (client); then msg and rdm over the shared-memory device
+# shm:LINK. fi_pingpong's own control connection goes over
 # 127.0.0.1; the fabric addresses travel on it.
 #
 # `bazel test //tests/fabric:fi_pingpong_test`, or from the repository root
@@ -75,14 +76,14 @@ pingpong() { # label, provider, fi_pingpong options...
   # fi_pingpong's control connection: a port of this run's (not 47592, so
   # runs side by side do not meet), and the client starts once it listens.
   local port=$((20000 + RANDOM % 30000))
-  FI_PROVIDER=$prov FI_UFAB_DEVICES="swnic:$link:0@10.0.0.1" timeout 120 fi_pingpong -B "$port" "$@" >"$dir/server.out" 2>&1 &
+  FI_PROVIDER=$prov FI_UFAB_DEVICES=${server_dev:-swnic:$link:0@10.0.0.1} timeout 120 fi_pingpong -B "$port" "$@" >"$dir/server.out" 2>&1 &
   server_pid=$!
   for _ in $(seq 100); do
     ss -ltn 2>/dev/null | grep -q ":$port " && break
     kill -0 "$server_pid" 2>/dev/null || break
     sleep 0.05
   done
-  FI_PROVIDER=$prov FI_UFAB_DEVICES="swnic:$link:1@10.0.0.2" timeout 120 fi_pingpong -P "$port" "$@" 127.0.0.1 >"$dir/client.out" 2>&1
+  FI_PROVIDER=$prov FI_UFAB_DEVICES=${client_dev:-swnic:$link:1@10.0.0.2} timeout 120 fi_pingpong -P "$port" "$@" 127.0.0.1 >"$dir/client.out" 2>&1
   local crc=$?
   wait "$server_pid"
   local src=$?
@@ -103,6 +104,13 @@ pingpong "-e msg -S 1048576" ufab -p ufab -e msg -c -I 10 -S 1048576
 pingpong "-e dgram" ufab -p ufab -e dgram -c -I 50
 pingpong "-e rdm (ufab;ofi_rxm)" "ufab;ofi_rxm" -e rdm -c -I 50
 pingpong "-e rdm -m tagged (ufab;ofi_rxm)" "ufab;ofi_rxm" -e rdm -m tagged -c -I 50
+
+# 3. The shared-memory device: both processes open shm:DOMAIN (its own
+# connection exchange; no DGRAM: shm has no UD queue pairs).
+server_dev="shm:$link" client_dev="shm:$link"
+pingpong "-e msg over shm" ufab -p ufab -e msg -c -I 50
+pingpong "-e rdm over shm (ufab;ofi_rxm)" "ufab;ofi_rxm" -e rdm -m tagged -c -I 50
+unset server_dev client_dev
 
 echo "$name: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
