@@ -19,6 +19,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -56,6 +57,10 @@ struct Link {
   Ep* ep = nullptr;       // a connection's endpoint (active, or passive once accepted)
   ConnReq* req = nullptr; // passive, not yet accepted or rejected
   bool dead = false;
+  // REJ sent: kept open until the peer closes its end (or 5 s pass), so
+  // the REJ is read before the socket's end is seen.
+  bool closing = false;
+  std::chrono::steady_clock::time_point close_by{};
 };
 
 struct ShmCm {
@@ -183,6 +188,10 @@ void on_readable(ShmCm* c, Link* l) {
   Msg m{};
   ssize_t n = ::recv(l->fd, &m, sizeof m, MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (l->closing) {
+    if (n <= 0) l->dead = true;  // the peer read our REJ and left
+    return;
+  }
   if (n <= 0 || n != static_cast<ssize_t>(sizeof m) || m.magic != kMagic) {
     // The peer went away (or spoke nonsense): the link ends.
     l->dead = true;
@@ -282,7 +291,9 @@ void thread_main(ShmCm* c) {
     {
       std::lock_guard<std::mutex> lk(c->mu);
       // Drop dead links first.
+      auto now = std::chrono::steady_clock::now();
       for (auto it = c->links.begin(); it != c->links.end();) {
+        if ((*it)->closing && now > (*it)->close_by) (*it)->dead = true;
         if ((*it)->dead) {
           ::close((*it)->fd);
           delete *it;
@@ -448,11 +459,16 @@ int shm_accept(Ep* ep, const void* param, size_t len) {
 int shm_reject(ConnReq* cr, const void* param, size_t len) {
   auto* l = static_cast<Link*>(cr->shm_link);
   if (l != nullptr) {
-    send_msg(l->fd, kRej, cr->dev->ip, 0, 0, param, len);
+    bool sent = send_msg(l->fd, kRej, cr->dev->ip, 0, 0, param, len);
     ShmCm* c = shm_cm(cr->dev);
     std::lock_guard<std::mutex> lk(c->mu);
     l->req = nullptr;
-    l->dead = true;
+    if (sent) {
+      l->closing = true;
+      l->close_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    } else {
+      l->dead = true;
+    }
     wake(c);
   }
   delete cr;

@@ -16,6 +16,8 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,18 +30,30 @@
 namespace {
 
 std::string g_link;
+std::string g_shm;  // the shm domain (shared with the server process of FabricShm)
+
+int shm_server();  // the other process of FabricShm (below)
 
 // Before libfabric initialises (its first call): where the provider is and
-// which devices it serves.
+// which devices it serves: two ports of a swnic link and a shm domain.
 struct Env {
   Env() {
     g_link = "fit" + std::to_string(getpid());
+    const char* shm = std::getenv("UFAB_FI_TEST_SHM");
+    g_shm = shm != nullptr ? shm : "fit" + std::to_string(getpid());
     std::string dir = std::filesystem::absolute("fabric").string();
     if (const char* d = std::getenv("UFAB_FI_PROVIDER_DIR")) dir = d;
     setenv("FI_PROVIDER_PATH", dir.c_str(), 1);
-    std::string devs = "swnic:" + g_link + ":0@10.0.0.1,swnic:" + g_link + ":1@10.0.0.2";
+    setenv("UFAB_FI_PROVIDER_DIR", dir.c_str(), 1);
+    std::string devs = "swnic:" + g_link + ":0@10.0.0.1,swnic:" + g_link + ":1@10.0.0.2,shm:" + g_shm;
     setenv("FI_UFAB_DEVICES", devs.c_str(), 1);
     setenv("FI_PROVIDER", "ufab", 1);
+    // Started as FabricShm's server: serve, and leave before gtest runs.
+    if (std::getenv("UFAB_FI_SHM_SERVER") != nullptr) {
+      int rc = shm_server();
+      std::filesystem::remove("/dev/shm/ufab-swnic-" + g_link);
+      _exit(rc);
+    }
   }
   ~Env() { std::filesystem::remove("/dev/shm/ufab-swnic-" + g_link); }
 } g_env;
@@ -70,8 +84,12 @@ std::string dev(int port) { return "swnic:" + g_link + ":" + std::to_string(port
 TEST(FabricGetinfo, ListsEachDeviceWithItsAttributes) {
   fi_info* info = getinfo(FI_EP_MSG);
   ASSERT_NE(info, nullptr);
-  int n = 0;
+  int n = 0, shm = 0;
   for (fi_info* i = info; i != nullptr; i = i->next) {
+    if (std::string(i->domain_attr->name) == "shm:" + g_shm) {
+      shm++;  // MSG over shm; its address is the device's (pid-based)
+      continue;
+    }
     n++;
     EXPECT_STREQ(i->fabric_attr->prov_name, "ufab");
     EXPECT_EQ(i->ep_attr->type, FI_EP_MSG);
@@ -89,6 +107,13 @@ TEST(FabricGetinfo, ListsEachDeviceWithItsAttributes) {
     inet_ntop(AF_INET, &s->sin_addr, ip, sizeof ip);
     EXPECT_EQ(ip, want) << i->domain_attr->name;
   }
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(shm, 1);
+  fi_freeinfo(info);
+  // No DGRAM on shm (no UD queue pairs): only the two swnic ports.
+  info = getinfo(FI_EP_DGRAM);
+  n = 0;
+  for (fi_info* i = info; i != nullptr; i = i->next) n++;
   EXPECT_EQ(n, 2);
   fi_freeinfo(info);
 
@@ -578,6 +603,221 @@ TEST(FabricDgram, SendRecvWithAv) {
     EXPECT_EQ(fi_close(&fab[i]->fid), 0);
     fi_freeinfo(infos[i]);
   }
+}
+
+// ------------------------------------------------- shm across processes
+// shm devices connect through the provider's own exchange (no CM): a
+// server process (this binary again, UFAB_FI_SHM_SERVER=1) and this test.
+
+struct ShmAcceptData {
+  uint64_t addr;
+  uint64_t key;
+};
+
+// The server: listen on UFAB_FI_SHM_PORT, say "ready IP PORT" on stdout;
+// 1st connection: accept with its buffer's address and key, echo one
+// message, wait for the client's fi_shutdown; 2nd: reject "no thanks";
+// 3rd: accept, then leave without closing anything (a peer that dies).
+// Exit status: 0, or the step that failed.
+int shm_server() {
+  Side s;
+  s.info = getinfo(FI_EP_MSG, ("shm:" + g_shm).c_str());
+  if (s.info == nullptr) return 10;
+  if (fi_fabric(s.info->fabric_attr, &s.fabric, nullptr) != 0) return 11;
+  fi_eq_attr ea{};
+  ea.wait_obj = FI_WAIT_FD;
+  if (fi_eq_open(s.fabric, &ea, &s.eq, nullptr) != 0) return 12;
+  if (fi_domain(s.fabric, s.info, &s.domain, nullptr) != 0) return 13;
+  if (fi_mr_reg(s.domain, s.buf.data(), s.buf.size(), FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0,
+                &s.mr, nullptr) != 0)
+    return 14;
+  auto* src = static_cast<sockaddr_in*>(s.info->src_addr);
+  src->sin_port = htons(static_cast<uint16_t>(std::atoi(std::getenv("UFAB_FI_SHM_PORT"))));
+  fid_pep* pep = nullptr;
+  if (fi_passive_ep(s.fabric, s.info, &pep, nullptr) != 0 || fi_pep_bind(pep, &s.eq->fid, 0) != 0 || fi_listen(pep) != 0)
+    return 15;
+  sockaddr_in me{};
+  size_t len = sizeof me;
+  if (fi_getname(&pep->fid, &me, &len) != 0) return 16;
+  std::printf("ready %u %u\n", ntohl(me.sin_addr.s_addr), ntohs(me.sin_port));
+  std::fflush(stdout);
+  uint32_t event = 0;
+  alignas(fi_eq_cm_entry) uint8_t ebuf[sizeof(fi_eq_cm_entry) + 256];
+  auto* entry = reinterpret_cast<fi_eq_cm_entry*>(ebuf);
+  auto wait_event = [&](uint32_t want) {
+    ssize_t rd = fi_eq_sread(s.eq, &event, entry, sizeof ebuf, 20000, 0);
+    return rd >= static_cast<ssize_t>(sizeof(fi_eq_cm_entry)) && event == want;
+  };
+  // 1. accept, echo, shutdown.
+  if (!wait_event(FI_CONNREQ)) return 20;
+  if (std::memcmp(entry->data, "hello-req", 10) != 0) return 21;
+  fi_info* req = entry->info;
+  s.open_ep(req);
+  fi_freeinfo(req);
+  if (fi_recv(s.ep, s.buf.data() + 8192, 4096, s.desc(), FI_ADDR_UNSPEC, nullptr) != 0) return 22;
+  ShmAcceptData ad{reinterpret_cast<uintptr_t>(s.buf.data()), fi_mr_key(s.mr)};
+  if (fi_accept(s.ep, &ad, sizeof ad) != 0) return 23;
+  if (!wait_event(FI_CONNECTED)) return 24;
+  fi_cq_data_entry e{};
+  if (one_completion(s.rxcq, &e) != 1) return 25;
+  if (fi_send(s.ep, s.buf.data() + 8192, e.len, s.desc(), FI_ADDR_UNSPEC, nullptr) != 0) return 26;
+  if (one_completion(s.txcq, &e) != 1) return 27;
+  if (!wait_event(FI_SHUTDOWN)) return 28;
+  fi_close(&s.ep->fid);
+  s.ep = nullptr;
+  // 2. reject.
+  if (!wait_event(FI_CONNREQ)) return 30;
+  if (fi_reject(pep, entry->info->handle, "no thanks", 10) != 0) return 31;
+  fi_freeinfo(entry->info);
+  // 3. accept, then die.
+  if (!wait_event(FI_CONNREQ)) return 40;
+  fi_info* req3 = entry->info;
+  fid_ep* ep3 = nullptr;
+  if (fi_endpoint(s.domain, req3, &ep3, nullptr) != 0 || fi_ep_bind(ep3, &s.eq->fid, 0) != 0 ||
+      fi_ep_bind(ep3, &s.txcq->fid, FI_TRANSMIT) != 0 || fi_ep_bind(ep3, &s.rxcq->fid, FI_RECV) != 0 ||
+      fi_enable(ep3) != 0 || fi_accept(ep3, nullptr, 0) != 0)
+    return 41;
+  if (!wait_event(FI_CONNECTED)) return 42;
+  return 0;  // _exit: nothing closed, the socket ends with the process
+}
+
+TEST(FabricShm, ConnectAcrossProcesses) {
+  int port = 30000 + getpid() % 20000;
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    setenv("UFAB_FI_SHM_SERVER", "1", 1);
+    setenv("UFAB_FI_TEST_SHM", g_shm.c_str(), 1);
+    setenv("UFAB_FI_SHM_PORT", std::to_string(port).c_str(), 1);
+    execl("/proc/self/exe", "provider_test", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  // "ready IP PORT" within 20 s.
+  std::string line;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until) {
+    pollfd p{out[0], POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char c[128];
+    ssize_t n = read(out[0], c, sizeof c);
+    if (n <= 0) break;
+    line.append(c, static_cast<size_t>(n));
+  }
+  unsigned ip = 0, sport = 0;
+  ASSERT_EQ(std::sscanf(line.c_str(), "ready %u %u", &ip, &sport), 2) << "server said: " << line;
+  EXPECT_EQ(static_cast<int>(sport), port);
+  sockaddr_in server{};
+  server.sin_family = AF_INET;
+  server.sin_addr.s_addr = htonl(ip);
+  server.sin_port = htons(static_cast<uint16_t>(sport));
+
+  Side c;
+  c.info = getinfo(FI_EP_MSG, ("shm:" + g_shm).c_str());
+  ASSERT_NE(c.info, nullptr);
+  ASSERT_EQ(fi_fabric(c.info->fabric_attr, &c.fabric, nullptr), 0);
+  fi_eq_attr ea{};
+  ea.wait_obj = FI_WAIT_FD;
+  ASSERT_EQ(fi_eq_open(c.fabric, &ea, &c.eq, nullptr), 0);
+  ASSERT_EQ(fi_domain(c.fabric, c.info, &c.domain, nullptr), 0);
+  ASSERT_EQ(fi_mr_reg(c.domain, c.buf.data(), c.buf.size(), FI_SEND | FI_RECV | FI_READ | FI_WRITE, 0, 0, 0, &c.mr,
+                      nullptr),
+            0);
+  c.open_ep(c.info);
+  uint32_t event = 0;
+  alignas(fi_eq_cm_entry) uint8_t ebuf[sizeof(fi_eq_cm_entry) + 256];
+  auto* entry = reinterpret_cast<fi_eq_cm_entry*>(ebuf);
+  ASSERT_EQ(fi_connect(c.ep, &server, "hello-req", 10), 0);
+  ASSERT_GE(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry) + 16));
+  ASSERT_EQ(event, static_cast<uint32_t>(FI_CONNECTED));
+  ShmAcceptData ad;
+  std::memcpy(&ad, entry->data, sizeof ad);
+
+  // RMA into the other process's memory and back.
+  fi_cq_data_entry e{};
+  for (int i = 0; i < 4096; i++) c.buf[i] = static_cast<uint8_t>(i * 3 + 1);
+  ASSERT_EQ(fi_write(c.ep, c.buf.data(), 4096, c.desc(), FI_ADDR_UNSPEC, ad.addr + 16384, ad.key, nullptr), 0);
+  ASSERT_EQ(one_completion(c.txcq, &e), 1);
+  ASSERT_EQ(fi_read(c.ep, c.buf.data() + 65536, 4096, c.desc(), FI_ADDR_UNSPEC, ad.addr + 16384, ad.key, nullptr), 0);
+  ASSERT_EQ(one_completion(c.txcq, &e), 1);
+  EXPECT_EQ(std::memcmp(c.buf.data(), c.buf.data() + 65536, 4096), 0);
+  // A message, echoed.
+  ASSERT_EQ(fi_recv(c.ep, c.buf.data() + 131072, 4096, c.desc(), FI_ADDR_UNSPEC, nullptr), 0);
+  std::memcpy(c.buf.data() + 200000, "ping-123", 9);
+  ASSERT_EQ(fi_send(c.ep, c.buf.data() + 200000, 9, c.desc(), FI_ADDR_UNSPEC, nullptr), 0);
+  ASSERT_EQ(one_completion(c.txcq, &e), 1);
+  ASSERT_EQ(one_completion(c.rxcq, &e), 1);
+  EXPECT_EQ(e.len, 9u);
+  EXPECT_STREQ(reinterpret_cast<char*>(c.buf.data() + 131072), "ping-123");
+  // fi_shutdown: both sides hear it.
+  ASSERT_EQ(fi_shutdown(c.ep, 0), 0);
+  ASSERT_EQ(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_SHUTDOWN));
+  ASSERT_EQ(fi_close(&c.ep->fid), 0);
+  c.ep = nullptr;
+
+  // Refused, with the server's reject data.
+  fid_ep* ep2 = nullptr;
+  ASSERT_EQ(fi_endpoint(c.domain, c.info, &ep2, nullptr), 0);
+  ASSERT_EQ(fi_ep_bind(ep2, &c.eq->fid, 0), 0);
+  ASSERT_EQ(fi_ep_bind(ep2, &c.txcq->fid, FI_TRANSMIT), 0);
+  ASSERT_EQ(fi_ep_bind(ep2, &c.rxcq->fid, FI_RECV), 0);
+  ASSERT_EQ(fi_enable(ep2), 0);
+  ASSERT_EQ(fi_connect(ep2, &server, nullptr, 0), 0);
+  fi_eq_err_entry err{};
+  ASSERT_EQ(next_event(c.eq, &event, entry, sizeof ebuf, &err), -FI_EAVAIL);
+  EXPECT_EQ(err.err, FI_ECONNREFUSED);
+  EXPECT_EQ(err.fid, &ep2->fid);
+  ASSERT_GE(err.err_data_size, 10u);
+  EXPECT_STREQ(static_cast<const char*>(err.err_data), "no thanks");
+  ASSERT_EQ(fi_close(&ep2->fid), 0);
+
+  // A port nobody listens on.
+  fid_ep* ep4 = nullptr;
+  ASSERT_EQ(fi_endpoint(c.domain, c.info, &ep4, nullptr), 0);
+  ASSERT_EQ(fi_ep_bind(ep4, &c.eq->fid, 0), 0);
+  ASSERT_EQ(fi_ep_bind(ep4, &c.txcq->fid, FI_TRANSMIT), 0);
+  ASSERT_EQ(fi_ep_bind(ep4, &c.rxcq->fid, FI_RECV), 0);
+  ASSERT_EQ(fi_enable(ep4), 0);
+  sockaddr_in nobody = server;
+  nobody.sin_port = htons(static_cast<uint16_t>(sport + 1));
+  ASSERT_EQ(fi_connect(ep4, &nobody, nullptr, 0), 0);
+  ASSERT_EQ(next_event(c.eq, &event, entry, sizeof ebuf, &err), -FI_EAVAIL);
+  EXPECT_EQ(err.err, FI_ECONNREFUSED);
+  EXPECT_EQ(err.prov_errno, 8);
+  ASSERT_EQ(fi_close(&ep4->fid), 0);
+
+  // A peer that dies: connected, then the server process is gone.
+  fid_ep* ep3 = nullptr;
+  ASSERT_EQ(fi_endpoint(c.domain, c.info, &ep3, nullptr), 0);
+  ASSERT_EQ(fi_ep_bind(ep3, &c.eq->fid, 0), 0);
+  ASSERT_EQ(fi_ep_bind(ep3, &c.txcq->fid, FI_TRANSMIT), 0);
+  ASSERT_EQ(fi_ep_bind(ep3, &c.rxcq->fid, FI_RECV), 0);
+  ASSERT_EQ(fi_enable(ep3), 0);
+  char ctx;
+  ASSERT_EQ(fi_recv(ep3, c.buf.data(), 64, c.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(fi_connect(ep3, &server, nullptr, 0), 0);
+  ASSERT_GE(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_CONNECTED));
+  ASSERT_GE(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_SHUTDOWN));
+  ASSERT_EQ(one_completion(c.rxcq, &e), -FI_EAVAIL);
+  fi_cq_err_entry cerr{};
+  ASSERT_EQ(fi_cq_readerr(c.rxcq, &cerr, 0), 1);
+  EXPECT_EQ(cerr.err, FI_ECANCELED);
+  EXPECT_EQ(cerr.op_context, &ctx);
+  ASSERT_EQ(fi_close(&ep3->fid), 0);
+
+  int status = -1;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the server's failing step";
+  close(out[0]);
+  c.close();
 }
 
 }  // namespace
