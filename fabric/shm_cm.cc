@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "fabric/provider.h"
@@ -186,12 +187,17 @@ void on_readable(ShmCm* c, Link* l) {
     return;
   }
   Msg m{};
-  ssize_t n = ::recv(l->fd, &m, sizeof m, MSG_DONTWAIT);
+  // Messages are written whole; poll said there is data, so wait for all
+  // of it (a stream socket may hand it over in pieces).
+  ssize_t n = ::recv(l->fd, &m, sizeof m, MSG_WAITALL);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (l->closing) {
     if (n <= 0) l->dead = true;  // the peer read our REJ and left
     return;
   }
+  if (std::getenv("FI_UFAB_SHM_TRACE") != nullptr)
+    std::fprintf(stderr, "shm_cm[%d]: fd %d recv %zd errno %d type %d ep %p req %p\n", getpid(), l->fd, n,
+                 n < 0 ? errno : 0, n > 0 ? m.type : -1, static_cast<void*>(l->ep), static_cast<void*>(l->req));
   if (n <= 0 || n != static_cast<ssize_t>(sizeof m) || m.magic != kMagic) {
     // The peer went away (or spoke nonsense): the link ends.
     l->dead = true;
@@ -347,7 +353,7 @@ bool shm_device(const Dev* d) { return std::strcmp(d->attr.provider, "shm") == 0
 
 int shm_listen(Pep* pep) {
   ShmCm* c = shm_cm(pep->dev);
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return neg(errno);
   auto try_port = [&](uint16_t port) {
     sockaddr_un a;
@@ -384,6 +390,9 @@ int shm_listen(Pep* pep) {
   l->fd = fd;
   l->pep = pep;
   pep->shm_link = l;
+  if (std::getenv("FI_UFAB_SHM_TRACE") != nullptr)
+    std::fprintf(stderr, "shm_cm[%d]: listening fd %d on %s\n", getpid(), fd,
+                 sock_name(pep->dev, pep->dev->ip, pep->port).c_str());
   add_link(c, l);
   return 0;
 }
@@ -405,13 +414,39 @@ void shm_forget_pep(Pep* pep) {
 int shm_connect(Ep* ep, const sockaddr_in& dest, const void* param, size_t len) {
   ShmCm* c = shm_cm(ep->dom->dev);
   if (ep->shm_link != nullptr) return -FI_EISCONN;
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return neg(errno);
   sockaddr_un a;
   socklen_t alen = fill_addr(&a, sock_name(ep->dom->dev, ntohl(dest.sin_addr.s_addr), ntohs(dest.sin_port)));
   ep->peer = dest;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), alen) != 0) {
+  // A refusal while the name is bound is taken as a listener that cannot
+  // take the connection yet: try again, 10 ms apart, up to 2 s. Whether
+  // anyone has the name, binding it says: if we can, nobody listens (the
+  // name is given back at once).
+  int rc = -1;
+  for (int tries = 0; tries < 200; tries++) {
+    rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), alen);
+    if (rc == 0 || (errno != ECONNREFUSED && errno != EAGAIN)) break;
+    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool nobody = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), alen) == 0;
+    if (probe >= 0) ::close(probe);
+    if (nobody) {
+      errno = ECONNREFUSED;
+      break;
+    }
+    if (std::getenv("FI_UFAB_SHM_TRACE") != nullptr)
+      std::fprintf(stderr, "shm_cm[%d]: connect try %d refused by a bound name\n", getpid(), tries);
+    ::usleep(10000);
+    // A socket whose connect failed is not reused.
+    ::close(fd);
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return neg(errno);
+  }
+  if (rc != 0) {
     // Nobody listens there: as a REJ "invalid service id" from a CM.
+    if (std::getenv("FI_UFAB_SHM_TRACE") != nullptr)
+      std::fprintf(stderr, "shm_cm[%d]: connect %s: errno %d\n", getpid(),
+                   sock_name(ep->dom->dev, ntohl(dest.sin_addr.s_addr), ntohs(dest.sin_port)).c_str(), errno);
     ::close(fd);
     ep->state = EpState::kShutdown;
     cm_push_error(ep, FI_ECONNREFUSED, UFAB_CM_REJ_INVALID_SERVICE_ID, nullptr, 0);
