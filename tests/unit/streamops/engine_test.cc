@@ -323,7 +323,9 @@ TEST_F(EngineTest, SlotsAreReusedAndALateWaitOnAnEarlierUseIsSatisfied) {
       engine->release(*op);
     }
     // Ops in flight at once each hold a slot: keep them under one chunk.
-    if (i % 500 == 499) ASSERT_TRUE(s.synchronize());
+    if (i % 500 == 499) {
+      ASSERT_TRUE(s.synchronize());
+    }
   }
   ASSERT_TRUE(s.synchronize());
   EXPECT_EQ(s.stuck(), "");
