@@ -60,6 +60,7 @@ Result<void*> Driver::pinned_words(size_t) const { return fail(ENOTSUP, kNotBuil
 Result<void*> Driver::stream_create() const { return fail(ENOTSUP, kNotBuilt); }
 void Driver::stream_destroy(void*) const {}
 Status Driver::stream_synchronize(void*) const { return fail(ENOTSUP, kNotBuilt); }
+Result<bool> Driver::stream_idle(void*) const { return fail(ENOTSUP, kNotBuilt); }
 Result<void*> Driver::module_function(const char*, const char*) const { return fail(ENOTSUP, kNotBuilt); }
 Status Driver::launch(void*, unsigned, unsigned, void*, void**) const { return fail(ENOTSUP, kNotBuilt); }
 
@@ -605,6 +606,13 @@ Status Driver::stream_synchronize(void* stream) const {
     return fail(errno_for(r), "cuStreamSynchronize: " + error_text(r));
   }
   return {};
+}
+
+Result<bool> Driver::stream_idle(void* stream) const {
+  CUresult r = api_->cuStreamQuery(static_cast<CUstream>(stream));
+  if (r == CUDA_SUCCESS) return true;
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  return fail(errno_for(r), "cuStreamQuery: " + error_text(r));
 }
 
 Result<void*> Driver::module_function(const char* ptx, const char* name) const {

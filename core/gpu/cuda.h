@@ -170,6 +170,8 @@ class Driver {
   Result<void*> stream_create() const;  // non-blocking
   void stream_destroy(void* stream) const;
   Status stream_synchronize(void* stream) const;
+  // cuStreamQuery: true when everything enqueued has run.
+  Result<bool> stream_idle(void* stream) const;
   // Loads `ptx` (kept loaded for the process) and returns `name`'s CUfunction.
   Result<void*> module_function(const char* ptx, const char* name) const;
   Status launch(void* function, unsigned grid, unsigned block, void* stream, void** args) const;
