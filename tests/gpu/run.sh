@@ -2,7 +2,10 @@
 # The GPU suite of issue 12 so far (docs/gpu.md): the CUDA loader,
 # registration of device memory (detected with its GPU ordinal and buffer
 # id), managed memory refused, a freed and reallocated buffer caught at post
-# time and at the responder, GPU entries of the registration cache.
+# time and at the responder, GPU entries of the registration cache;
+# stream-ordered operations with real streams and kernels (stream_ops_test)
+# and their ping-pong benchmark against the CPU-driven loop
+# (stream_pingpong_bench; STREAM_JSON=FILE keeps its JSON).
 #
 #   tests/gpu/run.sh                 build with Bazel, then run here
 #   tests/gpu/run.sh --stage DIR     build and copy the binaries to DIR (for a
@@ -20,7 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
-         //tests/bench:regcache_bench //tools/ufab)
+         //tests/unit/gpu:stream_ops_test //tests/bench:regcache_bench //tests/bench:stream_pingpong_bench
+         //tools/ufab)
 mode=${1:-}
 dir=${2:-}
 
@@ -30,7 +34,7 @@ build() {
 run_from() {
   local d=$1 fail=0 skipped
   if [ -d "$d/lib" ]; then export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
-  for t in gpu_test region_test cache_test; do
+  for t in gpu_test region_test cache_test stream_ops_test; do
     echo "== $t"
     out=$(timeout 300 "$d/$t" 2>&1) || fail=1
     echo "$out"
@@ -57,6 +61,8 @@ run_from() {
   if "$d/ufab" info gpu --json | grep -q '"stream_memops":false'; then echo "ufab info gpu: stream memory operations fail"; fail=1; fi
   echo "== regcache_bench (not a test: timings)"
   "$d/regcache_bench" --json "${BENCH_JSON:-/dev/null}" || fail=1
+  echo "== stream_pingpong_bench (not a test: timings)"
+  timeout 300 "$d/stream_pingpong_bench" --json "${STREAM_JSON:-/dev/null}" || fail=1
   if [ "$fail" -eq 0 ]; then echo "gpu suite: PASSED"; else echo "gpu suite: FAILED"; fi
   return "$fail"
 }
