@@ -6,22 +6,12 @@
 #include "core/stream/engine.h"
 #include "ufab/stream.h"
 
-using ufab::provider::last_error;
+using ufab::provider::invalid;
+using ufab::provider::report;
 
 struct ufab_stream_engine {
   std::unique_ptr<ufab::stream::Engine> engine;
 };
-
-namespace {
-int report(const ufab::Error& e) {
-  last_error() = e.message();
-  return -e.code();
-}
-int invalid(const char* what) {
-  last_error() = what;
-  return -EINVAL;
-}
-}  // namespace
 
 extern "C" {
 
