@@ -1,4 +1,4 @@
-// <ufab/gpu.h> over the process's stream-ordered operations engine, with
+// <ufab/stream.h> over the process's stream-ordered operations engine, with
 // CUDA streams (core/gpu/cuda.h's stream memory operations).
 #include "core/provider/stream_api.h"
 
@@ -8,7 +8,7 @@
 
 #include "core/gpu/cuda.h"
 #include "core/provider/providers.h"
-#include "ufab/gpu.h"
+#include "ufab/stream.h"
 
 struct ufab_stream_op {
   ufab::streamops::Op* op;

@@ -1,4 +1,4 @@
-// Stream-ordered operations in the C API (<ufab/gpu.h>): the glue between
+// Stream-ordered operations in the C API (<ufab/stream.h>): the glue between
 // ufab_qp handles and the engine (core/streamops/engine.h). docs/gpu.md.
 #pragma once
 

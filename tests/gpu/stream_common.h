@@ -13,7 +13,7 @@
 
 #include "core/gpu/cuda.h"
 #include "tests/gpu/kernels/stream_kernels_ptx.h"
-#include "ufab/gpu.h"
+#include "ufab/stream.h"
 #include "ufab/rdma.h"
 
 namespace ufab::gpu_test {

@@ -1,5 +1,5 @@
 // Stream-ordered operations with real CUDA streams and kernels
-// (<ufab/gpu.h>, docs/gpu.md): a kernel produces data, a stream-ordered
+// (<ufab/stream.h>, docs/gpu.md): a kernel produces data, a stream-ordered
 // WRITE_WITH_IMM carries it, the other side's stream waits for the receive
 // and a kernel verifies every byte; batches; a send behind a running kernel
 // is not posted before the kernel ends; a QP destroyed under an armed

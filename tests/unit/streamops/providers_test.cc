@@ -19,7 +19,7 @@
 #include "core/provider/stream_api.h"
 #include "core/streamops/engine.h"
 #include "tests/unit/streamops/fake_stream.h"
-#include "ufab/gpu.h"
+#include "ufab/stream.h"
 #include "ufab/rdma.h"
 
 namespace ufab::streamops {

@@ -25,8 +25,8 @@
  *
  * Functions return 0 or a negative errno; ufab_last_error() says why. Every
  * call is thread-safe. */
-#ifndef UFAB_GPU_H
-#define UFAB_GPU_H
+#ifndef UFAB_STREAM_H
+#define UFAB_STREAM_H
 
 #include <stdint.h>
 
@@ -84,4 +84,4 @@ void ufab_stream_op_free(struct ufab_stream_op* op);
 }
 #endif
 
-#endif /* UFAB_GPU_H */
+#endif /* UFAB_STREAM_H */
