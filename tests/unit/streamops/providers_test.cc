@@ -20,6 +20,7 @@
 #include "core/streamops/engine.h"
 #include "tests/unit/streamops/fake_stream.h"
 #include "ufab/stream.h"
+#include "ufab/stream.hpp"
 #include "ufab/rdma.h"
 
 namespace ufab::streamops {
@@ -393,6 +394,25 @@ TEST(StreamCApi, WithoutAGpuTheCallsSayWhy) {
   EXPECT_TRUE(why.find("no GPU driver") != std::string::npos || why.find("no GPU support") != std::string::npos ||
               why.find("no GPU is visible") != std::string::npos)
       << why;
+}
+
+// The C++ layer over the same calls: the error comes back as a value.
+TEST(StreamCpp, WithoutAGpuPostSendSaysWhy) {
+  auto dev = rdma::Device::open("swnic:socpp" + std::to_string(getpid()) + ":0",
+                                rdma::DeviceOptions{.ip = "10.78.1.1"});
+  ASSERT_TRUE(dev) << dev.error().message();
+  auto pd = (*dev)->alloc_pd();
+  ASSERT_TRUE(pd);
+  auto cq = (*dev)->create_cq(16);
+  ASSERT_TRUE(cq);
+  auto qp = pd->create_qp({.type = rdma::QpType::kRc, .send_cq = cq->get(), .recv_cq = cq->get()});
+  ASSERT_TRUE(qp) << qp.error().message();
+  rdma::SendWr wr{};
+  wr.opcode = rdma::WrOpcode::kSend;
+  auto op = rdma::StreamOp::post_send(**qp, wr, nullptr);
+  if (op) GTEST_SKIP() << "this machine has a GPU: the GPU suite tests the calls";
+  EXPECT_NE(op.error().message().find("ufab_stream_post_send: "), std::string::npos) << op.error().message();
+  EXPECT_NE(op.error().code(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, StreamProviders, ::testing::Values("swnic", "shm"),
