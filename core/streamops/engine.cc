@@ -222,18 +222,28 @@ Result<Op*> Engine::post_send(const void* key, const ufab_send_wr* wrs, uint32_t
   op->queue = q->get();
   op->slot = *slot;
   op->value = ++op->slot->counter;
-  // Enqueued under the lock, so ops of one QP are armed in the order
-  // their doorbells are in the streams (one stream: stream order).
-  if (auto s = stream.write_value(&op->slot->w->doorbell, op->value); !s) {
-    // Nothing was enqueued: the slot is reused as it is.
-    free_slot_locked(op->slot);
-    return std::unexpected(s.error().context("stream-ordered send: enqueuing the doorbell write"));
-  }
-  armed_.push_back(op.get());
+  // Armed before the stream gets the write (its doorbell cannot fire
+  // before), so one thread's ops are armed in their stream order. The
+  // stream call is made without the lock: enqueueing blocks while the
+  // stream's queue is full, and the stream may be waiting on work only the
+  // watcher (which needs the lock) can do.
+  Op* raw = op.release();
+  armed_.push_back(raw);
   start_locked();
   lock.unlock();
+  auto s = stream.write_value(&raw->slot->w->doorbell, raw->value);
+  if (!s) {
+    lock.lock();
+    // Nothing was enqueued. Unless QP teardown took it meanwhile (then
+    // its slot waits in quarantine for a write that will not come: take
+    // it back), the op goes.
+    if (std::erase(armed_, raw) == 0) std::erase(quarantine_, raw->slot);
+    free_slot_locked(raw->slot);
+    delete raw;
+    return std::unexpected(s.error().context("stream-ordered send: enqueuing the doorbell write"));
+  }
   wake_.notify_one();
-  return op.release();
+  return raw;
 }
 
 Result<Op*> Engine::post_recv(const void* key, const ufab_recv_wr* wrs, uint32_t n) {
@@ -269,9 +279,17 @@ Result<Op*> Engine::post_recv(const void* key, const ufab_recv_wr* wrs, uint32_t
 
 Status Engine::wait(Op* op, Stream& stream) {
   if (op == nullptr) return fail(EINVAL, "stream wait: no operation");
-  std::lock_guard lock(mu_);
-  if (op->released) return fail(EINVAL, "stream wait: the operation was released");
-  if (auto s = stream.wait_value(&op->slot->w->done, op->value); !s) {
+  uint32_t* word = nullptr;
+  uint32_t value = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (op->released) return fail(EINVAL, "stream wait: the operation was released");
+    word = &op->slot->w->done;
+    value = op->value;
+  }
+  // Without the lock (see post_send); a slot reused meanwhile only moves
+  // the word past `value`.
+  if (auto s = stream.wait_value(word, value); !s) {
     return std::unexpected(s.error().context("stream wait: enqueuing the wait"));
   }
   return {};
