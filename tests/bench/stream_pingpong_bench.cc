@@ -15,9 +15,11 @@
 //
 // Prints a table (microseconds per round trip, median of --runs runs of
 // --iters rounds) and writes JSON (--json FILE). Without a GPU it says why
-// and exits 2.
+// and exits 2. swnic devices run without progress threads unless
+// --progress-thread (the CPU loop's CQ polling and ufab's stream watcher
+// drive them); shm has none either way.
 //
-//   stream_pingpong_bench [--iters N] [--runs R] [--provider swnic|shm|both] [--json FILE]
+//   stream_pingpong_bench [--iters N] [--runs R] [--provider swnic|shm|both] [--progress-thread] [--json FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -154,6 +156,7 @@ struct Row {
 int main(int argc, char** argv) {
   int iters = 2000, runs = 5;
   std::string which = "both";
+  bool progress_thread = false;
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
@@ -162,10 +165,12 @@ int main(int argc, char** argv) {
       runs = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--provider") && i + 1 < argc) {
       which = argv[++i];
+    } else if (!std::strcmp(argv[i], "--progress-thread")) {
+      progress_thread = true;
     } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--runs R] [--provider swnic|shm|both] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--runs R] [--provider swnic|shm|both] [--progress-thread] [--json FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -186,7 +191,7 @@ int main(int argc, char** argv) {
   for (const auto& prov : providers) {
     for (size_t len : {size_t{8}, size_t{4096}}) {
       QpPair p;
-      if (std::string why = p.open(*g.d, prov, "b" + std::to_string(++tag), 1 << 16); !why.empty()) {
+      if (std::string why = p.open(*g.d, prov, "b" + std::to_string(++tag), 1 << 16, 256, progress_thread); !why.empty()) {
         std::fprintf(stderr, "stream_pingpong_bench: %s: %s\n", prov.c_str(), why.c_str());
         return 1;
       }
@@ -204,8 +209,8 @@ int main(int argc, char** argv) {
   auto info = g.d->device(0);
   std::string gpu_name = info ? info->name : "?";
   std::printf("stream-ordered ping-pong vs CPU-driven loop on %s; us per round trip (kernel -> WRITE_WITH_IMM -> "
-              "peer kernel -> WRITE_WITH_IMM back), median of %d runs of %d\n",
-              gpu_name.c_str(), runs, iters);
+              "peer kernel -> WRITE_WITH_IMM back), median of %d runs of %d; swnic progress threads: %s\n",
+              gpu_name.c_str(), runs, iters, progress_thread ? "on" : "off");
   std::printf("%-8s %8s %12s %12s %10s\n", "provider", "bytes", "stream_us", "cpu_us", "ratio");
   for (const Row& r : rows) {
     std::printf("%-8s %8zu %12.2f %12.2f %10.3f\n", r.provider.c_str(), r.bytes, r.stream_us, r.cpu_us,
@@ -214,7 +219,8 @@ int main(int argc, char** argv) {
   if (json_path) {
     ufab::JsonWriter w;
     w.begin_object().field("bench", "stream_pingpong").field("gpu", gpu_name);
-    w.field("iters", static_cast<int64_t>(iters)).field("runs", static_cast<int64_t>(runs)).key("rows").begin_array();
+    w.field("iters", static_cast<int64_t>(iters)).field("runs", static_cast<int64_t>(runs));
+    w.field("progress_thread", progress_thread).key("rows").begin_array();
     for (const Row& r : rows) {
       w.begin_object().field("provider", r.provider).field("bytes", static_cast<int64_t>(r.bytes));
       w.field("stream_us", r.stream_us).field("cpu_us", r.cpu_us).field("ratio", r.stream_us / r.cpu_us).end_object();

@@ -79,14 +79,16 @@ struct QpPair {
   std::optional<Allocation> buf[2];
 
   // Empty on success, else why not. provider: "swnic" or "shm".
+  // progress_thread: swnic devices get their progress threads (else the
+  // pollers and ufab's stream watcher drive them).
   std::string open(const Driver& d, const std::string& provider, const std::string& tag, size_t bytes,
-                   uint32_t depth = 256) {
+                   uint32_t depth = 256, bool progress_thread = true) {
     const char* ips[2] = {"10.79.0.1", "10.79.0.2"};
     for (int i = 0; i < 2; ++i) {
       ufab_device_opts o{};
       o.size = sizeof o;
       o.ip = ips[i];
-      o.progress_thread = 1;
+      o.progress_thread = progress_thread ? 1 : 0;
       std::string name = provider == "swnic" ? "swnic:st" + std::to_string(getpid()) + tag + ":" + std::to_string(i)
                                              : "shm:st" + std::to_string(getpid()) + tag;
       if (ufab_device_open(name.c_str(), provider == "swnic" ? &o : nullptr, &dev[i]) < 0) return ufab_last_error();
