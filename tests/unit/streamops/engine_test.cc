@@ -193,6 +193,26 @@ TEST_F(EngineTest, OneStreamPostsInStreamOrderAndAWaitHoldsBackWhatFollowsIt) {
   for (auto* op : {*op_a, *op_b, *op_c}) engine->release(op);
 }
 
+TEST_F(EngineTest, TwoStreamsOnOneQpPostInTheOrderTheirDoorbellsFire) {
+  FakeStream s1, s2;
+  s1.gate();  // s1's op is enqueued first but reached later
+  ufab_sge sge{.addr = 1, .length = 1, .lkey = 1};
+  ufab_send_wr a = write_wr(1, &sge), b = write_wr(2, &sge);
+  auto op_a = engine->post_send(&qp, &a, 1, s1);
+  auto op_b = engine->post_send(&qp, &b, 1, s2);
+  ASSERT_TRUE(op_a && op_b);
+  ASSERT_TRUE(eventually([&] { return qp.count() == 1; }));
+  EXPECT_EQ(qp.posts[0].wrs[0].wr_id, 2u) << "s2's doorbell fired first";
+  s1.open();
+  ASSERT_TRUE(eventually([&] { return qp.count() == 2; }));
+  EXPECT_EQ(qp.posts[1].wrs[0].wr_id, 1u);
+  qp.complete(0);
+  qp.complete(1);
+  ASSERT_TRUE(s1.synchronize() && s2.synchronize());
+  engine->release(*op_a);
+  engine->release(*op_b);
+}
+
 TEST_F(EngineTest, ErrorsAtEnqueueComeBackNowAndEnqueueNothing) {
   FakeStream s;
   ufab_sge sge{.addr = 1, .length = 1, .lkey = 1};
