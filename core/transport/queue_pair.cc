@@ -141,10 +141,6 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
 
 // RESET drops all work without completions and forgets the connection.
 void QueuePairImpl::reset() {
-  // A stream waiting on dropped work must not wait forever: its words say
-  // flushed (no completion is produced).
-  for (uint64_t i = sq_head_; i < sq_tail_; ++i) sq_at(i).wr.notify.fire(static_cast<uint8_t>(WcStatus::kWrFlushErr));
-  for (uint64_t i = rq_head_; i < rq_tail_; ++i) rq_at(i).notify.fire(static_cast<uint8_t>(WcStatus::kWrFlushErr));
   for (auto& w : sq_) w = SendWqe{};
   sq_head_ = sq_next_ = sq_tail_ = 0;
   rq_head_ = rq_tail_ = 0;
@@ -314,7 +310,6 @@ void QueuePairImpl::enqueue(const SendWr& wr, uint64_t length, bool is_inline, S
   std::copy(wr.sgl.begin(), wr.sgl.end(), w.sge.begin());
   w.length = length;
   w.commit = commit;
-  if (commit == SendWqe::Commit::kWrite) w.wr.notify = {};  // the FLUSH part retires the work request
   w.signaled = commit != SendWqe::Commit::kWrite && (sq_sig_all_ || (wr.flags & kSendSignaled));
   if (is_inline) {
     // Inline data is read now, through plain pointers as verbs does (the
@@ -376,7 +371,6 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
   RecvWqe& r = rq_at(rq_tail_);
   r = RecvWqe{};
   r.wr_id = wr.wr_id;
-  r.notify = wr.notify;
   r.num_sge = static_cast<uint32_t>(wr.sgl.size());
   std::copy(wr.sgl.begin(), wr.sgl.end(), r.sge.begin());
   for (const Sge& s : wr.sgl) r.length += s.length;
@@ -386,7 +380,6 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
     push_completion(recv_cq_, WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::kWrFlushErr,
                                              .opcode = WcOpcode::kRecv, .qp_num = qpn_,
                                              .error = "posted while the QP is in ERROR (" + error_why_ + ")"});
-    r.notify.fire(static_cast<uint8_t>(WcStatus::kWrFlushErr));
   }
   return {};
 }
@@ -417,7 +410,6 @@ void QueuePairImpl::complete_send(SendWqe& w, WcStatus status, std::string error
     }
     push_completion(send_cq_, std::move(wc));
   }
-  w.wr.notify.fire(static_cast<uint8_t>(status));
   // Completions leave in order: only the head completes.
   ++sq_head_;
   if (w.started && status == WcStatus::kSuccess && is_rc()) {
@@ -453,7 +445,6 @@ void QueuePairImpl::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byt
   wc.error = std::move(error);
   ++rq_head_;
   push_completion(recv_cq_, std::move(wc));
-  r.notify.fire(static_cast<uint8_t>(status));
 }
 
 void QueuePairImpl::enter_error(const std::string& why) {

@@ -32,11 +32,11 @@ others=$(nm -D --defined-only "$prefix/lib/libufab.so.1" | awk '$2 ~ /^[TDBR]$/ 
 
 # Every public header in place and every function it declares exported.
 missing=""
-for h in rdma.h rdma.hpp cm.h cm.hpp stream.h stream.hpp; do [ -f "$prefix/include/ufab/$h" ] || missing+=" $h"; done
-for f in ufab_cm_open ufab_stream_post_send ufab_stream_post_recv ufab_stream_wait ufab_stream_op_query ufab_stream_op_free; do
+for h in rdma.h rdma.hpp cm.h cm.hpp stream.h; do [ -f "$prefix/include/ufab/$h" ] || missing+=" $h"; done
+for f in ufab_cm_open ufab_stream_engine_create ufab_stream_post_send ufab_stream_wait; do
   nm -D --defined-only "$prefix/lib/libufab.so.1" | grep -q " T $f@" || missing+=" $f"
 done
-[ -z "$missing" ] && ok "headers rdma.h rdma.hpp cm.h cm.hpp stream.h stream.hpp installed; cm and stream functions exported" ||
+[ -z "$missing" ] && ok "headers rdma.h rdma.hpp cm.h cm.hpp stream.h installed; cm and stream functions exported" ||
   bad "missing from the install:$missing"
 
 cd "$work" || finish
