@@ -19,6 +19,14 @@
  * come to the application through ufab_stream_engine_poll (the proxy owns
  * the CQ); destroying the engine releases every wait still armed.
  *
+ * Rules the engine does not check (docs/gpu.md, "Known limits"): a QP with
+ * tickets armed or in flight must not be destroyed (the proxy would post on
+ * it: destroy the engine, or wait for the tickets, first); the QPs' send and
+ * receive CQs must both be the engine's (a receive ticket completes only
+ * through it); a ticket's last work request is made signaled, so its
+ * completion comes through ufab_stream_engine_poll even when the
+ * application did not ask for one.
+ *
  * Functions return 0 or a negative errno; ufab_last_error() says why. */
 #ifndef UFAB_STREAM_H
 #define UFAB_STREAM_H
