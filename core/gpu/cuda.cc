@@ -69,6 +69,9 @@ Allocation& Allocation::operator=(Allocation&&) noexcept { return *this; }
 Allocation::~Allocation() = default;
 Status Allocation::free() { return {}; }
 Status Allocation::write(size_t, const void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
+Result<uint64_t> Allocation::device_address() const { return fail(ENOTSUP, kNotBuilt); }
+Status Driver::stream_write_value32(void*, uint64_t, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
+Status Driver::stream_wait_value32_geq(void*, uint64_t, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
 Status Allocation::read(size_t, void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
 
 #else  // UFAB_HAVE_CUDA_TOOLKIT
@@ -530,6 +533,35 @@ Status Allocation::read(size_t offset, void* dst, size_t n) const {
   if (auto c = ctx_.make_current(); !c) return c;
   if (CUresult r = driver_->api().cuMemcpyDtoH(dst, static_cast<CUdeviceptr>(ptr_ + offset), n); r != CUDA_SUCCESS) {
     return fail(errno_for(r), "cuMemcpyDtoH of " + std::to_string(n) + " bytes: " + driver_->error_text(r));
+  }
+  return {};
+}
+
+Result<uint64_t> Allocation::device_address() const {
+  if (kind_ != Kind::kPinnedHost) return ptr_;
+  CUdeviceptr d = 0;
+  if (CUresult r = driver_->api().cuMemHostGetDevicePointer(&d, reinterpret_cast<void*>(ptr_), 0); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuMemHostGetDevicePointer: " + driver_->error_text(r));
+  }
+  return uint64_t(d);
+}
+
+Status Driver::stream_write_value32(void* stream, uint64_t word, uint32_t value) const {
+  if (!api_->cuStreamWriteValue32) return fail(ENOSYS, "this CUDA driver has no cuStreamWriteValue32");
+  if (CUresult r = api_->cuStreamWriteValue32(static_cast<CUstream>(stream), static_cast<CUdeviceptr>(word), value,
+                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+      r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuStreamWriteValue32: " + error_text(r));
+  }
+  return {};
+}
+
+Status Driver::stream_wait_value32_geq(void* stream, uint64_t word, uint32_t value) const {
+  if (!api_->cuStreamWaitValue32) return fail(ENOSYS, "this CUDA driver has no cuStreamWaitValue32");
+  if (CUresult r = api_->cuStreamWaitValue32(static_cast<CUstream>(stream), static_cast<CUdeviceptr>(word), value,
+                                             CU_STREAM_WAIT_VALUE_GEQ);
+      r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuStreamWaitValue32: " + error_text(r));
   }
   return {};
 }

@@ -110,6 +110,9 @@ class Allocation {
   // data path: they block until the copy is done. EINVAL past the end.
   Status write(size_t offset, const void* src, size_t n) const;
   Status read(size_t offset, void* dst, size_t n) const;
+  // The address GPU work uses for it: the device pointer of device and
+  // managed memory; for pinned host memory cuMemHostGetDevicePointer's.
+  Result<uint64_t> device_address() const;
 
  private:
   Allocation(const Driver* d, PrimaryContext ctx, Kind kind, uint64_t ptr, size_t size)
@@ -151,6 +154,12 @@ class Driver {
   // a 32-bit value into pinned host memory (cuStreamWriteValue32) and waits
   // for a value there (cuStreamWaitValue32), and the host sees both.
   Status probe_stream_memops(int ordinal) const;
+  // Stream memory operations (v2): when `stream` (a CUstream) gets
+  // there, store `value` at the 32-bit word at device address `word`;
+  // make `stream` wait until that word is >= `value`. The caller has the
+  // stream's context current.
+  Status stream_write_value32(void* stream, uint64_t word, uint32_t value) const;
+  Status stream_wait_value32_geq(void* stream, uint64_t word, uint32_t value) const;
 
   // "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)".
   std::string error_text(int cu_result) const;

@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
-         //tests/bench:regcache_bench //tools/ufab)
+         //tests/bench:regcache_bench //tools/ufab //tests/gpu:stream_gpu)
 mode=${1:-}
 dir=${2:-}
 
@@ -48,6 +48,10 @@ run_from() {
   doc=$("$d/ufab" doctor 2>&1 || true)
   grep '^\[.*\] gpu' <<<"$doc" || fail=1
   if grep '^\[.*\] gpu' <<<"$doc" | grep -qv '^\[ok  \]'; then fail=1; fi
+  echo "== stream-ordered operations on the GPU (kernel -> WRITE -> stream wait -> kernel)"
+  timeout 300 "$d/stream_gpu" || fail=1
+  echo "== stream-ordered ping-pong against the CPU-driven loop (not a test: timings)"
+  timeout 300 "$d/stream_gpu" --bench --json "${STREAM_JSON:-/dev/null}" || fail=1
   echo "== ufab perf with GPU buffers between two processes"
   bash tests/gpu/perf_pairs.sh "$d/ufab" || fail=1
   echo "== ufab info gpu"

@@ -1,0 +1,82 @@
+/* ufab stream-ordered operations: work requests a CUDA stream triggers.
+ *
+ * A stream engine owns one completion queue and a thread (a proxy) that
+ * watches words in pinned host memory. ufab_stream_post_send prepares
+ * work requests now (checked and copied) and enqueues on the stream a
+ * write of a doorbell word; when the stream reaches that point (after the
+ * kernels before it), the proxy sees the word and posts the work requests
+ * on their queue pair through the ordinary post path. ufab_stream_wait
+ * enqueues on a stream a wait for a ticket's completion word, which the
+ * proxy writes when the ticket's last work request completes (or a
+ * posted receive, ufab_stream_post_recv). So a kernel produces data, the
+ * transfer starts when the stream gets there, and a later kernel waits for
+ * it, with no CPU synchronisation in the application. It works on every
+ * provider: the proxy uses the public API.
+ *
+ * Ordering and the deadlock to avoid are in docs/gpu.md ("Stream-ordered
+ * operations"). In short: a stream never waits for a ticket whose doorbell
+ * is behind the wait on the same stream; completions of the engine's CQ
+ * come to the application through ufab_stream_engine_poll (the proxy owns
+ * the CQ); destroying the engine releases every wait still armed.
+ *
+ * Rules the engine does not check (docs/gpu.md, "Known limits"): a QP with
+ * tickets armed or in flight must not be destroyed (the proxy would post on
+ * it: destroy the engine, or wait for the tickets, first); the QPs' send and
+ * receive CQs must both be the engine's (a receive ticket completes only
+ * through it); a ticket's last work request is made signaled, so its
+ * completion comes through ufab_stream_engine_poll even when the
+ * application did not ask for one.
+ *
+ * Functions return 0 or a negative errno; ufab_last_error() says why. */
+#ifndef UFAB_STREAM_H
+#define UFAB_STREAM_H
+
+#include <stdint.h>
+
+#include "ufab/rdma.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ufab_stream_engine;
+
+/* The engine for the queue pairs whose send and receive completions go to
+ * `cq` (the engine polls it from now on). `gpu`: the CUDA device whose
+ * streams will trigger it (its primary context; pinned words allocated
+ * there). `slots`: tickets in flight at most (0: 1024). -ENOTSUP/-ENOENT/
+ * -ENODEV without GPU support, driver or device. */
+int ufab_stream_engine_create(struct ufab_cq* cq, int gpu, uint32_t slots, struct ufab_stream_engine** out);
+/* Stops the proxy. Tickets not complete are dropped and their completion
+ * words written, so no stream waits for ever; their words (8 bytes a slot)
+ * are then kept until the process ends, since a stream may still ring or
+ * pass them. Best called once the streams that use it are done. */
+void ufab_stream_engine_destroy(struct ufab_stream_engine* engine);
+
+/* n work requests (a batch: one doorbell, posted together, in order) for
+ * `qp`, triggered when `stream` (a CUstream) gets here. The last one is
+ * made signaled; its completion completes the ticket. -EAGAIN when every
+ * slot holds a ticket not yet complete. */
+int ufab_stream_post_send(struct ufab_stream_engine* engine, struct ufab_qp* qp, const struct ufab_send_wr* wrs,
+                          uint32_t n, void* stream, uint64_t* ticket);
+/* A receive posted now; its completion completes the ticket (a stream can
+ * wait for a peer's SEND or WRITE_WITH_IMM). */
+int ufab_stream_post_recv(struct ufab_stream_engine* engine, struct ufab_qp* qp, const struct ufab_recv_wr* wr,
+                          uint64_t* ticket);
+/* `stream` waits, from here, until the ticket is complete. */
+int ufab_stream_wait(struct ufab_stream_engine* engine, uint64_t ticket, void* stream);
+/* 1 when the ticket completed well, 0 while it is not complete, -EIO when
+ * a work request of it completed in error (ufab_last_error() names the
+ * status), -ECANCELED when the engine dropped it, -EINVAL for a ticket it
+ * never gave or has forgotten (a slot holds one ticket at a time). */
+int ufab_stream_ticket_status(struct ufab_stream_engine* engine, uint64_t ticket);
+/* The completions of the engine's CQ, in order, with the application's
+ * wr_ids (signaled work requests of tickets, receives, and anything else
+ * posted on the CQ's queue pairs). Returns how many (0..n). */
+int ufab_stream_engine_poll(struct ufab_stream_engine* engine, struct ufab_wc* wc, uint32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UFAB_STREAM_H */
