@@ -1,6 +1,6 @@
 // Connection management for shared-memory devices (shm:DOMAIN), which have
 // no GSI QP for ufab's connection manager: the provider's own three-way
-// exchange over AF_UNIX sequenced-packet sockets in the abstract namespace,
+// exchange over AF_UNIX stream sockets (fixed-size messages) in the abstract namespace,
 // one listening socket per passive endpoint, named
 //   "\0ufab-fi/DOMAIN/<device address in hex>/<port>".
 // Messages (struct Msg): REQ (the active side's QP number, PSN and CM
