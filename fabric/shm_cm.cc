@@ -155,8 +155,20 @@ void disconnected(Ep* ep) {
   bool was_connecting = ep->state.load() == EpState::kConnecting || ep->state.load() == EpState::kAccepting;
   ep->state = EpState::kShutdown;
   // Take in what the peer answered before it left (the ACK of a last
-  // SEND), so that work already done completes as done, not flushed.
-  for (int i = 0; i < 4 && ufab_device_progress(ep->dom->dev->dev) > 0; i++) {
+  // SEND), so that work already done completes as done, not flushed: up to
+  // 50 ms for the sends in flight to complete, then the QP goes to ERROR.
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  for (;;) {
+    ufab_device_progress(ep->dom->dev->dev);
+    if (ep->tx_u != nullptr) poll_ucq(ep->dom, ep->tx_u);
+    bool sends = false;
+    {
+      std::lock_guard<std::mutex> lk(ep->dom->mu);
+      for (Op* op : ep->ops)
+        if ((op->flags & FI_RECV) == 0) sends = true;
+    }
+    if (!sends || std::chrono::steady_clock::now() > until) break;
+    std::this_thread::yield();
   }
   qp_to_error(ep);
   if (ep->eq == nullptr) return;
