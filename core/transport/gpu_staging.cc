@@ -338,7 +338,8 @@ bool QueuePairImpl::stage_read_response(uint64_t sq_index, SendWqe& w, uint64_t 
   uint8_t* slot = st.pool.slot(it->slots[k]);
   if (!payload.empty()) std::memcpy(slot + (offset - base), payload.data(), payload.size());
   const uint64_t n = std::min<uint64_t>(st.frag, w.length - base);
-  if (++it->got[k] < roce::packets_for(base + n, mtu_) - roce::packets_for(base, mtu_)) return true;
+  // (base is a multiple of the MTU: gpu_frag is a multiple of 4096.)
+  if (++it->got[k] < roce::packets_for(base + n, mtu_) - base / mtu_) return true;
   std::vector<CopySegment> segs;
   if (auto e = sge_segments(ctx_.memory(), pd_, w.sge.data(), w.num_sge, base, n, slot, base, true, segs,
                             it->pins[k])) {

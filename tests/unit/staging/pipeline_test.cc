@@ -107,6 +107,7 @@ struct Side {
 
 struct Pair {
   Backend backend = Backend::kFake;
+  size_t frag = 256 * 1024;  // gpu_frag
   Side a, b;
 };
 
@@ -137,6 +138,7 @@ void open_side(Side& s, Backend backend, const std::string& name, const std::str
 void open_pair(Pair& p, Backend backend, Params params, size_t size) {
   static int run = 0;
   p.backend = backend;
+  if (auto it = params.find("gpu_frag"); it != params.end()) p.frag = std::stoul(it->second);
   if (backend == Backend::kFake) params["gpu_copy"] = "fake";
   std::string link = "swnic:st" + std::to_string(::getpid()) + "r" + std::to_string(run++);
   auto pa = params;
@@ -231,7 +233,7 @@ void transfer(Pair& p, Op op, bool src_gpu, bool dst_gpu, size_t len, size_t src
   }
   if (p.backend == Backend::kFake) {
     // At least a copy per fragment of each GPU end went through the engine.
-    const uint64_t frags = (len + kFrag - 1) / kFrag;
+    const uint64_t frags = (len + p.frag - 1) / p.frag;
     EXPECT_GE(staging::fake_completed() - copies_before, frags * ((src_gpu ? 1 : 0) + (dst_gpu ? 1 : 0)) / 2)
         << "the GPU ends were not staged";
     EXPECT_GT(staging::fake_completed(), copies_before) << "the GPU ends were not staged";
