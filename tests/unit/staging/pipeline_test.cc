@@ -462,6 +462,16 @@ TEST(PipelineFake, RefusalsAreClear) {
   // The QP still works: a small WRITE with small slots, many fragments.
   transfer(p, Op::kWrite, true, true, 40000, 1, 2, 9);
   transfer(p, Op::kRead, true, true, 60000, 3, 0, 10);
+  // A peer's ATOMIC_WRITE into GPU memory: remote operational error (last:
+  // it ends the connection), and the GPU memory is untouched.
+  std::vector<uint8_t> before = p.b.gpu->load();
+  ASSERT_TRUE(p.a.qp->post_send({.wr_id = 11, .opcode = WrOpcode::kAtomicWrite, .flags = kSendSignaled,
+                                 .remote_addr = reinterpret_cast<uintptr_t>(p.b.gpu->data()) + 64,
+                                 .rkey = p.b.mr_gpu->rkey(), .atomic_value = 0x1122334455667788ull}));
+  auto wc = wait_one(*p.a.cq);
+  ASSERT_TRUE(wc);
+  EXPECT_EQ(wc->status, WcStatus::kRemOpErr) << wc->error;
+  EXPECT_EQ(p.b.gpu->load(), before);
 }
 
 TEST(PipelineFake, BadParametersSayWhy) {
