@@ -59,7 +59,10 @@ void CudaCopyEngine::free_host(void* p) {
   std::erase_if(host_allocs_, [p](const auto& a) { return a->data() == p; });
 }
 
-void CudaCopyEngine::queue_locked(Job&& job) { queue_.push_back(std::move(job)); }
+void CudaCopyEngine::queue_locked(Job&& job) {
+  queue_.push_back(std::move(job));
+  queued_.store(queue_.size(), std::memory_order_release);
+}
 
 void CudaCopyEngine::run() {
   std::optional<gpu::AsyncStream> d2h, h2d;
@@ -82,12 +85,29 @@ void CudaCopyEngine::run() {
     cv_.notify_all();
     if (!err.empty()) return;
   }
+  constexpr auto kSpin = std::chrono::microseconds(200);
   std::unique_lock lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty() && !stop_) {
+      // Spin a while without the lock (a job usually follows soon), then sleep.
+      lock.unlock();
+      const auto until = std::chrono::steady_clock::now() + kSpin;
+      for (uint32_t i = 0; queued_.load(std::memory_order_acquire) == 0; ++i) {
+        if ((i & 63) == 0 && std::chrono::steady_clock::now() >= until) break;
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      lock.lock();
+      sleeping_ = true;
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      sleeping_ = false;
+    }
     if (queue_.empty() && stop_) break;
+    if (queue_.empty()) continue;
     Job job = std::move(queue_.front());
     queue_.pop_front();
+    queued_.store(queue_.size(), std::memory_order_release);
     lock.unlock();
     // A job whose first destination is pinned slot memory copies out of
     // the GPU; the direction only picks the stream.

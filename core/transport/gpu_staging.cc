@@ -131,9 +131,9 @@ QpStaging& QueuePairImpl::stage() {
 
 uint64_t QueuePairImpl::stage_frag() const { return stage_ ? stage_->frag : ctx_.staging()->frag(); }
 
-void QueuePairImpl::stage_abort() {
+void QueuePairImpl::stage_abort(bool emit) {
   if (!stage_) return;
-  stage_emit_deferred(true);
+  if (emit) stage_emit_deferred(true);
   stage_->clear_out();
   stage_->clear_reads();
   stage_->clear_in();
@@ -390,6 +390,11 @@ int QueuePairImpl::stage_inbound(const roce::Packet& pkt, uint64_t offset, bool 
   f.filled = offset + pkt.payload.size();
   if (last || f.filled - base == st.frag) {
     if (!stage_issue_fill(true)) return -1;
+  } else if (pkt.bth.ack_req) {
+    // The requester waits for this ACK: start copying what is here now, so
+    // the copies for successive ACKs overlap instead of each starting when
+    // the ACK before it left.
+    if (!stage_issue_fill(false)) return -1;
   }
   return 1;
 }

@@ -54,7 +54,8 @@ struct QpStaging {
 
   // Responder, WRITE/SEND into GPU memory: packets land in the filling
   // slot; a copy in starts when the fragment is full, at the message's
-  // last packet, or when an answer waits for the bytes so far. Answers
+  // last packet, at a packet that asks for an ACK, or when an answer waits
+  // for the bytes so far. Answers
   // (ACK, NAK, READ responses) and receive completions leave only once
   // every byte before their PSN is placed.
   struct InJob {

@@ -142,7 +142,7 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
 
 // RESET drops all work without completions and forgets the connection.
 void QueuePairImpl::reset() {
-  stage_abort();
+  stage_abort(false);  // RESET drops work without completions
   for (auto& w : sq_) w = SendWqe{};
   sq_head_ = sq_next_ = sq_tail_ = 0;
   rq_head_ = rq_tail_ = 0;
@@ -260,7 +260,7 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
     if (auto s = check_commit_wr(wr); !s) return fail(s.error().code(), who() + ": " + s.error().message());
     SendWr write = wr;
     write.flags &= ~(kSendCommit | kSendSignaled);
-    enqueue(write, length, is_inline, SendWqe::Commit::kWrite);
+    enqueue(write, length, is_inline, SendWqe::Commit::kWrite, *gpu);
     SendWr flush{.wr_id = wr.wr_id, .opcode = WrOpcode::kFlush, .flags = wr.flags & kSendSignaled,
                  .remote_addr = wr.remote_addr, .rkey = wr.rkey, .flush_type = roce::feth::kPersistent,
                  .flush_level = roce::feth::kRange, .flush_length = length};
@@ -511,7 +511,7 @@ void QueuePairImpl::enter_error(const std::string& why) {
   if (attr_.state == QpState::kError) return;
   attr_.state = QpState::kError;
   error_why_ = why;
-  stage_abort();  // receive completions waiting for placement come out first, flushed
+  stage_abort(true);  // receive completions waiting for placement come out first, flushed
   while (sq_head_ < sq_tail_) {
     complete_send(sq_at(sq_head_), WcStatus::kWrFlushErr, "flushed: QP " + hex(qpn_) + " went to ERROR (" + why + ")");
   }

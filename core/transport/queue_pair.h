@@ -306,7 +306,9 @@ class QueuePairImpl {
   bool stage_reply_ok(const Reply& r);  // every byte before r.psn is placed
   int stage_read_piece(Reply& r, uint32_t index, uint32_t len, std::span<const uint8_t>& piece);
   void stage_read_sent();
-  void stage_abort();  // error, reset, destroy: copies in flight orphaned
+  // Error or reset: copies in flight orphaned; receive completions that
+  // waited for placement complete flushed (`emit`) or are dropped (RESET).
+  void stage_abort(bool emit);
   void stage_emit_deferred(bool flush);
 
   // Copies data into / out of SGE lists through the key table.

@@ -83,9 +83,14 @@ void QueuePairImpl::send_rnr_nak(uint32_t psn) {
                            .syndrome = aeth::rnr_nak_syndrome(attr_.min_rnr_timer)});
 }
 
-// ACKs coalesce: a later ACK replaces one not yet sent.
+// ACKs coalesce: a later ACK replaces one not yet sent. Not while bytes
+// are on their way into GPU memory: an ACK waits for the bytes before its
+// PSN, and one that moved forward with every new packet would wait until
+// the requester's window ran dry; each goes as soon as its own bytes are
+// placed instead.
 void QueuePairImpl::queue_ack(uint32_t psn) {
-  if (!replies_.empty() && replies_.back().kind == Reply::kAck && replies_.back().syndrome == aeth::ack_syndrome()) {
+  if (!replies_.empty() && replies_.back().kind == Reply::kAck && replies_.back().syndrome == aeth::ack_syndrome() &&
+      !(stage_ && stage_->pending_psn())) {
     replies_.back().psn = psn;
     replies_.back().msn = msn_;
     return;
