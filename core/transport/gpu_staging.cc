@@ -59,6 +59,20 @@ QpStaging::~QpStaging() {
   clear_reads();
   clear_in();
   clear_rr();
+  give_back();  // destroyed under the lane lock: every queued frame was flushed
+}
+
+void QpStaging::retire(uint32_t ticket, bool pending, uint32_t slot) {
+  if (pending) {
+    pool.orphan(ticket, slot);  // not landed: no packet was built from it
+  } else {
+    give_later.push_back(slot);
+  }
+}
+
+void QpStaging::give_back() {
+  for (uint32_t s : give_later) pool.give(s);
+  give_later.clear();
 }
 
 bool QpStaging::busy() const {
@@ -71,16 +85,8 @@ bool QpStaging::busy() const {
   return !in_jobs.empty() || !deferred.empty() || (rr.active && !rr.frags.empty());
 }
 
-void QpStaging::drop(uint32_t ticket, bool pending, std::optional<uint32_t> slot) {
-  if (pending) {
-    pool.orphan(ticket, slot);
-  } else if (slot) {
-    pool.give(*slot);
-  }
-}
-
 void QpStaging::clear_out() {
-  for (OutFrag& f : out) drop(f.ticket, !f.ready, f.slot);
+  for (OutFrag& f : out) retire(f.ticket, !f.ready, f.slot);
   out.clear();
 }
 
@@ -115,7 +121,7 @@ void QpStaging::clear_in() {
 }
 
 void QpStaging::clear_rr() {
-  for (RespFrag& f : rr.frags) drop(f.ticket, !f.ready, f.slot);
+  for (RespFrag& f : rr.frags) retire(f.ticket, !f.ready, f.slot);
   rr.frags.clear();
   rr.active = false;
 }
@@ -165,7 +171,7 @@ int QueuePairImpl::stage_progress() {
       done = w.started && psn_diff(una_psn_, psn_add(w.first_psn, f.end_pkts)) >= 0;
     }
     if (!done) break;
-    st.drop(f.ticket, !f.ready, f.slot);
+    st.retire(f.ticket, !f.ready, f.slot);
     st.out.pop_front();
   }
   if (st.out_sq < sq_head_) {
@@ -482,7 +488,7 @@ int QueuePairImpl::stage_read_piece(Reply& r, uint32_t index, uint32_t len, std:
     rr.next = k;
   }
   while (!rr.frags.empty() && rr.frags.front().k < k) {
-    st.drop(rr.frags.front().ticket, !rr.frags.front().ready, rr.frags.front().slot);
+    st.retire(rr.frags.front().ticket, !rr.frags.front().ready, rr.frags.front().slot);
     rr.frags.pop_front();
   }
   if (rr.frags.empty() && rr.next < k) rr.next = k;

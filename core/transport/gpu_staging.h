@@ -103,8 +103,13 @@ struct QpStaging {
     return std::nullopt;
   }
   bool busy() const;
-  // Gives a slot back now (copy done) or once its copy is (pending).
-  void drop(uint32_t ticket, bool pending, std::optional<uint32_t> slot);
+  // Gives back a slot packets were built from (out, READ responses): one
+  // whose copy is pending once it lands; a landed one only at the QP's next
+  // transmit (give_back), since a frame queued from it is read when the
+  // lane flushes its TX batch.
+  void retire(uint32_t ticket, bool pending, uint32_t slot);
+  void give_back();
+  std::vector<uint32_t> give_later;
   void clear_out();
   void clear_reads();
   void clear_in();

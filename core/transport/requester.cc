@@ -310,7 +310,10 @@ void QueuePairImpl::arm_timer() {
 
 int QueuePairImpl::transmit() {
   int sent = 0;
-  if (stage_) stage_progress();
+  if (stage_) {
+    stage_->give_back();  // slots of frames the last flush sent
+    stage_progress();
+  }
   // Responses first: the peer's requester is waiting for them. With GPU
   // staging, none leaves before the bytes it acknowledges are placed.
   while (!replies_.empty()) {
