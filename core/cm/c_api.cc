@@ -8,19 +8,11 @@
 #include "core/provider/providers.h"
 
 using ufab::cm::Manager;
+using ufab::provider::invalid;
 using ufab::provider::last_error;
+using ufab::provider::report;
 
 namespace {
-
-int report(const ufab::Error& e) {
-  last_error() = e.message();
-  return -e.code();
-}
-
-int invalid(const char* what) {
-  last_error() = what;
-  return -EINVAL;
-}
 
 ufab_cm_conn_param param_or_default(const ufab_cm_conn_param* p) { return p != nullptr ? *p : ufab_cm_conn_param{}; }
 

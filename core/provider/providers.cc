@@ -47,6 +47,16 @@ std::string& last_error() {
   return text;
 }
 
+int report(const Error& e) {
+  last_error() = e.message();
+  return -e.code();
+}
+
+int invalid(const char* message) {
+  last_error() = message;
+  return -EINVAL;
+}
+
 ufab_rdma_provider complete_provider_ops(const ufab_rdma_provider& table, std::vector<std::string>* stubbed) {
   ufab_rdma_provider out{};
   size_t size = std::min<size_t>(table.size, sizeof out);
@@ -86,6 +96,8 @@ ufab_rdma_provider complete_provider_ops(const ufab_rdma_provider& table, std::v
   UFAB_FILL(post_recv);
   UFAB_FILL(create_ah);
   UFAB_FILL(destroy_ah);
+  UFAB_FILL(post_send_notify);
+  UFAB_FILL(post_recv_notify);
 #undef UFAB_FILL
   return out;
 }

@@ -30,6 +30,10 @@ struct Provider {
 // The calling thread's last error, in words: what ufab_last_error() returns
 // and what providers' set_error() writes.
 std::string& last_error();
+// For the C API's functions: `e` (or `message`) becomes the last error;
+// returns -errno (-EINVAL).
+int report(const Error& e);
+int invalid(const char* message);
 
 // `table` with every operation present; `stubbed` gets the names filled in.
 ufab_rdma_provider complete_provider_ops(const ufab_rdma_provider& table, std::vector<std::string>* stubbed);

@@ -30,6 +30,15 @@ soname=$(readelf -d "$prefix/lib/libufab.so.1" | sed -n 's/.*SONAME.*\[\(.*\)\]/
 others=$(nm -D --defined-only "$prefix/lib/libufab.so.1" | awk '$2 ~ /^[TDBR]$/ {print $3}' | grep -v '^ufab_' || true)
 [ -z "$others" ] && ok "libufab exports only ufab_* functions and data" || bad "libufab exports more than ufab_*" "$others"
 
+# Every public header in place and every function it declares exported.
+missing=""
+for h in rdma.h rdma.hpp cm.h cm.hpp stream.h stream.hpp; do [ -f "$prefix/include/ufab/$h" ] || missing+=" $h"; done
+for f in ufab_cm_open ufab_stream_post_send ufab_stream_post_recv ufab_stream_wait ufab_stream_op_query ufab_stream_op_free; do
+  nm -D --defined-only "$prefix/lib/libufab.so.1" | grep -q " T $f@" || missing+=" $f"
+done
+[ -z "$missing" ] && ok "headers rdma.h rdma.hpp cm.h cm.hpp stream.h stream.hpp installed; cm and stream functions exported" ||
+  bad "missing from the install:$missing"
+
 cd "$work" || finish
 cp "$repo/examples/rdma_c_example.c" app.c
 # shellcheck disable=SC2046

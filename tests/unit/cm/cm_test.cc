@@ -82,6 +82,8 @@ class Cm : public ::testing::Test {
     }
   }
 
+ public:
+  // The next event of `d` (bounded); also for helpers outside the fixture.
   static ufab_cm_event next(Dev& d, int timeout_ms = 5000) {
     ufab_cm_event ev{};
     int rc = ufab_cm_get_event(d.cm, &ev, timeout_ms);
@@ -89,6 +91,7 @@ class Cm : public ::testing::Test {
     return ev;
   }
 
+ protected:
   static ufab_cm_conn_param with_data(const std::string& s) {
     ufab_cm_conn_param p{};
     p.private_data = s.data();
@@ -645,6 +648,29 @@ ufab::cm::Req raw_req(uint32_t comm_id, uint16_t port, uint32_t qpn) {
   return r;
 }
 
+// A hand-driven peer connected to `d`'s listener on port 7174: its REQ,
+// `d` accepts with `q`, the REP, the peer's RTU, ESTABLISHED on `d`.
+struct RawConnection {
+  ufab::cm::Req req;
+  ufab::cm::Rep rep;
+  ufab_cm_id* id = nullptr;
+};
+RawConnection connect_raw(RawPeer& peer, Dev& d, ufab_qp* q, uint32_t comm_id, uint64_t tid, uint32_t qpn) {
+  using namespace ufab::cm;
+  RawConnection c;
+  c.req = raw_req(comm_id, 7174, qpn);
+  peer.send(Mad{.header = cm_header(tid), .message = c.req});
+  ufab_cm_event ev = Cm::next(d);
+  EXPECT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
+  c.id = ev.id;
+  EXPECT_EQ(ufab_cm_accept(ev.id, q, nullptr), 0) << ufab_last_error();
+  c.rep = peer.expect<Rep>();
+  peer.send(Mad{.header = cm_header(tid), .message = Rtu{.local_comm_id = c.req.local_comm_id,
+                                                           .remote_comm_id = c.rep.local_comm_id, .private_data = {}}});
+  EXPECT_EQ(Cm::next(d).type, UFAB_CM_EVENT_ESTABLISHED);
+  return c;
+}
+
 // What a CM answers to repeated and odd messages (IBA 12.9.6, as ib_cm
 // does): a REQ again while the application decides draws an MRA; after
 // the accept, the REP again; RTU establishes; a DREQ gets a DREP, again
@@ -837,19 +863,11 @@ TEST_F(Cm, ADestroyedIdLetsGoOfItsQp) {
   RawPeer peer(b_);
   ufab_cm_listener* l = nullptr;
   ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
-  Req req = raw_req(0x51515151, 7174, 0x88);
-  peer.send(Mad{.header = cm_header(21), .message = req});
-  ufab_cm_event ev = next(a_);
-  ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
   ufab_qp* q = a_.qp();
-  ASSERT_EQ(ufab_cm_accept(ev.id, q, nullptr), 0) << ufab_last_error();
-  Rep rep = peer.expect<Rep>();
-  peer.send(Mad{.header = cm_header(21),
-                .message = Rtu{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
-                               .private_data = {}}});
-  ASSERT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
+  auto [req, rep, id] = connect_raw(peer, a_, q, 0x51515151, 21, 0x88);
+  ASSERT_FALSE(HasFailure());
 
-  ufab_cm_id_destroy(ev.id);
+  ufab_cm_id_destroy(id);
   Dreq ours = peer.expect<Dreq>();
   EXPECT_EQ(ours.local_comm_id, rep.local_comm_id);
   EXPECT_EQ(query(q).state, UFAB_QPS_ERR);
@@ -876,17 +894,9 @@ TEST_F(Cm, ADreqForAnotherQpIsDropped) {
   RawPeer peer(b_);
   ufab_cm_listener* l = nullptr;
   ASSERT_EQ(ufab_cm_listen(a_.cm, 7174, &l), 0);
-  Req req = raw_req(0x61616161, 7174, 0x89);
-  peer.send(Mad{.header = cm_header(31), .message = req});
-  ufab_cm_event ev = next(a_);
-  ASSERT_EQ(ev.type, UFAB_CM_EVENT_CONNECT_REQUEST);
   ufab_qp* q = a_.qp();
-  ASSERT_EQ(ufab_cm_accept(ev.id, q, nullptr), 0) << ufab_last_error();
-  Rep rep = peer.expect<Rep>();
-  peer.send(Mad{.header = cm_header(31),
-                .message = Rtu{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
-                               .private_data = {}}});
-  ASSERT_EQ(next(a_).type, UFAB_CM_EVENT_ESTABLISHED);
+  auto [req, rep, id] = connect_raw(peer, a_, q, 0x61616161, 31, 0x89);
+  ASSERT_FALSE(HasFailure());
   peer.send(Mad{.header = cm_header(32),
                 .message = Dreq{.local_comm_id = req.local_comm_id, .remote_comm_id = rep.local_comm_id,
                                 .remote_qpn_eecn = rep.local_qpn ^ 1, .private_data = {}}});
@@ -898,7 +908,7 @@ TEST_F(Cm, ADreqForAnotherQpIsDropped) {
                                 .remote_qpn_eecn = rep.local_qpn, .private_data = {}}});
   EXPECT_EQ(peer.expect<Drep>().remote_comm_id, req.local_comm_id);
   EXPECT_EQ(next(a_).type, UFAB_CM_EVENT_DISCONNECTED);
-  ufab_cm_id_destroy(ev.id);
+  ufab_cm_id_destroy(id);
   ufab_qp_destroy(q);
   ufab_cm_listener_close(l);
 }
