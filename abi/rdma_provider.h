@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define UFAB_RDMA_ABI_MAJOR 1
-#define UFAB_RDMA_ABI_MINOR 1 /* 1: post_send_notify, post_recv_notify */
+#define UFAB_RDMA_ABI_MINOR 0
 #define UFAB_RDMA_PROVIDER_ENTRY_SYMBOL "ufab_rdma_provider_entry_v1"
 
 /* A provider's objects, defined by the provider. */
@@ -130,29 +130,6 @@ struct ufab_rdma_provider {
 
   int (*create_ah)(struct ufab_rdma_pd* pd, const struct ufab_av* av, struct ufab_rdma_ah** out);
   int (*destroy_ah)(struct ufab_rdma_ah* ah);
-
-  /* ABI 1.1 operations (stream-ordered operations, docs/gpu.md). */
-  /* post_send / post_recv, and when every work request was accepted, the
-   * last one carries `notify` (above). When one is refused (*bad), nothing
-   * carries it: those before it are posted as by post_send. */
-  int (*post_send_notify)(struct ufab_rdma_qp* qp, const struct ufab_send_wr* wrs, uint32_t n, uint32_t* bad,
-                          const struct ufab_rdma_notify* notify);
-  int (*post_recv_notify)(struct ufab_rdma_qp* qp, const struct ufab_recv_wr* wrs, uint32_t n, uint32_t* bad,
-                          const struct ufab_rdma_notify* notify);
-};
-
-/* What post_send_notify / post_recv_notify store when the last work request
- * of the list completes (ABI 1.1): first its enum ufab_wc_status into
- * *status, then `value` into *word, both as 32-bit atomic stores, the second
- * with release order, after the completion (when one is produced) is in the
- * CQ. "Completes" is retiring from the queue: successful or not, signaled or
- * not, flushed by ERROR, or dropped by a modify to RESET (status
- * UFAB_WC_WR_FLUSH_ERR). The words are the framework's and outlive the QP. */
-struct ufab_rdma_notify {
-  uint32_t* word;
-  uint32_t* status;
-  uint32_t value;
-  uint32_t reserved;
 };
 
 typedef const struct ufab_rdma_provider* (*ufab_rdma_provider_entry_fn)(void);

@@ -25,6 +25,7 @@ PACKAGES=(
   tshark perftest ucx-utils pkgconf
   rdmacm-utils librdmacm-dev
   ndctl daxctl debootstrap
+  libfabric-dev libfabric-bin libopenmpi-dev openmpi-bin hpcc
 )
 
 missing=()

@@ -16,8 +16,8 @@ record() {  # name, passed count, failed count
   if [ "$3" -gt 0 ]; then failed_names+=("$1"); fi
 }
 
-echo "== unit tests (bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/...)"
-bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/... 2>&1 | grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
+echo "== unit tests (bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/... //tests/fabric/...)"
+bazel test //tests/unit/... //tests/fuzz/... //tests/examples/... //tests/tools/... //tests/fabric/... 2>&1 | grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
 bazel_rc=${PIPESTATUS[0]}
 # Count test cases, not targets, from the JUnit XML that gtest wrote. For a
 # test that writes none (sh_test), Bazel writes one whose totals are on the
@@ -30,17 +30,16 @@ while IFS= read -r xml; do
   e=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$line")
   t=${t:-0}; f=${f:-0}; e=${e:-0}
   unit_pass=$((unit_pass + t - f - e)); unit_fail=$((unit_fail + f + e))
-done < <(find -L bazel-testlogs/tests/unit bazel-testlogs/tests/fuzz bazel-testlogs/tests/examples bazel-testlogs/tests/tools \
+done < <(find -L bazel-testlogs/tests/unit bazel-testlogs/tests/fuzz bazel-testlogs/tests/examples bazel-testlogs/tests/tools bazel-testlogs/tests/fabric \
   -name test.xml 2>/dev/null)
 if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # build break or crash
 record unit "$unit_pass" "$unit_fail"
 echo "unit: $unit_pass passed, $unit_fail failed"
 
-echo "== threads under ThreadSanitizer (bazel test --config=tsan: the lanes stress test, the connection manager, the stream engine and its provider tests)"
+echo "== threads under ThreadSanitizer (bazel test --config=tsan: the lanes stress test, the connection manager, the stream engine)"
 # --symlink_prefix=/: no bazel-bin/bazel-testlogs links to the TSan build,
 # which the sections below would otherwise pick up.
-tsan_targets=(//tests/unit/provider:lanes_stress_test //tests/unit/cm:cm_test //tests/unit/streamops:engine_test
-              //tests/unit/streamops:providers_test)
+tsan_targets=(//tests/unit/provider:lanes_stress_test //tests/unit/cm:cm_test //tests/unit/stream:engine_test)
 bazel test --config=tsan --symlink_prefix=/ --test_env=TSAN_OPTIONS=halt_on_error=1 "${tsan_targets[@]}" 2>&1 |
   grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
 tsan_rc=${PIPESTATUS[0]}

@@ -1,30 +1,33 @@
-/* ufab stream-ordered operations: RDMA work posted in the order of a CUDA
- * stream, and stream waits for its completion (API 1.5; docs/gpu.md,
- * "Stream-ordered operations").
+/* ufab stream-ordered operations: work requests a CUDA stream triggers.
  *
- *   kernel A<<<..., s>>>(buf);                     // produces the data
- *   ufab_stream_post_send(qp, &write, 1, s, &op);  // posted when s gets here
- *   ufab_stream_wait(op, s);                       // s waits for its completion
- *   kernel B<<<..., s>>>(...);                     // runs after the WRITE completed
+ * A stream engine owns one completion queue and a thread (a proxy) that
+ * watches words in pinned host memory. ufab_stream_post_send prepares
+ * work requests now (checked and copied) and enqueues on the stream a
+ * write of a doorbell word; when the stream reaches that point (after the
+ * kernels before it), the proxy sees the word and posts the work requests
+ * on their queue pair through the ordinary post path. ufab_stream_wait
+ * enqueues on a stream a wait for a ticket's completion word, which the
+ * proxy writes when the ticket's last work request completes (or a
+ * posted receive, ufab_stream_post_recv). So a kernel produces data, the
+ * transfer starts when the stream gets there, and a later kernel waits for
+ * it, with no CPU synchronisation in the application. It works on every
+ * provider: the proxy uses the public API.
  *
- * ufab_stream_post_send checks and copies the work requests now (errors
- * come back now) and enqueues on the stream a write of a doorbell word in
- * pinned host memory; ufab's watcher thread sees the word and posts the
- * work requests as ufab_post_send would, without any CUDA call. When the
- * last of them retires, ufab stores a completion word, which
- * ufab_stream_wait has the stream wait on (cuStreamWaitValue32, GEQ).
- * Completions appear in the CQ as for ufab_post_send: a signaled work
- * request gives its completion (before the completion word is stored), an
- * unsignaled one gives none unless it fails.
+ * Ordering and the deadlock to avoid are in docs/gpu.md ("Stream-ordered
+ * operations"). In short: a stream never waits for a ticket whose doorbell
+ * is behind the wait on the same stream; completions of the engine's CQ
+ * come to the application through ufab_stream_engine_poll (the proxy owns
+ * the CQ); destroying the engine releases every wait still armed.
  *
- * `stream` is a CUstream (cudaStream_t) of the current context's GPU, or
- * NULL for the legacy default stream (not advised: see the ordering rules).
- * Works on every provider that implements the ABI 1.1 notify operations
- * (soft-RoCE on every NIC, shm); the QP may use host or GPU memory regions
- * as for ufab_post_send.
+ * Rules the engine does not check (docs/gpu.md, "Known limits"): a QP with
+ * tickets armed or in flight must not be destroyed (the proxy would post on
+ * it: destroy the engine, or wait for the tickets, first); the QPs' send and
+ * receive CQs must both be the engine's (a receive ticket completes only
+ * through it); a ticket's last work request is made signaled, so its
+ * completion comes through ufab_stream_engine_poll even when the
+ * application did not ask for one.
  *
- * Functions return 0 or a negative errno; ufab_last_error() says why. Every
- * call is thread-safe. */
+ * Functions return 0 or a negative errno; ufab_last_error() says why. */
 #ifndef UFAB_STREAM_H
 #define UFAB_STREAM_H
 
@@ -36,49 +39,41 @@
 extern "C" {
 #endif
 
-struct ufab_stream_op;
+struct ufab_stream_engine;
 
-/* Enqueues wrs[0..n) (1 to 64; SEND, SEND_WITH_IMM, RDMA_WRITE,
- * RDMA_WRITE_WITH_IMM, RDMA_READ) on `stream`: posted on `qp`, in one post,
- * when the stream reaches this point. The work requests and their SGE
- * lists are copied now; the data is read when they are posted (inline data
- * too). *op is the handle for ufab_stream_wait and ufab_stream_op_query;
- * give it back with ufab_stream_op_free. Errors: -EINVAL (arguments,
- * opcode, the QP not in RTS), -EOPNOTSUPP (the provider cannot notify
- * completions), -ENOTSUP/-ENOENT/-ENODEV (no GPU support, no driver, no
- * GPU), a CUDA error enqueuing the write (-EIO). */
-int ufab_stream_post_send(struct ufab_qp* qp, const struct ufab_send_wr* wrs, uint32_t n, void* stream,
-                          struct ufab_stream_op** op);
+/* The engine for the queue pairs whose send and receive completions go to
+ * `cq` (the engine polls it from now on). `gpu`: the CUDA device whose
+ * streams will trigger it (its primary context; pinned words allocated
+ * there). `slots`: tickets in flight at most (0: 1024). -ENOTSUP/-ENOENT/
+ * -ENODEV without GPU support, driver or device. */
+int ufab_stream_engine_create(struct ufab_cq* cq, int gpu, uint32_t slots, struct ufab_stream_engine** out);
+/* Stops the proxy. Tickets not complete are dropped and their completion
+ * words written, so no stream waits for ever; their words (8 bytes a slot)
+ * are then kept until the process ends, since a stream may still ring or
+ * pass them. Best called once the streams that use it are done. */
+void ufab_stream_engine_destroy(struct ufab_stream_engine* engine);
 
-/* Posts receives now, as ufab_post_recv does; the op completes when the
- * last of them does, so a stream can wait for data to arrive. */
-int ufab_stream_post_recv(struct ufab_qp* qp, const struct ufab_recv_wr* wrs, uint32_t n,
-                          struct ufab_stream_op** op);
-
-/* Enqueues on `stream` a wait for `op`'s completion (successful or not:
- * ufab_stream_op_query says which). Any stream, any number of times. */
-int ufab_stream_wait(struct ufab_stream_op* op, void* stream);
-
-enum ufab_stream_op_state {
-  UFAB_STREAM_OP_ARMED = 0,  /* waiting for its stream */
-  UFAB_STREAM_OP_POSTED = 1, /* posted, not yet completed */
-  UFAB_STREAM_OP_DONE = 2,   /* completed (its completion word is stored) */
-};
-
-struct ufab_stream_op_info {
-  uint32_t state;     /* enum ufab_stream_op_state */
-  uint32_t wc_status; /* DONE: the last work request's enum ufab_wc_status */
-  int32_t post_error; /* DONE: 0, or the negative errno of a post that failed when
-                         the stream reached it (-ECANCELED: the QP was destroyed first) */
-  uint32_t reserved;
-};
-
-/* Where `op` is; *error (may be NULL) gets the words of a post_error,
- * valid until the op is freed. */
-int ufab_stream_op_query(struct ufab_stream_op* op, struct ufab_stream_op_info* out, const char** error);
-
-/* Gives the handle back; an op still armed or in flight runs to its end. */
-void ufab_stream_op_free(struct ufab_stream_op* op);
+/* n work requests (a batch: one doorbell, posted together, in order) for
+ * `qp`, triggered when `stream` (a CUstream) gets here. The last one is
+ * made signaled; its completion completes the ticket. -EAGAIN when every
+ * slot holds a ticket not yet complete. */
+int ufab_stream_post_send(struct ufab_stream_engine* engine, struct ufab_qp* qp, const struct ufab_send_wr* wrs,
+                          uint32_t n, void* stream, uint64_t* ticket);
+/* A receive posted now; its completion completes the ticket (a stream can
+ * wait for a peer's SEND or WRITE_WITH_IMM). */
+int ufab_stream_post_recv(struct ufab_stream_engine* engine, struct ufab_qp* qp, const struct ufab_recv_wr* wr,
+                          uint64_t* ticket);
+/* `stream` waits, from here, until the ticket is complete. */
+int ufab_stream_wait(struct ufab_stream_engine* engine, uint64_t ticket, void* stream);
+/* 1 when the ticket completed well, 0 while it is not complete, -EIO when
+ * a work request of it completed in error (ufab_last_error() names the
+ * status), -ECANCELED when the engine dropped it, -EINVAL for a ticket it
+ * never gave or has forgotten (a slot holds one ticket at a time). */
+int ufab_stream_ticket_status(struct ufab_stream_engine* engine, uint64_t ticket);
+/* The completions of the engine's CQ, in order, with the application's
+ * wr_ids (signaled work requests of tickets, receives, and anything else
+ * posted on the CQ's queue pairs). Returns how many (0..n). */
+int ufab_stream_engine_poll(struct ufab_stream_engine* engine, struct ufab_wc* wc, uint32_t n);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <optional>
 
 #include "base/hex.h"
 
@@ -54,15 +53,6 @@ Result<DeviceInfo> Driver::device(int) const { return fail(ENOTSUP, kNotBuilt); 
 Result<PointerInfo> Driver::pointer_info(const void*) const { return fail(ENOTSUP, kNotBuilt); }
 Status Driver::probe_stream_memops(int) const { return fail(ENOTSUP, kNotBuilt); }
 std::string Driver::error_text(int r) const { return "CUresult " + std::to_string(r); }
-Status Driver::stream_write_value32(void*, uint32_t*, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
-Status Driver::stream_wait_value32(void*, uint32_t*, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
-Result<void*> Driver::pinned_words(size_t) const { return fail(ENOTSUP, kNotBuilt); }
-Result<void*> Driver::stream_create() const { return fail(ENOTSUP, kNotBuilt); }
-void Driver::stream_destroy(void*) const {}
-Status Driver::stream_synchronize(void*) const { return fail(ENOTSUP, kNotBuilt); }
-Result<bool> Driver::stream_idle(void*) const { return fail(ENOTSUP, kNotBuilt); }
-Result<void*> Driver::module_function(const char*, const char*) const { return fail(ENOTSUP, kNotBuilt); }
-Status Driver::launch(void*, unsigned, unsigned, void*, void**) const { return fail(ENOTSUP, kNotBuilt); }
 
 Result<PrimaryContext> PrimaryContext::retain(const Driver&, int) { return fail(ENOTSUP, kNotBuilt); }
 PrimaryContext& PrimaryContext::operator=(PrimaryContext&& o) noexcept {
@@ -79,6 +69,9 @@ Allocation& Allocation::operator=(Allocation&&) noexcept { return *this; }
 Allocation::~Allocation() = default;
 Status Allocation::free() { return {}; }
 Status Allocation::write(size_t, const void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
+Result<uint64_t> Allocation::device_address() const { return fail(ENOTSUP, kNotBuilt); }
+Status Driver::stream_write_value32(void*, uint64_t, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
+Status Driver::stream_wait_value32_geq(void*, uint64_t, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
 Status Allocation::read(size_t, void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
 
 Result<AsyncStream> AsyncStream::create(const Driver&) { return fail(ENOTSUP, kNotBuilt); }
@@ -120,11 +113,7 @@ Result<uint64_t> host_device_pointer(const Driver&, void*) { return fail(ENOTSUP
   X(cuStreamCreate)            \
   X(cuStreamDestroy)           \
   X(cuStreamSynchronize)       \
-  X(cuStreamQuery)             \
-  X(cuCtxGetCurrent)           \
-  X(cuModuleLoadData)          \
-  X(cuModuleGetFunction)       \
-  X(cuLaunchKernel)
+  X(cuStreamQuery)
 // Looked up too, but a driver without them still loads (probe says so).
 #define UFAB_CUDA_OPTIONAL(X) \
   X(cuStreamWriteValue32)     \
@@ -605,89 +594,32 @@ Status Allocation::read(size_t offset, void* dst, size_t n) const {
   return {};
 }
 
-// ------------------------------------------------ stream-ordered operations
-
-Status Driver::stream_write_value32(void* stream, uint32_t* word, uint32_t value) const {
-  if (!api_->cuStreamWriteValue32) return fail(ENOSYS, "the driver has no cuStreamWriteValue32: update the NVIDIA driver");
-  CUresult r = api_->cuStreamWriteValue32(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(word), value,
-                                          CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (r != CUDA_SUCCESS) return fail(errno_for(r), "cuStreamWriteValue32: " + error_text(r));
-  return {};
-}
-
-Status Driver::stream_wait_value32(void* stream, uint32_t* word, uint32_t value) const {
-  if (!api_->cuStreamWaitValue32) return fail(ENOSYS, "the driver has no cuStreamWaitValue32: update the NVIDIA driver");
-  CUresult r = api_->cuStreamWaitValue32(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(word), value,
-                                         CU_STREAM_WAIT_VALUE_GEQ);
-  if (r != CUDA_SUCCESS) return fail(errno_for(r), "cuStreamWaitValue32: " + error_text(r));
-  return {};
-}
-
-Result<void*> Driver::pinned_words(size_t bytes) const {
-  CUcontext current = nullptr;
-  api_->cuCtxGetCurrent(&current);
-  std::optional<PrimaryContext> ctx;
-  if (current == nullptr) {
-    auto c = PrimaryContext::retain(*this, 0);
-    if (!c) return std::unexpected(c.error());
-    ctx.emplace(std::move(*c));
+Result<uint64_t> Allocation::device_address() const {
+  if (kind_ != Kind::kPinnedHost) return ptr_;
+  CUdeviceptr d = 0;
+  if (CUresult r = driver_->api().cuMemHostGetDevicePointer(&d, reinterpret_cast<void*>(ptr_), 0); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuMemHostGetDevicePointer: " + driver_->error_text(r));
   }
-  void* p = nullptr;
-  CUresult r = api_->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-  if (ctx) {
-    api_->cuCtxSetCurrent(nullptr);
-    // The primary context stays retained: the memory lives in it.
-    new PrimaryContext(std::move(*ctx));
-  }
-  if (r != CUDA_SUCCESS) {
-    return fail(errno_for(r), "cuMemHostAlloc of " + std::to_string(bytes) + " bytes of pinned host memory: " +
-                                  error_text(r));
-  }
-  return p;
+  return uint64_t(d);
 }
 
-Result<void*> Driver::stream_create() const {
-  CUstream s = nullptr;
-  if (CUresult r = api_->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) {
-    return fail(errno_for(r), "cuStreamCreate: " + error_text(r));
-  }
-  return static_cast<void*>(s);
-}
-
-void Driver::stream_destroy(void* stream) const {
-  if (stream != nullptr) api_->cuStreamDestroy(static_cast<CUstream>(stream));
-}
-
-Status Driver::stream_synchronize(void* stream) const {
-  if (CUresult r = api_->cuStreamSynchronize(static_cast<CUstream>(stream)); r != CUDA_SUCCESS) {
-    return fail(errno_for(r), "cuStreamSynchronize: " + error_text(r));
+Status Driver::stream_write_value32(void* stream, uint64_t word, uint32_t value) const {
+  if (!api_->cuStreamWriteValue32) return fail(ENOSYS, "this CUDA driver has no cuStreamWriteValue32");
+  if (CUresult r = api_->cuStreamWriteValue32(static_cast<CUstream>(stream), static_cast<CUdeviceptr>(word), value,
+                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+      r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuStreamWriteValue32: " + error_text(r));
   }
   return {};
 }
 
-Result<bool> Driver::stream_idle(void* stream) const {
-  CUresult r = api_->cuStreamQuery(static_cast<CUstream>(stream));
-  if (r == CUDA_SUCCESS) return true;
-  if (r == CUDA_ERROR_NOT_READY) return false;
-  return fail(errno_for(r), "cuStreamQuery: " + error_text(r));
-}
-
-Result<void*> Driver::module_function(const char* ptx, const char* name) const {
-  CUmodule m = nullptr;
-  if (CUresult r = api_->cuModuleLoadData(&m, ptx); r != CUDA_SUCCESS) {
-    return fail(errno_for(r), "cuModuleLoadData: " + error_text(r));
+Status Driver::stream_wait_value32_geq(void* stream, uint64_t word, uint32_t value) const {
+  if (!api_->cuStreamWaitValue32) return fail(ENOSYS, "this CUDA driver has no cuStreamWaitValue32");
+  if (CUresult r = api_->cuStreamWaitValue32(static_cast<CUstream>(stream), static_cast<CUdeviceptr>(word), value,
+                                             CU_STREAM_WAIT_VALUE_GEQ);
+      r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuStreamWaitValue32: " + error_text(r));
   }
-  CUfunction f = nullptr;
-  if (CUresult r = api_->cuModuleGetFunction(&f, m, name); r != CUDA_SUCCESS) {
-    return fail(errno_for(r), std::string("cuModuleGetFunction(") + name + "): " + error_text(r));
-  }
-  return static_cast<void*>(f);
-}
-
-Status Driver::launch(void* function, unsigned grid, unsigned block, void* stream, void** args) const {
-  CUresult r = api_->cuLaunchKernel(static_cast<CUfunction>(function), grid, 1, 1, block, 1, 1, 0,
-                                    static_cast<CUstream>(stream), args, nullptr);
-  if (r != CUDA_SUCCESS) return fail(errno_for(r), "cuLaunchKernel: " + error_text(r));
   return {};
 }
 

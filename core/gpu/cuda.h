@@ -110,6 +110,9 @@ class Allocation {
   // data path: they block until the copy is done. EINVAL past the end.
   Status write(size_t offset, const void* src, size_t n) const;
   Status read(size_t offset, void* dst, size_t n) const;
+  // The address GPU work uses for it: the device pointer of device and
+  // managed memory; for pinned host memory cuMemHostGetDevicePointer's.
+  Result<uint64_t> device_address() const;
 
  private:
   Allocation(const Driver* d, PrimaryContext ctx, Kind kind, uint64_t ptr, size_t size)
@@ -183,30 +186,12 @@ class Driver {
   // a 32-bit value into pinned host memory (cuStreamWriteValue32) and waits
   // for a value there (cuStreamWaitValue32), and the host sees both.
   Status probe_stream_memops(int ordinal) const;
-
-  // Stream-ordered operations (core/streamops): `stream` is a CUstream
-  // (nullptr: the legacy default stream), `word` a 32-bit word of pinned
-  // host memory (pinned_words), addressed by the GPU at its host address
-  // (unified addressing). Write: when the stream gets there, after the
-  // stream's earlier writes are visible (the default memory barrier).
-  // Wait: until (int32_t)(*word - value) >= 0 (GEQ).
-  Status stream_write_value32(void* stream, uint32_t* word, uint32_t value) const;
-  Status stream_wait_value32(void* stream, uint32_t* word, uint32_t value) const;
-  // Pinned host memory every context can use (cuMemHostAlloc, PORTABLE |
-  // DEVICEMAP), never freed: streams may hold writes and waits on it. In
-  // the calling thread's current context, else GPU 0's primary context.
-  Result<void*> pinned_words(size_t bytes) const;
-
-  // For tests and benchmarks: streams, kernels from PTX, launches. The
-  // calling thread needs a current context (PrimaryContext).
-  Result<void*> stream_create() const;  // non-blocking
-  void stream_destroy(void* stream) const;
-  Status stream_synchronize(void* stream) const;
-  // cuStreamQuery: true when everything enqueued has run.
-  Result<bool> stream_idle(void* stream) const;
-  // Loads `ptx` (kept loaded for the process) and returns `name`'s CUfunction.
-  Result<void*> module_function(const char* ptx, const char* name) const;
-  Status launch(void* function, unsigned grid, unsigned block, void* stream, void** args) const;
+  // Stream memory operations (v2): when `stream` (a CUstream) gets
+  // there, store `value` at the 32-bit word at device address `word`;
+  // make `stream` wait until that word is >= `value`. The caller has the
+  // stream's context current.
+  Status stream_write_value32(void* stream, uint64_t word, uint32_t value) const;
+  Status stream_wait_value32_geq(void* stream, uint64_t word, uint32_t value) const;
 
   // "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)".
   std::string error_text(int cu_result) const;

@@ -19,7 +19,6 @@
 #include "core/regcache/cache.h"
 #include "core/provider/providers.h"
 #include "core/provider/registries.h"
-#include "core/provider/stream_api.h"
 #include "core/transport/verbs.h"
 #include "ufab/rdma.h"
 
@@ -143,24 +142,6 @@ std::string unserved_prefix_hint(const std::string& name) {
   return "; nor does any RDMA provider serve \"" + prefix + ":\" (providers: " + known +
          "; `ufab plugins` lists them, and UFAB_PLUGIN_PATH says where plugins are looked for)";
 }
-
-}  // namespace
-
-ufab::streamops::Target ufab::provider::stream_target(ufab_qp* qp) {
-  const ufab_rdma_provider* o = qp->ops;
-  ufab_rdma_qp* p = qp->p;
-  ufab_rdma_dev* dev = qp->pd->dev->p;
-  return {
-      .post_send = [o, p](const ufab_send_wr* w, uint32_t n, uint32_t* bad,
-                          const ufab_rdma_notify* nt) { return o->post_send_notify(p, w, n, bad, nt); },
-      .post_recv = [o, p](const ufab_recv_wr* w, uint32_t n, uint32_t* bad,
-                          const ufab_rdma_notify* nt) { return o->post_recv_notify(p, w, n, bad, nt); },
-      .progress = [o, dev] { (void)o->progress(dev); },
-      .last_error = [] { return last_error(); },
-  };
-}
-
-namespace {
 
 #define UFAB_REQUIRE(cond, what)                                          \
   do {                                                                    \
@@ -459,9 +440,7 @@ int ufab_qp_create(ufab_pd* pd, const ufab_qp_init_attr* init, ufab_qp** out) {
 
 int ufab_qp_destroy(ufab_qp* qp) {
   if (qp == nullptr) return 0;
-  ufab::provider::stream_qp_destroying(qp);
   (void)ops(qp)->destroy_qp(qp->p);
-  ufab::provider::stream_qp_destroyed(qp);
   release(qp->send_cq);
   release(qp->recv_cq);
   release(qp->pd);

@@ -96,8 +96,6 @@ ufab_rdma_provider complete_provider_ops(const ufab_rdma_provider& table, std::v
   UFAB_FILL(post_recv);
   UFAB_FILL(create_ah);
   UFAB_FILL(destroy_ah);
-  UFAB_FILL(post_send_notify);
-  UFAB_FILL(post_recv_notify);
 #undef UFAB_FILL
   return out;
 }

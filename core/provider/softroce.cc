@@ -611,21 +611,14 @@ int qp_initial_psn(ufab_rdma_qp* q, uint32_t* psn) {
   return 0;
 }
 
-verbs::Notify to_verbs(const ufab_rdma_notify* n) {
-  return n != nullptr ? verbs::Notify{.word = n->word, .status = n->status, .value = n->value} : verbs::Notify{};
-}
-
-int post_send_notify(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad,
-                     const ufab_rdma_notify* notify) {
+int post_send(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
   Qp* qp = h(q);
   return guarded(qp->dev->host, "posting a send", [&]() -> int {
     transport::Lane& lane = *qp->lane;
     std::lock_guard lock(lane.mutex());
     int rc = 0;
     for (uint32_t i = 0; i < n; ++i) {
-      verbs::SendWr wr = to_verbs(wrs[i]);
-      if (i + 1 == n) wr.notify = to_verbs(notify);
-      if (auto s = qp->impl->post_send(wr); !s) {
+      if (auto s = qp->impl->post_send(to_verbs(wrs[i])); !s) {
         *bad = i;
         rc = report(qp->dev->host, s.error());
         break;
@@ -638,29 +631,18 @@ int post_send_notify(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint3
   });
 }
 
-int post_send(ufab_rdma_qp* q, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
-  return post_send_notify(q, wrs, n, bad, nullptr);
-}
-
-int post_recv_notify(ufab_rdma_qp* q, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad,
-                     const ufab_rdma_notify* notify) {
+int post_recv(ufab_rdma_qp* q, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
   Qp* qp = h(q);
   return guarded(qp->dev->host, "posting a receive", [&]() -> int {
     std::lock_guard lock(qp->lane->mutex());
     for (uint32_t i = 0; i < n; ++i) {
-      verbs::Notify nt = i + 1 == n ? to_verbs(notify) : verbs::Notify{};
-      if (auto s = qp->impl->post_recv({.wr_id = wrs[i].wr_id, .sgl = sgl(wrs[i].sg_list, wrs[i].num_sge), .notify = nt});
-          !s) {
+      if (auto s = qp->impl->post_recv({.wr_id = wrs[i].wr_id, .sgl = sgl(wrs[i].sg_list, wrs[i].num_sge)}); !s) {
         *bad = i;
         return report(qp->dev->host, s.error());
       }
     }
     return 0;
   });
-}
-
-int post_recv(ufab_rdma_qp* q, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
-  return post_recv_notify(q, wrs, n, bad, nullptr);
 }
 
 const char* const kPrefixes[] = {nullptr};
@@ -701,8 +683,6 @@ const ufab_rdma_provider kProvider = {
     .post_recv = post_recv,
     .create_ah = create_ah,
     .destroy_ah = destroy_ah,
-    .post_send_notify = post_send_notify,
-    .post_recv_notify = post_recv_notify,
 };
 
 }  // namespace

@@ -139,12 +139,7 @@ uint64_t QueuePairImpl::stage_frag() const { return stage_ ? stage_->frag : ctx_
 
 void QueuePairImpl::stage_abort(bool emit) {
   if (!stage_) return;
-  if (emit) {
-    stage_emit_deferred(true);
-  } else {
-    // RESET: no completions, but a stream waiting on one is told "flushed".
-    for (QpStaging::Deferred& d : stage_->deferred) d.notify.fire(static_cast<uint8_t>(WcStatus::kWrFlushErr));
-  }
+  if (emit) stage_emit_deferred(true);
   stage_->clear_out();
   stage_->clear_reads();
   stage_->clear_in();
@@ -294,9 +289,7 @@ void QueuePairImpl::stage_emit_deferred(bool flush) {
       d.wc.status = WcStatus::kWrFlushErr;
       d.wc.error = "flushed: the QP went to ERROR before the data reached GPU memory";
     }
-    const auto status = static_cast<uint8_t>(d.wc.status);
     push_completion(recv_cq_, std::move(d.wc));
-    d.notify.fire(status);
     st.deferred.pop_front();
   }
 }

@@ -76,7 +76,6 @@ struct QpStaging {
   struct Deferred {
     uint32_t psn = 0;
     verbs::WorkCompletion wc;
-    verbs::Notify notify;  // a stream-ordered wait on this receive (fired with the completion)
   };
   std::deque<Deferred> deferred;  // receive completions waiting for placement, in order
 

@@ -143,10 +143,6 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
 // RESET drops all work without completions and forgets the connection.
 void QueuePairImpl::reset() {
   stage_abort(false);  // RESET drops work without completions
-  // A stream waiting on dropped work must not wait forever: its words say
-  // flushed (no completion is produced).
-  for (uint64_t i = sq_head_; i < sq_tail_; ++i) sq_at(i).wr.notify.fire(static_cast<uint8_t>(WcStatus::kWrFlushErr));
-  for (uint64_t i = rq_head_; i < rq_tail_; ++i) rq_at(i).notify.fire(static_cast<uint8_t>(WcStatus::kWrFlushErr));
   for (auto& w : sq_) w = SendWqe{};
   sq_head_ = sq_next_ = sq_tail_ = 0;
   rq_head_ = rq_tail_ = 0;
@@ -362,7 +358,6 @@ void QueuePairImpl::enqueue(const SendWr& wr, uint64_t length, bool is_inline, S
   w.length = length;
   w.commit = commit;
   w.gpu = gpu;
-  if (commit == SendWqe::Commit::kWrite) w.wr.notify = {};  // the FLUSH part retires the work request
   w.signaled = commit != SendWqe::Commit::kWrite && (sq_sig_all_ || (wr.flags & kSendSignaled));
   if (is_inline) {
     // Inline data is read now, through plain pointers as verbs does (the
@@ -429,7 +424,6 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
   RecvWqe& r = rq_at(rq_tail_);
   r = RecvWqe{};
   r.wr_id = wr.wr_id;
-  r.notify = wr.notify;
   r.num_sge = static_cast<uint32_t>(wr.sgl.size());
   std::copy(wr.sgl.begin(), wr.sgl.end(), r.sge.begin());
   for (const Sge& s : wr.sgl) r.length += s.length;
@@ -440,7 +434,6 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
     push_completion(recv_cq_, WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::kWrFlushErr,
                                              .opcode = WcOpcode::kRecv, .qp_num = qpn_,
                                              .error = "posted while the QP is in ERROR (" + error_why_ + ")"});
-    r.notify.fire(static_cast<uint8_t>(WcStatus::kWrFlushErr));
   }
   return {};
 }
@@ -471,7 +464,6 @@ void QueuePairImpl::complete_send(SendWqe& w, WcStatus status, std::string error
     }
     push_completion(send_cq_, std::move(wc));
   }
-  w.wr.notify.fire(static_cast<uint8_t>(status));
   // Completions leave in order: only the head completes.
   ++sq_head_;
   if (w.started && status == WcStatus::kSuccess && is_rc()) {
@@ -509,11 +501,10 @@ void QueuePairImpl::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byt
   if (stage_ && (stage_->pending_psn() || !stage_->deferred.empty())) {
     // Bytes before it are still on their way into GPU memory: it waits
     // for them (and keeps its place among receive completions).
-    stage_->deferred.push_back(QpStaging::Deferred{rx_psn_, std::move(wc), r.notify});
+    stage_->deferred.push_back(QpStaging::Deferred{rx_psn_, std::move(wc)});
     return;
   }
   push_completion(recv_cq_, std::move(wc));
-  r.notify.fire(static_cast<uint8_t>(status));
 }
 
 void QueuePairImpl::enter_error(const std::string& why) {

@@ -99,7 +99,6 @@ class QueuePairImpl {
   };
   struct RecvWqe {
     uint64_t wr_id = 0;
-    verbs::Notify notify{};
     std::array<verbs::Sge, verbs::kMaxSge> sge{};
     uint32_t num_sge = 0;
     uint64_t length = 0;

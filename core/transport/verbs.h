@@ -10,7 +10,6 @@
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -66,21 +65,6 @@ struct UdDestination {
   uint8_t hop_limit = 64;
 };
 
-// Stream-ordered operations (docs/gpu.md): stored when the work request
-// retires (ufab_rdma_notify in abi/rdma_provider.h): its status into
-// *status, then value into *word (release), after its completion is in the
-// CQ. No word: nothing.
-struct Notify {
-  uint32_t* word = nullptr;
-  uint32_t* status = nullptr;
-  uint32_t value = 0;
-  void fire(uint8_t wc_status) const {
-    if (word == nullptr) return;
-    if (status != nullptr) std::atomic_ref<uint32_t>(*status).store(wc_status, std::memory_order_relaxed);
-    std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release);
-  }
-};
-
 struct SendWr {
   uint64_t wr_id = 0;
   WrOpcode opcode = WrOpcode::kSend;
@@ -106,13 +90,11 @@ struct SendWr {
   uint64_t flush_length = 0;
   // UD queue pairs only.
   UdDestination ud{};
-  Notify notify{};
 };
 
 struct RecvWr {
   uint64_t wr_id = 0;
   std::span<const Sge> sgl{};
-  Notify notify{};
 };
 
 enum class WcStatus : uint8_t {

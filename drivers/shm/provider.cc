@@ -543,32 +543,22 @@ int qp_initial_psn(ufab_rdma_qp* qp, uint32_t* psn) {
   return 0;
 }
 
-int post_send_notify(ufab_rdma_qp* qp, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad,
-                     const ufab_rdma_notify* notify) {
-  Qp* q = qp->q;
-  return guard(q->dev, nullptr, [&] {
-    std::lock_guard<std::mutex> g(q->mu);
-    q->idle.store(false, std::memory_order_relaxed);
-    return q->post_send(wrs, n, bad, notify);
-  });
-}
-
-int post_recv_notify(ufab_rdma_qp* qp, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad,
-                     const ufab_rdma_notify* notify) {
-  Qp* q = qp->q;
-  return guard(q->dev, nullptr, [&] {
-    std::lock_guard<std::mutex> g(q->mu);
-    q->idle.store(false, std::memory_order_relaxed);
-    return q->post_recv(wrs, n, bad, notify);
-  });
-}
-
 int post_send(ufab_rdma_qp* qp, const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
-  return post_send_notify(qp, wrs, n, bad, nullptr);
+  Qp* q = qp->q;
+  return guard(q->dev, nullptr, [&] {
+    std::lock_guard<std::mutex> g(q->mu);
+    q->idle.store(false, std::memory_order_relaxed);
+    return q->post_send(wrs, n, bad);
+  });
 }
 
 int post_recv(ufab_rdma_qp* qp, const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
-  return post_recv_notify(qp, wrs, n, bad, nullptr);
+  Qp* q = qp->q;
+  return guard(q->dev, nullptr, [&] {
+    std::lock_guard<std::mutex> g(q->mu);
+    q->idle.store(false, std::memory_order_relaxed);
+    return q->post_recv(wrs, n, bad);
+  });
 }
 
 int create_ah(ufab_rdma_pd* pd, const ufab_av*, ufab_rdma_ah**) {
@@ -617,8 +607,6 @@ const ufab_rdma_provider kProvider = {
     post_recv,
     create_ah,
     destroy_ah,
-    post_send_notify,
-    post_recv_notify,
 };
 
 }  // namespace

@@ -173,20 +173,7 @@ bool Cq::push(const ufab_wc& wc, const char* detail) {
   return true;
 }
 
-// Stream-ordered operations: the status, then the word (release), once the
-// work request has retired (abi/rdma_provider.h, ufab_rdma_notify).
-static void fire(const ufab_rdma_notify& n, uint32_t status) {
-  if (n.word == nullptr) return;
-  if (n.status != nullptr) std::atomic_ref<uint32_t>(*n.status).store(status, std::memory_order_relaxed);
-  std::atomic_ref<uint32_t>(*n.word).store(n.value, std::memory_order_release);
-}
-
 void Qp::complete_send(SendWqe& w, uint32_t status, const std::string& detail) {
-  struct Fire {
-    const ufab_rdma_notify& n;
-    uint32_t status;
-    ~Fire() { fire(n, status); }  // after the completion is in the CQ
-  } after{w.notify, status};
   if (status == UFAB_WC_SUCCESS && !w.signaled) return;
   ufab_wc wc = {};
   wc.wr_id = w.wr.wr_id;
@@ -201,11 +188,6 @@ void Qp::complete_send(SendWqe& w, uint32_t status, const std::string& detail) {
 
 void Qp::complete_recv(const RecvWqe& r, uint32_t status, uint32_t opcode, uint32_t len, uint32_t imm,
                        uint32_t flags, const std::string& detail) {
-  struct Fire {
-    const ufab_rdma_notify& n;
-    uint32_t status;
-    ~Fire() { fire(n, status); }  // after the completion is in the CQ
-  } after{r.notify, status};
   ufab_wc wc = {};
   wc.wr_id = r.wr_id;
   wc.status = status;
@@ -328,9 +310,6 @@ void Qp::release_peer() {
 }
 
 void Qp::reset_locked() {
-  // Work dropped without completions: a stream waiting on it is told so.
-  for (uint64_t i = sq_head; i < sq_tail && !sq.empty(); ++i) fire(sq[i % sq.size()].notify, UFAB_WC_WR_FLUSH_ERR);
-  for (uint64_t i = rq_head; i < rq_tail && !rq.empty(); ++i) fire(rq[i % rq.size()].notify, UFAB_WC_WR_FLUSH_ERR);
   release_peer();
   for (auto& w : sq) w = SendWqe{};
   sq_head = sq_next = sq_tail = 0;
@@ -496,7 +475,7 @@ void Qp::query(ufab_qp_attr* out) {
 
 // ------------------------------------------------------------------ posting
 
-int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad, const ufab_rdma_notify* notify) {
+int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
   int rc = 0;
   uint32_t i = 0;
   auto fail = [&](int code, const std::string& m) {
@@ -562,7 +541,6 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad, const ufab
     w.length = length;
     w.signaled = sig_all || (wr.send_flags & UFAB_SEND_SIGNALED);
     w.is_inline = inl;
-    if (notify != nullptr && i + 1 == n) w.notify = *notify;
     if (inl) {
       unsigned char* dst = inline_buf.data() + slot * cap.max_inline_data;
       for (uint32_t k = 0; k < wr.num_sge; ++k) {
@@ -583,7 +561,7 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad, const ufab
   return rc;
 }
 
-int Qp::post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad, const ufab_rdma_notify* notify) {
+int Qp::post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
   int rc = 0;
   uint32_t i = 0;
   auto fail = [&](int code, const std::string& m) {
@@ -613,7 +591,6 @@ int Qp::post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad, const ufab
     }
     RecvWqe& r = rq[rq_tail % rq.size()];
     r.wr_id = wr.wr_id;
-    r.notify = notify != nullptr && i + 1 == n ? *notify : ufab_rdma_notify{};
     r.num_sge = wr.num_sge;
     std::memcpy(r.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
     ++rq_tail;

@@ -82,12 +82,10 @@ struct SendWqe {
   bool checked = false;
   bool data_done = false;  // WRITE_WITH_IMM: the data landed
   bool sent = false;       // a message for it is in the peer's ring
-  ufab_rdma_notify notify{};  // post_send_notify's, on the list's last work request
 };
 
 struct RecvWqe {
   uint64_t wr_id;
-  ufab_rdma_notify notify;  // post_recv_notify's, on the list's last work request
   uint32_t num_sge;
   ufab_sge sge[UFAB_MAX_SGE];
 };
@@ -163,8 +161,8 @@ struct Qp {
   // qp.cc
   int modify(const ufab_qp_attr& a, uint32_t mask);
   void query(ufab_qp_attr* out);
-  int post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad, const ufab_rdma_notify* notify = nullptr);
-  int post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad, const ufab_rdma_notify* notify = nullptr);
+  int post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad);
+  int post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad);
   int progress_locked();  // both sides, one round
   void destroy_locked();
   void peer_died_locked();

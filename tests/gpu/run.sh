@@ -2,11 +2,8 @@
 # The GPU suite of issue 12 so far (docs/gpu.md): the CUDA loader,
 # registration of device memory (detected with its GPU ordinal and buffer
 # id), managed memory refused, a freed and reallocated buffer caught at post
-# time and at the responder, GPU entries of the registration cache;
-# stream-ordered operations with real streams and kernels (stream_ops_test)
-# and their ping-pong benchmark against the CPU-driven loop
-# (stream_pingpong_bench; STREAM_JSON=FILE keeps its JSON); the staging
-# pipeline with the real copy engine (pipeline_test's "cuda" cases:
+# time and at the responder, GPU entries of the registration cache, and the
+# staging pipeline with the real copy engine (pipeline_test's "cuda" cases:
 # SEND/RECV, WRITE, WRITE_WITH_IMM, READ host<->GPU and GPU<->GPU at
 # fragment boundaries, depths, 2% loss, every byte checked).
 #
@@ -26,8 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
-         //tests/unit/gpu:stream_ops_test //tests/unit/staging:pipeline_test //tests/bench:regcache_bench
-         //tests/bench:stream_pingpong_bench //tools/ufab)
+         //tests/unit/staging:pipeline_test //tests/bench:regcache_bench //tools/ufab //tests/gpu:stream_gpu)
 mode=${1:-}
 dir=${2:-}
 
@@ -37,7 +33,7 @@ build() {
 run_from() {
   local d=$1 fail=0 skipped
   if [ -d "$d/lib" ]; then export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
-  for t in gpu_test region_test cache_test stream_ops_test pipeline_test; do
+  for t in gpu_test region_test cache_test pipeline_test; do
     echo "== $t"
     out=$(timeout 300 "$d/$t" 2>&1) || fail=1
     echo "$out"
@@ -55,6 +51,10 @@ run_from() {
   doc=$("$d/ufab" doctor 2>&1 || true)
   grep '^\[.*\] gpu' <<<"$doc" || fail=1
   if grep '^\[.*\] gpu' <<<"$doc" | grep -qv '^\[ok  \]'; then fail=1; fi
+  echo "== stream-ordered operations on the GPU (kernel -> WRITE -> stream wait -> kernel)"
+  timeout 300 "$d/stream_gpu" || fail=1
+  echo "== stream-ordered ping-pong against the CPU-driven loop (not a test: timings)"
+  timeout 300 "$d/stream_gpu" --bench --json "${STREAM_JSON:-/dev/null}" || fail=1
   echo "== ufab perf with GPU buffers between two processes"
   bash tests/gpu/perf_pairs.sh "$d/ufab" || fail=1
   echo "== ufab info gpu"
@@ -64,8 +64,6 @@ run_from() {
   if "$d/ufab" info gpu --json | grep -q '"stream_memops":false'; then echo "ufab info gpu: stream memory operations fail"; fail=1; fi
   echo "== regcache_bench (not a test: timings)"
   "$d/regcache_bench" --json "${BENCH_JSON:-/dev/null}" || fail=1
-  echo "== stream_pingpong_bench (not a test: timings)"
-  timeout 300 "$d/stream_pingpong_bench" --json "${STREAM_JSON:-/dev/null}" || fail=1
   if [ "$fail" -eq 0 ]; then echo "gpu suite: PASSED"; else echo "gpu suite: FAILED"; fi
   return "$fail"
 }

@@ -32,12 +32,29 @@ others=$(nm -D --defined-only "$prefix/lib/libufab.so.1" | awk '$2 ~ /^[TDBR]$/ 
 
 # Every public header in place and every function it declares exported.
 missing=""
-for h in rdma.h rdma.hpp cm.h cm.hpp stream.h stream.hpp; do [ -f "$prefix/include/ufab/$h" ] || missing+=" $h"; done
-for f in ufab_cm_open ufab_stream_post_send ufab_stream_post_recv ufab_stream_wait ufab_stream_op_query ufab_stream_op_free; do
+for h in rdma.h rdma.hpp cm.h cm.hpp stream.h; do [ -f "$prefix/include/ufab/$h" ] || missing+=" $h"; done
+for f in ufab_cm_open ufab_stream_engine_create ufab_stream_post_send ufab_stream_wait; do
   nm -D --defined-only "$prefix/lib/libufab.so.1" | grep -q " T $f@" || missing+=" $f"
 done
-[ -z "$missing" ] && ok "headers rdma.h rdma.hpp cm.h cm.hpp stream.h stream.hpp installed; cm and stream functions exported" ||
+[ -z "$missing" ] && ok "headers rdma.h rdma.hpp cm.h cm.hpp stream.h installed; cm and stream functions exported" ||
   bad "missing from the install:$missing"
+# The libfabric provider (when libfabric-dev is here): installed beside
+# the prefix's lib, exporting fi_prov_ini only, and found by fi_info there.
+if [ -e /usr/include/rdma/providers/fi_prov.h ]; then
+  so=$prefix/lib/libfabric/libufab-fi.so
+  if [ -f "$so" ]; then
+    ok "libfabric provider installed in $prefix/lib/libfabric"
+    exp=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TDBR]$/ {print $3}')
+    [ "$exp" = fi_prov_ini ] && ok "libufab-fi.so exports only fi_prov_ini" || bad "libufab-fi.so exports more" "$exp"
+    if command -v fi_info >/dev/null; then
+      out=$(FI_PROVIDER_PATH=$prefix/lib/libfabric FI_UFAB_DEVICES="swnic:$link:0@10.0.0.1" timeout 30 fi_info -p ufab 2>&1)
+      rm -f "/dev/shm/ufab-swnic-$link"
+      grep -q "domain: swnic:$link:0" <<<"$out" && ok "fi_info -p ufab finds the installed provider" || bad "fi_info -p ufab" "$out"
+    fi
+  else
+    bad "libfabric provider not installed at $so"
+  fi
+fi
 
 cd "$work" || finish
 cp "$repo/examples/rdma_c_example.c" app.c

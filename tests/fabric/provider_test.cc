@@ -1,0 +1,823 @@
+// The libfabric provider through the libfabric API only, as an application
+// sees it: libfabric loads libufab-fi.so from FI_PROVIDER_PATH (the
+// runfiles' fabric/), with two software NIC ports configured
+// (swnic:LINK:0 at 10.0.0.1, swnic:LINK:1 at 10.0.0.2), one process
+// playing both sides. Every data operation, completions and their formats,
+// error completions (fi_cq_readerr, fi_cq_strerror), counters, CQ waits,
+// connection data, refusal, a listener-less port, shutdown, a peer that
+// goes away, and DGRAM with an AV.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string g_link;
+std::string g_shm;  // the shm domain (shared with the server process of FabricShm)
+
+int shm_server();  // the other process of FabricShm (below)
+
+// Before libfabric initialises (its first call): where the provider is and
+// which devices it serves: two ports of a swnic link and a shm domain.
+struct Env {
+  Env() {
+    g_link = "fit" + std::to_string(getpid());
+    const char* shm = std::getenv("UFAB_FI_TEST_SHM");
+    g_shm = shm != nullptr ? shm : "fit" + std::to_string(getpid());
+    std::string dir = std::filesystem::absolute("fabric").string();
+    if (const char* d = std::getenv("UFAB_FI_PROVIDER_DIR")) dir = d;
+    setenv("FI_PROVIDER_PATH", dir.c_str(), 1);
+    setenv("UFAB_FI_PROVIDER_DIR", dir.c_str(), 1);
+    std::string devs = "swnic:" + g_link + ":0@10.0.0.1,swnic:" + g_link + ":1@10.0.0.2,shm:" + g_shm;
+    setenv("FI_UFAB_DEVICES", devs.c_str(), 1);
+    setenv("FI_PROVIDER", "ufab", 1);
+    // Started as FabricShm's server: serve, and leave before gtest runs.
+    if (std::getenv("UFAB_FI_SHM_SERVER") != nullptr) {
+      int rc = shm_server();
+      std::filesystem::remove("/dev/shm/ufab-swnic-" + g_link);
+      _exit(rc);
+    }
+  }
+  ~Env() { std::filesystem::remove("/dev/shm/ufab-swnic-" + g_link); }
+} g_env;
+
+fi_info* hints_for(fi_ep_type type) {
+  fi_info* h = fi_allocinfo();
+  h->ep_attr->type = type;
+  h->caps = type == FI_EP_MSG ? (FI_MSG | FI_RMA) : FI_MSG;
+  h->mode = FI_CONTEXT | FI_MSG_PREFIX | FI_RX_CQ_DATA;
+  h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  h->fabric_attr->prov_name = strdup("ufab");
+  return h;
+}
+
+// All infos for `type`, one per device (domain name → info).
+fi_info* getinfo(fi_ep_type type, const char* domain = nullptr) {
+  fi_info* h = hints_for(type);
+  if (domain != nullptr) h->domain_attr->name = strdup(domain);
+  fi_info* info = nullptr;
+  int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &info);
+  fi_freeinfo(h);
+  EXPECT_EQ(rc, 0) << fi_strerror(-rc);
+  return info;
+}
+
+std::string dev(int port) { return "swnic:" + g_link + ":" + std::to_string(port); }
+
+TEST(FabricGetinfo, ListsEachDeviceWithItsAttributes) {
+  fi_info* info = getinfo(FI_EP_MSG);
+  ASSERT_NE(info, nullptr);
+  int n = 0, shm = 0;
+  for (fi_info* i = info; i != nullptr; i = i->next) {
+    if (std::string(i->domain_attr->name) == "shm:" + g_shm) {
+      shm++;  // MSG over shm; its address is the device's (pid-based)
+      continue;
+    }
+    n++;
+    EXPECT_STREQ(i->fabric_attr->prov_name, "ufab");
+    EXPECT_EQ(i->ep_attr->type, FI_EP_MSG);
+    EXPECT_EQ(i->addr_format, static_cast<uint32_t>(FI_SOCKADDR_IN));
+    EXPECT_EQ(i->domain_attr->mr_mode, FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY);
+    EXPECT_EQ(i->domain_attr->cq_data_size, 4u);
+    EXPECT_NE(i->caps & FI_RMA, 0u);
+    EXPECT_NE(i->mode & FI_RX_CQ_DATA, 0u);
+    EXPECT_GT(i->tx_attr->inject_size, 0u);
+    EXPECT_GE(i->tx_attr->iov_limit, 2u);
+    auto* s = static_cast<sockaddr_in*>(i->src_addr);
+    ASSERT_EQ(i->src_addrlen, sizeof(sockaddr_in));
+    std::string want = std::string(i->domain_attr->name) == dev(0) ? "10.0.0.1" : "10.0.0.2";
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &s->sin_addr, ip, sizeof ip);
+    EXPECT_EQ(ip, want) << i->domain_attr->name;
+  }
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(shm, 1);
+  fi_freeinfo(info);
+  // No DGRAM on shm (no UD queue pairs): only the two swnic ports.
+  info = getinfo(FI_EP_DGRAM);
+  n = 0;
+  for (fi_info* i = info; i != nullptr; i = i->next) n++;
+  EXPECT_EQ(n, 2);
+  fi_freeinfo(info);
+
+  // What it cannot do is not offered.
+  fi_info* h = hints_for(FI_EP_MSG);
+  h->caps |= FI_TAGGED;
+  fi_info* none = nullptr;
+  EXPECT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &none), -FI_ENODATA);
+  h->caps = FI_MSG;
+  h->domain_attr->mr_mode = FI_MR_VIRT_ADDR;  // no FI_MR_LOCAL: we need descriptors
+  EXPECT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &none), -FI_ENODATA);
+  fi_freeinfo(h);
+
+  // DGRAM needs FI_MSG_PREFIX (the GRH area of UD receives).
+  h = hints_for(FI_EP_DGRAM);
+  h->mode = FI_CONTEXT;
+  EXPECT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &none), -FI_ENODATA);
+  fi_freeinfo(h);
+
+  // node/service name the peer (MSG).
+  h = hints_for(FI_EP_MSG);
+  h->domain_attr->name = strdup(dev(1).c_str());
+  fi_info* one = nullptr;
+  ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "10.0.0.1", "7471", 0, h, &one), 0);
+  ASSERT_NE(one, nullptr);
+  auto* d = static_cast<sockaddr_in*>(one->dest_addr);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(ntohs(d->sin_port), 7471);
+  fi_freeinfo(one);
+  fi_freeinfo(h);
+}
+
+// One side of a connection: fabric, domain, EQ, CQs, endpoint, a buffer.
+struct Side {
+  fi_info* info = nullptr;
+  fid_fabric* fabric = nullptr;
+  fid_domain* domain = nullptr;
+  fid_eq* eq = nullptr;
+  fid_cq* txcq = nullptr;
+  fid_cq* rxcq = nullptr;
+  fid_ep* ep = nullptr;
+  fid_mr* mr = nullptr;
+  fid_cntr* send_cntr = nullptr;
+  std::vector<uint8_t> buf = std::vector<uint8_t>(1 << 20);
+  void* desc() { return fi_mr_desc(mr); }
+
+  void open(int port) {
+    info = getinfo(FI_EP_MSG, dev(port).c_str());
+    ASSERT_NE(info, nullptr);
+    ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
+    fi_eq_attr ea{};
+    ea.wait_obj = FI_WAIT_UNSPEC;
+    ASSERT_EQ(fi_eq_open(fabric, &ea, &eq, nullptr), 0);
+    ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
+    ASSERT_EQ(fi_mr_reg(domain, buf.data(), buf.size(), FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ |
+                                                            FI_REMOTE_WRITE,
+                        0, 0, 0, &mr, nullptr),
+              0);
+  }
+  void open_ep(fi_info* epinfo) {
+    fi_cq_attr ca{};
+    ca.format = FI_CQ_FORMAT_DATA;
+    ca.wait_obj = FI_WAIT_FD;
+    ca.size = 256;
+    ASSERT_EQ(fi_cq_open(domain, &ca, &txcq, nullptr), 0);
+    ASSERT_EQ(fi_cq_open(domain, &ca, &rxcq, nullptr), 0);
+    fi_cntr_attr ka{};
+    ka.events = FI_CNTR_EVENTS_COMP;
+    ASSERT_EQ(fi_cntr_open(domain, &ka, &send_cntr, nullptr), 0);
+    ASSERT_EQ(fi_endpoint(domain, epinfo, &ep, this), 0);
+    ASSERT_EQ(fi_ep_bind(ep, &eq->fid, 0), 0);
+    ASSERT_EQ(fi_ep_bind(ep, &txcq->fid, FI_TRANSMIT), 0);
+    ASSERT_EQ(fi_ep_bind(ep, &rxcq->fid, FI_RECV), 0);
+    ASSERT_EQ(fi_ep_bind(ep, &send_cntr->fid, FI_SEND), 0);
+    ASSERT_EQ(fi_enable(ep), 0);
+  }
+  void close() {
+    if (ep != nullptr) {
+      EXPECT_EQ(fi_close(&ep->fid), 0);
+    }
+    ep = nullptr;
+    if (send_cntr != nullptr) {
+      EXPECT_EQ(fi_close(&send_cntr->fid), 0);
+    }
+    if (txcq != nullptr) {
+      EXPECT_EQ(fi_close(&txcq->fid), 0);
+    }
+    if (rxcq != nullptr) {
+      EXPECT_EQ(fi_close(&rxcq->fid), 0);
+    }
+    if (mr != nullptr) {
+      EXPECT_EQ(fi_close(&mr->fid), 0);
+    }
+    if (domain != nullptr) {
+      EXPECT_EQ(fi_close(&domain->fid), 0);
+    }
+    if (eq != nullptr) {
+      EXPECT_EQ(fi_close(&eq->fid), 0);
+    }
+    if (fabric != nullptr) {
+      EXPECT_EQ(fi_close(&fabric->fid), 0);
+    }
+    fi_freeinfo(info);
+    *this = Side{};
+  }
+};
+
+// The next EQ event, waiting up to 10 s; FI_EAVAIL fills *err.
+ssize_t next_event(fid_eq* eq, uint32_t* event, fi_eq_cm_entry* entry, size_t len, fi_eq_err_entry* err = nullptr) {
+  ssize_t rd = fi_eq_sread(eq, event, entry, len, 10000, 0);
+  if (rd == -FI_EAVAIL && err != nullptr) {
+    *err = fi_eq_err_entry{};
+    EXPECT_EQ(fi_eq_readerr(eq, err, 0), static_cast<ssize_t>(sizeof(fi_eq_err_entry)));
+  }
+  return rd;
+}
+
+// One completion from `cq` within 10 s (errors: -FI_EAVAIL).
+ssize_t one_completion(fid_cq* cq, fi_cq_data_entry* e) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    ssize_t r = fi_cq_sread(cq, e, 1, nullptr, 100);
+    if (r != -FI_EAGAIN) return r;
+    if (std::chrono::steady_clock::now() > end) return -FI_ETIMEDOUT;
+  }
+}
+
+struct CmData {
+  uint8_t bytes[40];
+};
+
+class FabricMsg : public ::testing::Test {
+ protected:
+  Side server, client;
+  fid_pep* pep = nullptr;
+  sockaddr_in server_addr{};
+
+  void SetUp() override {
+    server.open(0);
+    client.open(1);
+    ASSERT_EQ(fi_passive_ep(server.fabric, server.info, &pep, nullptr), 0);
+    ASSERT_EQ(fi_pep_bind(pep, &server.eq->fid, 0), 0);
+    ASSERT_EQ(fi_listen(pep), 0);
+    size_t len = sizeof server_addr;
+    ASSERT_EQ(fi_getname(&pep->fid, &server_addr, &len), 0);
+    ASSERT_NE(server_addr.sin_port, 0);
+    size_t cm = 0, cml = sizeof cm;
+    ASSERT_EQ(fi_getopt(&pep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &cm, &cml), 0);
+    EXPECT_GE(cm, 24u);  // what ofi_rxm needs
+  }
+  void TearDown() override {
+    if (pep != nullptr) {
+      EXPECT_EQ(fi_close(&pep->fid), 0);
+    }
+    server.close();
+    client.close();
+  }
+
+  // Connects client to server with CM data both ways; receives pre-posted.
+  void connect() {
+    client.open_ep(client.info);
+    CmData req{}, rep{};
+    for (int i = 0; i < 40; i++) req.bytes[i] = static_cast<uint8_t>(i + 1), rep.bytes[i] = static_cast<uint8_t>(100 + i);
+    ASSERT_EQ(fi_connect(client.ep, &server_addr, &req, sizeof req), 0);
+    uint32_t event = 0;
+    alignas(fi_eq_cm_entry) uint8_t ebuf[sizeof(fi_eq_cm_entry) + 256];
+    auto* entry = reinterpret_cast<fi_eq_cm_entry*>(ebuf);
+    ssize_t rd = next_event(server.eq, &event, entry, sizeof ebuf);
+    ASSERT_GE(rd, static_cast<ssize_t>(sizeof(fi_eq_cm_entry) + 40));
+    ASSERT_EQ(event, static_cast<uint32_t>(FI_CONNREQ));
+    EXPECT_EQ(std::memcmp(entry->data, req.bytes, 40), 0) << "CM data of the request";
+    fi_info* reqinfo = entry->info;
+    server.open_ep(reqinfo);
+    fi_freeinfo(reqinfo);
+    ASSERT_EQ(fi_accept(server.ep, &rep, sizeof rep), 0);
+    rd = next_event(client.eq, &event, entry, sizeof ebuf);
+    ASSERT_GE(rd, static_cast<ssize_t>(sizeof(fi_eq_cm_entry) + 40));
+    ASSERT_EQ(event, static_cast<uint32_t>(FI_CONNECTED));
+    EXPECT_EQ(entry->fid, &client.ep->fid);
+    EXPECT_EQ(std::memcmp(entry->data, rep.bytes, 40), 0) << "CM data of the accept";
+    rd = next_event(server.eq, &event, entry, sizeof ebuf);
+    ASSERT_EQ(rd, static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+    ASSERT_EQ(event, static_cast<uint32_t>(FI_CONNECTED));
+    EXPECT_EQ(entry->fid, &server.ep->fid);
+  }
+};
+
+TEST_F(FabricMsg, EveryOperation) {
+  connect();
+  uint8_t* s = server.buf.data();
+  uint8_t* c = client.buf.data();
+  fi_cq_data_entry e{};
+  char ctx_recv, ctx_send;
+
+  // fi_send / fi_recv.
+  std::memset(c, 0xab, 1000);
+  ASSERT_EQ(fi_recv(server.ep, s, 4096, server.desc(), FI_ADDR_UNSPEC, &ctx_recv), 0);
+  ASSERT_EQ(fi_send(client.ep, c, 1000, client.desc(), FI_ADDR_UNSPEC, &ctx_send), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  EXPECT_EQ(e.op_context, &ctx_send);
+  EXPECT_EQ(e.flags, FI_MSG | FI_SEND);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_EQ(e.op_context, &ctx_recv);
+  EXPECT_EQ(e.flags, FI_MSG | FI_RECV);
+  EXPECT_EQ(e.len, 1000u);
+  EXPECT_EQ(s[0], 0xab);
+  EXPECT_EQ(s[999], 0xab);
+  EXPECT_EQ(fi_cntr_read(client.send_cntr), 1u);
+
+  // fi_sendv / fi_recvv: two pieces each side, cut differently.
+  for (int i = 0; i < 300; i++) c[i] = static_cast<uint8_t>(i);
+  iovec riov[2] = {{s + 10000, 100}, {s + 20000, 200}};
+  void* rdesc[2] = {server.desc(), server.desc()};
+  iovec siov[2] = {{c, 150}, {c + 150, 150}};
+  void* sdesc[2] = {client.desc(), client.desc()};
+  ASSERT_EQ(fi_recvv(server.ep, riov, rdesc, 2, FI_ADDR_UNSPEC, &ctx_recv), 0);
+  ASSERT_EQ(fi_sendv(client.ep, siov, sdesc, 2, FI_ADDR_UNSPEC, &ctx_send), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_EQ(e.len, 300u);
+  EXPECT_EQ(s[10000 + 99], 99);
+  EXPECT_EQ(s[20000], 100);
+  EXPECT_EQ(s[20000 + 199], 299 & 0xff);
+
+  // fi_senddata and fi_sendmsg with FI_REMOTE_CQ_DATA: the data arrives.
+  ASSERT_EQ(fi_recv(server.ep, s, 4096, server.desc(), FI_ADDR_UNSPEC, &ctx_recv), 0);
+  ASSERT_EQ(fi_senddata(client.ep, c, 8, client.desc(), 0xfeedbeef, FI_ADDR_UNSPEC, &ctx_send), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_EQ(e.flags, FI_MSG | FI_RECV | FI_REMOTE_CQ_DATA);
+  EXPECT_EQ(e.data, 0xfeedbeefu);
+  ASSERT_EQ(fi_recv(server.ep, s, 4096, server.desc(), FI_ADDR_UNSPEC, &ctx_recv), 0);
+  iovec one{c, 16};
+  void* d1 = client.desc();
+  fi_msg msg{&one, &d1, 1, FI_ADDR_UNSPEC, &ctx_send, 0x1234};
+  ASSERT_EQ(fi_sendmsg(client.ep, &msg, FI_REMOTE_CQ_DATA | FI_COMPLETION), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_EQ(e.data, 0x1234u);
+  EXPECT_EQ(e.len, 16u);
+
+  // fi_inject: no completion, but the counter counts it.
+  uint64_t before = fi_cntr_read(client.send_cntr);
+  ASSERT_EQ(fi_recv(server.ep, s, 4096, server.desc(), FI_ADDR_UNSPEC, &ctx_recv), 0);
+  char small[32] = "injected";
+  ASSERT_EQ(fi_inject(client.ep, small, sizeof small, FI_ADDR_UNSPEC), 0);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_STREQ(reinterpret_cast<char*>(s), "injected");
+  EXPECT_EQ(fi_cntr_wait(client.send_cntr, before + 1, 5000), 0);
+  EXPECT_EQ(fi_cq_read(client.txcq, &e, 1), -FI_EAGAIN) << "an inject has no completion";
+  // Over the inject limit is refused.
+  std::vector<char> big(client.info->tx_attr->inject_size + 1);
+  EXPECT_EQ(fi_inject(client.ep, big.data(), big.size(), FI_ADDR_UNSPEC), -FI_EINVAL);
+
+  // RMA: write, read, writedata (consumes a receive; FI_RX_CQ_DATA).
+  uint64_t skey = fi_mr_key(server.mr);
+  uint64_t saddr = reinterpret_cast<uintptr_t>(s);
+  for (int i = 0; i < 4096; i++) c[i] = static_cast<uint8_t>(i * 7);
+  ASSERT_EQ(fi_write(client.ep, c, 4096, client.desc(), FI_ADDR_UNSPEC, saddr + 65536, skey, &ctx_send), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  EXPECT_EQ(e.flags, FI_RMA | FI_WRITE);
+  EXPECT_EQ(std::memcmp(s + 65536, c, 4096), 0);
+  std::memset(s + 131072, 0x5a, 2048);
+  ASSERT_EQ(fi_read(client.ep, c + 8192, 2048, client.desc(), FI_ADDR_UNSPEC, saddr + 131072, skey, &ctx_send), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  EXPECT_EQ(e.flags, FI_RMA | FI_READ);
+  EXPECT_EQ(c[8192], 0x5a);
+  EXPECT_EQ(c[8192 + 2047], 0x5a);
+  ASSERT_EQ(fi_recv(server.ep, s, 64, server.desc(), FI_ADDR_UNSPEC, &ctx_recv), 0);
+  ASSERT_EQ(fi_writedata(client.ep, c, 512, client.desc(), 0xc0ffee, FI_ADDR_UNSPEC, saddr + 200000, skey, &ctx_send),
+            0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_EQ(e.flags, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA);
+  EXPECT_EQ(e.data, 0xc0ffeeu);
+  EXPECT_EQ(std::memcmp(s + 200000, c, 512), 0);
+  // fi_inject_write.
+  uint64_t v = 0x0102030405060708ull;
+  ASSERT_EQ(fi_inject_write(client.ep, &v, 8, FI_ADDR_UNSPEC, saddr + 300000, skey), 0);
+  // Ordered after it, a read sees it (FI_ORDER_RAW).
+  ASSERT_EQ(fi_read(client.ep, c + 300000, 8, client.desc(), FI_ADDR_UNSPEC, saddr + 300000, skey, &ctx_send), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  EXPECT_EQ(std::memcmp(c + 300000, &v, 8), 0);
+
+  // Atomics (where the device has verbs atomics).
+  size_t count = 0;
+  if (fi_fetch_atomicvalid(client.ep, FI_UINT64, FI_SUM, &count) == 0) {
+    uint64_t* target = reinterpret_cast<uint64_t*>(s + 400000);
+    *target = 40;
+    uint64_t add = 2, old = 0;
+    auto* res = reinterpret_cast<uint64_t*>(c + 400000);
+    ASSERT_EQ(fi_fetch_atomic(client.ep, &add, 1, nullptr, res, client.desc(), FI_ADDR_UNSPEC,
+                              saddr + 400000, skey, FI_UINT64, FI_SUM, &ctx_send),
+              0);
+    ASSERT_EQ(one_completion(client.txcq, &e), 1);
+    EXPECT_EQ(*res, 40u);
+    EXPECT_EQ(*target, 42u);
+    uint64_t cmp = 42, swp = 7;
+    ASSERT_EQ(fi_compare_atomic(client.ep, &swp, 1, nullptr, &cmp, nullptr, res, client.desc(), FI_ADDR_UNSPEC,
+                                saddr + 400000, skey, FI_UINT64, FI_CSWAP, &ctx_send),
+              0);
+    ASSERT_EQ(one_completion(client.txcq, &e), 1);
+    EXPECT_EQ(*res, 42u);
+    EXPECT_EQ(*target, 7u);
+    (void)old;
+  }
+
+  // A CQ with nothing: sread times out; its fd is there for epoll.
+  EXPECT_EQ(fi_cq_sread(client.txcq, &e, 1, nullptr, 50), -FI_EAGAIN);
+  int fd = -1;
+  EXPECT_EQ(fi_control(&client.txcq->fid, FI_GETWAIT, &fd), 0);
+  EXPECT_GE(fd, 0);
+}
+
+TEST_F(FabricMsg, ErrorCompletionsAndReaderr) {
+  connect();
+  fi_cq_data_entry e{};
+  char ctx;
+  // A WRITE with a key the server never gave: the peer NAKs it.
+  ASSERT_EQ(fi_write(client.ep, client.buf.data(), 64, client.desc(), FI_ADDR_UNSPEC,
+                     reinterpret_cast<uintptr_t>(server.buf.data()), fi_mr_key(server.mr) ^ 0x5500, &ctx),
+            0);
+  ASSERT_EQ(one_completion(client.txcq, &e), -FI_EAVAIL);
+  fi_cq_err_entry err{};
+  ASSERT_EQ(fi_cq_readerr(client.txcq, &err, 0), 1);
+  EXPECT_EQ(err.op_context, &ctx);
+  EXPECT_EQ(err.err, FI_EACCES);
+  EXPECT_EQ(err.prov_errno, 10);  // remote access error
+  EXPECT_EQ(err.flags, FI_RMA | FI_WRITE);
+  char text[256];
+  const char* why = fi_cq_strerror(client.txcq, err.prov_errno, err.err_data, text, sizeof text);
+  ASSERT_NE(why, nullptr);
+  EXPECT_GT(std::strlen(why), 5u) << why;
+  EXPECT_EQ(fi_cq_readerr(client.txcq, &err, 0), -FI_EAGAIN);
+  // The connection is in error now: later work completes flushed.
+  ASSERT_EQ(fi_recv(client.ep, client.buf.data(), 64, client.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(one_completion(client.rxcq, &e), -FI_EAVAIL);
+  ASSERT_EQ(fi_cq_readerr(client.rxcq, &err, 0), 1);
+  EXPECT_EQ(err.err, FI_ECANCELED);
+}
+
+TEST_F(FabricMsg, ReceiveTooSmall) {
+  connect();
+  fi_cq_data_entry e{};
+  char ctx;
+  ASSERT_EQ(fi_recv(server.ep, server.buf.data(), 10, server.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(fi_send(client.ep, client.buf.data(), 100, client.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(one_completion(server.rxcq, &e), -FI_EAVAIL);
+  fi_cq_err_entry err{};
+  ASSERT_EQ(fi_cq_readerr(server.rxcq, &err, 0), 1);
+  EXPECT_EQ(err.err, FI_ETRUNC);
+  EXPECT_EQ(err.flags & FI_RECV, FI_RECV);
+  ASSERT_EQ(one_completion(client.txcq, &e), -FI_EAVAIL);
+  ASSERT_EQ(fi_cq_readerr(client.txcq, &err, 0), 1);
+  EXPECT_NE(err.err, 0);
+}
+
+TEST_F(FabricMsg, ShutdownReachesBothSides) {
+  connect();
+  ASSERT_EQ(fi_shutdown(client.ep, 0), 0);
+  uint32_t event = 0;
+  fi_eq_cm_entry entry{};
+  ASSERT_EQ(next_event(server.eq, &event, &entry, sizeof entry), static_cast<ssize_t>(sizeof entry));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_SHUTDOWN));
+  EXPECT_EQ(entry.fid, &server.ep->fid);
+  ASSERT_EQ(next_event(client.eq, &event, &entry, sizeof entry), static_cast<ssize_t>(sizeof entry));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_SHUTDOWN));
+  char ctx;
+  EXPECT_EQ(fi_send(client.ep, client.buf.data(), 8, client.desc(), FI_ADDR_UNSPEC, &ctx), -FI_ENOTCONN);
+}
+
+TEST_F(FabricMsg, PeerGoesAway) {
+  connect();
+  // The server closes its endpoint without fi_shutdown: the client hears.
+  fi_cq_data_entry e{};
+  char ctx;
+  ASSERT_EQ(fi_recv(client.ep, client.buf.data(), 64, client.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(fi_close(&server.ep->fid), 0);
+  server.ep = nullptr;
+  uint32_t event = 0;
+  fi_eq_cm_entry entry{};
+  ASSERT_EQ(next_event(client.eq, &event, &entry, sizeof entry), static_cast<ssize_t>(sizeof entry));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_SHUTDOWN));
+  // The posted receive comes back flushed.
+  ASSERT_EQ(one_completion(client.rxcq, &e), -FI_EAVAIL);
+  fi_cq_err_entry err{};
+  ASSERT_EQ(fi_cq_readerr(client.rxcq, &err, 0), 1);
+  EXPECT_EQ(err.err, FI_ECANCELED);
+  EXPECT_EQ(err.op_context, &ctx);
+}
+
+TEST_F(FabricMsg, RejectWithData) {
+  client.open_ep(client.info);
+  ASSERT_EQ(fi_connect(client.ep, &server_addr, nullptr, 0), 0);
+  uint32_t event = 0;
+  alignas(fi_eq_cm_entry) uint8_t ebuf[sizeof(fi_eq_cm_entry) + 256];
+  auto* entry = reinterpret_cast<fi_eq_cm_entry*>(ebuf);
+  ASSERT_GE(next_event(server.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+  ASSERT_EQ(event, static_cast<uint32_t>(FI_CONNREQ));
+  const char why[] = "not today";
+  ASSERT_EQ(fi_reject(pep, entry->info->handle, why, sizeof why), 0);
+  fi_freeinfo(entry->info);
+  fi_eq_err_entry err{};
+  ASSERT_EQ(next_event(client.eq, &event, entry, sizeof ebuf, &err), -FI_EAVAIL);
+  EXPECT_EQ(err.err, FI_ECONNREFUSED);
+  EXPECT_EQ(err.fid, &client.ep->fid);
+  ASSERT_GE(err.err_data_size, sizeof why);
+  EXPECT_EQ(std::memcmp(err.err_data, why, sizeof why), 0);
+  char text[128];
+  std::string why_text = fi_eq_strerror(client.eq, err.prov_errno, err.err_data, text, sizeof text);
+  EXPECT_NE(why_text.find("reject"), std::string::npos) << why_text << " (prov_errno " << err.prov_errno << ")";
+}
+
+TEST_F(FabricMsg, NobodyListens) {
+  client.open_ep(client.info);
+  sockaddr_in nobody = server_addr;
+  nobody.sin_port = htons(ntohs(server_addr.sin_port) == 9 ? 10 : 9);
+  ASSERT_EQ(fi_connect(client.ep, &nobody, nullptr, 0), 0);
+  uint32_t event = 0;
+  fi_eq_cm_entry entry{};
+  fi_eq_err_entry err{};
+  ASSERT_EQ(next_event(client.eq, &event, &entry, sizeof entry, &err), -FI_EAVAIL);
+  EXPECT_EQ(err.err, FI_ECONNREFUSED);
+  EXPECT_EQ(err.prov_errno, 8);  // invalid service id
+}
+
+TEST(FabricDgram, SendRecvWithAv) {
+  fi_info* infos[2];
+  fid_fabric* fab[2];
+  fid_domain* dom[2];
+  fid_av* av[2];
+  fid_cq* cq[2];
+  fid_ep* ep[2];
+  fid_mr* mr[2];
+  std::vector<uint8_t> buf[2] = {std::vector<uint8_t>(65536), std::vector<uint8_t>(65536)};
+  std::string name[2];
+  for (int i = 0; i < 2; i++) {
+    infos[i] = getinfo(FI_EP_DGRAM, dev(i).c_str());
+    ASSERT_NE(infos[i], nullptr);
+    EXPECT_EQ(infos[i]->ep_attr->msg_prefix_size, 40u);
+    ASSERT_EQ(fi_fabric(infos[i]->fabric_attr, &fab[i], nullptr), 0);
+    ASSERT_EQ(fi_domain(fab[i], infos[i], &dom[i], nullptr), 0);
+    fi_av_attr aa{};
+    aa.type = FI_AV_TABLE;
+    ASSERT_EQ(fi_av_open(dom[i], &aa, &av[i], nullptr), 0);
+    fi_cq_attr ca{};
+    ca.format = FI_CQ_FORMAT_MSG;
+    ca.wait_obj = FI_WAIT_FD;
+    ASSERT_EQ(fi_cq_open(dom[i], &ca, &cq[i], nullptr), 0);
+    ASSERT_EQ(fi_endpoint(dom[i], infos[i], &ep[i], nullptr), 0);
+    ASSERT_EQ(fi_ep_bind(ep[i], &av[i]->fid, 0), 0);
+    ASSERT_EQ(fi_ep_bind(ep[i], &cq[i]->fid, FI_TRANSMIT | FI_RECV), 0);
+    ASSERT_EQ(fi_enable(ep[i]), 0);
+    ASSERT_EQ(fi_mr_reg(dom[i], buf[i].data(), buf[i].size(), FI_SEND | FI_RECV, 0, 0, 0, &mr[i], nullptr), 0);
+    char n[64];
+    size_t len = sizeof n;
+    ASSERT_EQ(fi_getname(&ep[i]->fid, n, &len), 0);
+    name[i] = n;
+  }
+  fi_addr_t peer[2];
+  ASSERT_EQ(fi_av_insert(av[0], name[1].c_str(), 1, &peer[0], 0, nullptr), 1);
+  ASSERT_EQ(fi_av_insert(av[1], name[0].c_str(), 1, &peer[1], 0, nullptr), 1);
+  char ctx;
+  ASSERT_EQ(fi_recv(ep[1], buf[1].data(), 40 + 1024, fi_mr_desc(mr[1]), FI_ADDR_UNSPEC, &ctx), 0);
+  std::memcpy(buf[0].data(), "datagram!", 10);
+  ASSERT_EQ(fi_send(ep[0], buf[0].data(), 10, fi_mr_desc(mr[0]), peer[0], &ctx), 0);
+  fi_cq_msg_entry e{};
+  fi_addr_t from = FI_ADDR_UNSPEC;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  ssize_t r;
+  while ((r = fi_cq_readfrom(cq[1], &e, 1, &from)) == -FI_EAGAIN && std::chrono::steady_clock::now() < end)
+    (void)fi_cq_read(cq[0], &e, 1);
+  ASSERT_EQ(r, 1);
+  EXPECT_EQ(e.flags, FI_MSG | FI_RECV);
+  EXPECT_EQ(e.len, 40u + 10u);  // the GRH area (FI_MSG_PREFIX) and the data
+  EXPECT_STREQ(reinterpret_cast<char*>(buf[1].data() + 40), "datagram!");
+  EXPECT_EQ(from, peer[1]) << "the source is the AV's entry for the sender";
+  // A bad address is not inserted.
+  fi_addr_t bad;
+  EXPECT_EQ(fi_av_insert(av[0], "fi_sockaddr_in://1.2.3.4:5", 1, &bad, 0, nullptr), 0);
+  for (int i = 0; i < 2; i++) {
+    EXPECT_EQ(fi_close(&ep[i]->fid), 0);
+    EXPECT_EQ(fi_close(&mr[i]->fid), 0);
+    EXPECT_EQ(fi_close(&cq[i]->fid), 0);
+    EXPECT_EQ(fi_close(&av[i]->fid), 0);
+    EXPECT_EQ(fi_close(&dom[i]->fid), 0);
+    EXPECT_EQ(fi_close(&fab[i]->fid), 0);
+    fi_freeinfo(infos[i]);
+  }
+}
+
+// ------------------------------------------------- shm across processes
+// shm devices connect through the provider's own exchange (no CM): a
+// server process (this binary again, UFAB_FI_SHM_SERVER=1) and this test.
+
+struct ShmAcceptData {
+  uint64_t addr;
+  uint64_t key;
+};
+
+// The server: listen on UFAB_FI_SHM_PORT, say "ready IP PORT" on stdout;
+// 1st connection: accept with its buffer's address and key, echo one
+// message, wait for the client's fi_shutdown; 2nd: reject "no thanks";
+// 3rd: accept, then leave without closing anything (a peer that dies).
+// Exit status: 0, or the step that failed.
+int shm_server() {
+  Side s;
+  s.info = getinfo(FI_EP_MSG, ("shm:" + g_shm).c_str());
+  if (s.info == nullptr) return 10;
+  if (fi_fabric(s.info->fabric_attr, &s.fabric, nullptr) != 0) return 11;
+  fi_eq_attr ea{};
+  ea.wait_obj = FI_WAIT_FD;
+  if (fi_eq_open(s.fabric, &ea, &s.eq, nullptr) != 0) return 12;
+  if (fi_domain(s.fabric, s.info, &s.domain, nullptr) != 0) return 13;
+  if (fi_mr_reg(s.domain, s.buf.data(), s.buf.size(), FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0,
+                &s.mr, nullptr) != 0)
+    return 14;
+  auto* src = static_cast<sockaddr_in*>(s.info->src_addr);
+  src->sin_port = htons(static_cast<uint16_t>(std::atoi(std::getenv("UFAB_FI_SHM_PORT"))));
+  fid_pep* pep = nullptr;
+  if (fi_passive_ep(s.fabric, s.info, &pep, nullptr) != 0 || fi_pep_bind(pep, &s.eq->fid, 0) != 0 || fi_listen(pep) != 0)
+    return 15;
+  sockaddr_in me{};
+  size_t len = sizeof me;
+  if (fi_getname(&pep->fid, &me, &len) != 0) return 16;
+  std::printf("ready %u %u\n", ntohl(me.sin_addr.s_addr), ntohs(me.sin_port));
+  std::fflush(stdout);
+  uint32_t event = 0;
+  alignas(fi_eq_cm_entry) uint8_t ebuf[sizeof(fi_eq_cm_entry) + 256];
+  auto* entry = reinterpret_cast<fi_eq_cm_entry*>(ebuf);
+  auto wait_event = [&](uint32_t want) {
+    ssize_t rd = fi_eq_sread(s.eq, &event, entry, sizeof ebuf, 20000, 0);
+    return rd >= static_cast<ssize_t>(sizeof(fi_eq_cm_entry)) && event == want;
+  };
+  // 1. accept, echo, shutdown.
+  if (!wait_event(FI_CONNREQ)) return 20;
+  if (std::memcmp(entry->data, "hello-req", 10) != 0) return 21;
+  fi_info* req = entry->info;
+  s.open_ep(req);
+  fi_freeinfo(req);
+  if (fi_recv(s.ep, s.buf.data() + 8192, 4096, s.desc(), FI_ADDR_UNSPEC, nullptr) != 0) return 22;
+  ShmAcceptData ad{reinterpret_cast<uintptr_t>(s.buf.data()), fi_mr_key(s.mr)};
+  if (fi_accept(s.ep, &ad, sizeof ad) != 0) return 23;
+  if (!wait_event(FI_CONNECTED)) return 24;
+  fi_cq_data_entry e{};
+  if (one_completion(s.rxcq, &e) != 1) return 25;
+  if (fi_send(s.ep, s.buf.data() + 8192, e.len, s.desc(), FI_ADDR_UNSPEC, nullptr) != 0) return 26;
+  if (one_completion(s.txcq, &e) != 1) return 27;
+  if (!wait_event(FI_SHUTDOWN)) return 28;
+  fi_close(&s.ep->fid);
+  s.ep = nullptr;
+  // 2. reject.
+  if (!wait_event(FI_CONNREQ)) return 30;
+  if (fi_reject(pep, entry->info->handle, "no thanks", 10) != 0) return 31;
+  fi_freeinfo(entry->info);
+  // 3. accept, then die.
+  if (!wait_event(FI_CONNREQ)) return 40;
+  fi_info* req3 = entry->info;
+  fid_ep* ep3 = nullptr;
+  if (fi_endpoint(s.domain, req3, &ep3, nullptr) != 0 || fi_ep_bind(ep3, &s.eq->fid, 0) != 0 ||
+      fi_ep_bind(ep3, &s.txcq->fid, FI_TRANSMIT) != 0 || fi_ep_bind(ep3, &s.rxcq->fid, FI_RECV) != 0 ||
+      fi_enable(ep3) != 0 || fi_accept(ep3, nullptr, 0) != 0)
+    return 41;
+  if (!wait_event(FI_CONNECTED)) return 42;
+  return 0;  // _exit: nothing closed, the socket ends with the process
+}
+
+TEST(FabricShm, ConnectAcrossProcesses) {
+  int port = 30000 + getpid() % 20000;
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    setenv("UFAB_FI_SHM_SERVER", "1", 1);
+    setenv("UFAB_FI_TEST_SHM", g_shm.c_str(), 1);
+    setenv("UFAB_FI_SHM_PORT", std::to_string(port).c_str(), 1);
+    execl("/proc/self/exe", "provider_test", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  // "ready IP PORT" within 20 s.
+  std::string line;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until) {
+    pollfd p{out[0], POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char c[128];
+    ssize_t n = read(out[0], c, sizeof c);
+    if (n <= 0) break;
+    line.append(c, static_cast<size_t>(n));
+  }
+  unsigned ip = 0, sport = 0;
+  ASSERT_EQ(std::sscanf(line.c_str(), "ready %u %u", &ip, &sport), 2) << "server said: " << line;
+  EXPECT_EQ(static_cast<int>(sport), port);
+  sockaddr_in server{};
+  server.sin_family = AF_INET;
+  server.sin_addr.s_addr = htonl(ip);
+  server.sin_port = htons(static_cast<uint16_t>(sport));
+
+  Side c;
+  c.info = getinfo(FI_EP_MSG, ("shm:" + g_shm).c_str());
+  ASSERT_NE(c.info, nullptr);
+  ASSERT_EQ(fi_fabric(c.info->fabric_attr, &c.fabric, nullptr), 0);
+  fi_eq_attr ea{};
+  ea.wait_obj = FI_WAIT_FD;
+  ASSERT_EQ(fi_eq_open(c.fabric, &ea, &c.eq, nullptr), 0);
+  ASSERT_EQ(fi_domain(c.fabric, c.info, &c.domain, nullptr), 0);
+  ASSERT_EQ(fi_mr_reg(c.domain, c.buf.data(), c.buf.size(), FI_SEND | FI_RECV | FI_READ | FI_WRITE, 0, 0, 0, &c.mr,
+                      nullptr),
+            0);
+  c.open_ep(c.info);
+  uint32_t event = 0;
+  alignas(fi_eq_cm_entry) uint8_t ebuf[sizeof(fi_eq_cm_entry) + 256];
+  auto* entry = reinterpret_cast<fi_eq_cm_entry*>(ebuf);
+  ASSERT_EQ(fi_connect(c.ep, &server, "hello-req", 10), 0);
+  ASSERT_GE(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry) + 16));
+  ASSERT_EQ(event, static_cast<uint32_t>(FI_CONNECTED));
+  ShmAcceptData ad;
+  std::memcpy(&ad, entry->data, sizeof ad);
+
+  // RMA into the other process's memory and back.
+  fi_cq_data_entry e{};
+  for (int i = 0; i < 4096; i++) c.buf[i] = static_cast<uint8_t>(i * 3 + 1);
+  ASSERT_EQ(fi_write(c.ep, c.buf.data(), 4096, c.desc(), FI_ADDR_UNSPEC, ad.addr + 16384, ad.key, nullptr), 0);
+  ASSERT_EQ(one_completion(c.txcq, &e), 1);
+  ASSERT_EQ(fi_read(c.ep, c.buf.data() + 65536, 4096, c.desc(), FI_ADDR_UNSPEC, ad.addr + 16384, ad.key, nullptr), 0);
+  ASSERT_EQ(one_completion(c.txcq, &e), 1);
+  EXPECT_EQ(std::memcmp(c.buf.data(), c.buf.data() + 65536, 4096), 0);
+  // A message, echoed.
+  ASSERT_EQ(fi_recv(c.ep, c.buf.data() + 131072, 4096, c.desc(), FI_ADDR_UNSPEC, nullptr), 0);
+  std::memcpy(c.buf.data() + 200000, "ping-123", 9);
+  ASSERT_EQ(fi_send(c.ep, c.buf.data() + 200000, 9, c.desc(), FI_ADDR_UNSPEC, nullptr), 0);
+  ASSERT_EQ(one_completion(c.txcq, &e), 1);
+  ASSERT_EQ(one_completion(c.rxcq, &e), 1);
+  EXPECT_EQ(e.len, 9u);
+  EXPECT_STREQ(reinterpret_cast<char*>(c.buf.data() + 131072), "ping-123");
+  // fi_shutdown: both sides hear it.
+  ASSERT_EQ(fi_shutdown(c.ep, 0), 0);
+  ASSERT_EQ(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_SHUTDOWN));
+  ASSERT_EQ(fi_close(&c.ep->fid), 0);
+  c.ep = nullptr;
+
+  // Refused, with the server's reject data.
+  fid_ep* ep2 = nullptr;
+  ASSERT_EQ(fi_endpoint(c.domain, c.info, &ep2, nullptr), 0);
+  ASSERT_EQ(fi_ep_bind(ep2, &c.eq->fid, 0), 0);
+  ASSERT_EQ(fi_ep_bind(ep2, &c.txcq->fid, FI_TRANSMIT), 0);
+  ASSERT_EQ(fi_ep_bind(ep2, &c.rxcq->fid, FI_RECV), 0);
+  ASSERT_EQ(fi_enable(ep2), 0);
+  ASSERT_EQ(fi_connect(ep2, &server, nullptr, 0), 0);
+  fi_eq_err_entry err{};
+  ASSERT_EQ(next_event(c.eq, &event, entry, sizeof ebuf, &err), -FI_EAVAIL);
+  EXPECT_EQ(err.err, FI_ECONNREFUSED);
+  EXPECT_EQ(err.fid, &ep2->fid);
+  ASSERT_GE(err.err_data_size, 10u);
+  EXPECT_STREQ(static_cast<const char*>(err.err_data), "no thanks");
+  ASSERT_EQ(fi_close(&ep2->fid), 0);
+
+  // A port nobody listens on.
+  fid_ep* ep4 = nullptr;
+  ASSERT_EQ(fi_endpoint(c.domain, c.info, &ep4, nullptr), 0);
+  ASSERT_EQ(fi_ep_bind(ep4, &c.eq->fid, 0), 0);
+  ASSERT_EQ(fi_ep_bind(ep4, &c.txcq->fid, FI_TRANSMIT), 0);
+  ASSERT_EQ(fi_ep_bind(ep4, &c.rxcq->fid, FI_RECV), 0);
+  ASSERT_EQ(fi_enable(ep4), 0);
+  sockaddr_in nobody = server;
+  nobody.sin_port = htons(static_cast<uint16_t>(sport + 1));
+  ASSERT_EQ(fi_connect(ep4, &nobody, nullptr, 0), 0);
+  ASSERT_EQ(next_event(c.eq, &event, entry, sizeof ebuf, &err), -FI_EAVAIL);
+  EXPECT_EQ(err.err, FI_ECONNREFUSED);
+  EXPECT_EQ(err.prov_errno, 8);
+  ASSERT_EQ(fi_close(&ep4->fid), 0);
+
+  // A peer that dies: connected, then the server process is gone.
+  fid_ep* ep3 = nullptr;
+  ASSERT_EQ(fi_endpoint(c.domain, c.info, &ep3, nullptr), 0);
+  ASSERT_EQ(fi_ep_bind(ep3, &c.eq->fid, 0), 0);
+  ASSERT_EQ(fi_ep_bind(ep3, &c.txcq->fid, FI_TRANSMIT), 0);
+  ASSERT_EQ(fi_ep_bind(ep3, &c.rxcq->fid, FI_RECV), 0);
+  ASSERT_EQ(fi_enable(ep3), 0);
+  char ctx;
+  ASSERT_EQ(fi_recv(ep3, c.buf.data(), 64, c.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(fi_connect(ep3, &server, nullptr, 0), 0);
+  ASSERT_GE(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_CONNECTED));
+  ASSERT_GE(next_event(c.eq, &event, entry, sizeof ebuf), static_cast<ssize_t>(sizeof(fi_eq_cm_entry)));
+  EXPECT_EQ(event, static_cast<uint32_t>(FI_SHUTDOWN));
+  ASSERT_EQ(one_completion(c.rxcq, &e), -FI_EAVAIL);
+  fi_cq_err_entry cerr{};
+  ASSERT_EQ(fi_cq_readerr(c.rxcq, &cerr, 0), 1);
+  EXPECT_EQ(cerr.err, FI_ECANCELED);
+  EXPECT_EQ(cerr.op_context, &ctx);
+  ASSERT_EQ(fi_close(&ep3->fid), 0);
+
+  int status = -1;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the server's failing step";
+  close(out[0]);
+  c.close();
+}
+
+}  // namespace
