@@ -74,6 +74,13 @@ Status Driver::stream_write_value32(void*, uint64_t, uint32_t) const { return fa
 Status Driver::stream_wait_value32_geq(void*, uint64_t, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
 Status Allocation::read(size_t, void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
 
+Result<AsyncStream> AsyncStream::create(const Driver&) { return fail(ENOTSUP, kNotBuilt); }
+AsyncStream::~AsyncStream() = default;
+Status AsyncStream::copy(void*, const void*, size_t) { return fail(ENOTSUP, kNotBuilt); }
+Status AsyncStream::write_value(uint64_t, uint32_t) { return fail(ENOTSUP, kNotBuilt); }
+Status AsyncStream::synchronize() { return fail(ENOTSUP, kNotBuilt); }
+Result<uint64_t> host_device_pointer(const Driver&, void*) { return fail(ENOTSUP, kNotBuilt); }
+
 #else  // UFAB_HAVE_CUDA_TOOLKIT
 
 // ------------------------------------------------------------ the loader
@@ -102,6 +109,7 @@ Status Allocation::read(size_t, void*, size_t) const { return fail(ENOTSUP, kNot
   X(cuMemFreeHost)             \
   X(cuMemcpyHtoD)              \
   X(cuMemcpyDtoH)              \
+  X(cuMemcpyAsync)             \
   X(cuStreamCreate)            \
   X(cuStreamDestroy)           \
   X(cuStreamSynchronize)       \
@@ -388,6 +396,55 @@ Status Driver::probe_stream_memops(int ordinal) const {
   }
   api_->cuStreamDestroy(stream);
   return result;
+}
+
+// ------------------------------------------------------------ async streams
+
+Result<AsyncStream> AsyncStream::create(const Driver& d) {
+  CUstream stream = nullptr;
+  if (CUresult r = d.api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuStreamCreate (non-blocking): " + d.error_text(r));
+  }
+  return AsyncStream(&d, stream);
+}
+
+AsyncStream::~AsyncStream() {
+  if (stream_ != nullptr) driver_->api().cuStreamDestroy(static_cast<CUstream>(stream_));
+}
+
+Status AsyncStream::copy(void* dst, const void* src, size_t n) {
+  CUresult r = driver_->api().cuMemcpyAsync(static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(dst)),
+                                            static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(src)), n,
+                                            static_cast<CUstream>(stream_));
+  if (r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuMemcpyAsync of " + std::to_string(n) + " bytes from " +
+                                  hex(reinterpret_cast<uintptr_t>(src)) + " to " + hex(reinterpret_cast<uintptr_t>(dst)) +
+                                  ": " + driver_->error_text(r));
+  }
+  return {};
+}
+
+Status AsyncStream::write_value(uint64_t device_word, uint32_t value) {
+  if (!driver_->api().cuStreamWriteValue32) return fail(ENOSYS, "the driver has no cuStreamWriteValue32");
+  CUresult r = driver_->api().cuStreamWriteValue32(static_cast<CUstream>(stream_), device_word, value,
+                                                   CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r != CUDA_SUCCESS) return fail(errno_for(r), "cuStreamWriteValue32: " + driver_->error_text(r));
+  return {};
+}
+
+Status AsyncStream::synchronize() {
+  CUresult r = driver_->api().cuStreamSynchronize(static_cast<CUstream>(stream_));
+  if (r != CUDA_SUCCESS) return fail(errno_for(r), "cuStreamSynchronize: " + driver_->error_text(r));
+  return {};
+}
+
+Result<uint64_t> host_device_pointer(const Driver& d, void* host) {
+  if (!d.api().cuMemHostGetDevicePointer) return fail(ENOSYS, "the driver has no cuMemHostGetDevicePointer");
+  CUdeviceptr p = 0;
+  if (CUresult r = d.api().cuMemHostGetDevicePointer(&p, host, 0); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuMemHostGetDevicePointer: " + d.error_text(r));
+  }
+  return static_cast<uint64_t>(p);
 }
 
 // ------------------------------------------------------- primary contexts

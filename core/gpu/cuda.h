@@ -124,6 +124,38 @@ class Allocation {
   size_t size_ = 0;
 };
 
+// A non-blocking stream (CU_STREAM_NON_BLOCKING) on the context current
+// on the creating thread, for the staging copy thread (core/staging): it
+// queues copies and 32-bit writes into pinned host memory, in order. Use it
+// from one thread, with the same context current.
+class AsyncStream {
+ public:
+  static Result<AsyncStream> create(const Driver& driver);
+  AsyncStream(AsyncStream&& o) noexcept : driver_(o.driver_), stream_(o.stream_) { o.stream_ = nullptr; }
+  AsyncStream& operator=(AsyncStream&&) = delete;
+  AsyncStream(const AsyncStream&) = delete;
+  AsyncStream& operator=(const AsyncStream&) = delete;
+  ~AsyncStream();
+  // cuMemcpyAsync: any two addresses CUDA knows (device memory, pinned or
+  // pageable host memory; unified addressing tells which).
+  Status copy(void* dst, const void* src, size_t n);
+  // cuStreamWriteValue32 of `value` to the pinned host word whose device
+  // address is `device_word` (host_device_pointer), once what was queued
+  // before it is done. ENOSYS when the driver lacks the entry point.
+  Status write_value(uint64_t device_word, uint32_t value);
+  // cuStreamSynchronize: blocks until everything queued is done.
+  Status synchronize();
+
+ private:
+  AsyncStream(const Driver* d, void* s) : driver_(d), stream_(s) {}
+  [[maybe_unused]] const Driver* driver_ = nullptr;
+  void* stream_ = nullptr;  // CUstream
+};
+
+// The device address of pinned host memory allocated with DEVICEMAP
+// (Allocation::Kind::kPinnedHost), for stream memory operations.
+Result<uint64_t> host_device_pointer(const Driver& driver, void* host);
+
 // The loaded driver: one per process, loaded on first use and kept until
 // the process ends (libcuda is not made to be unloaded).
 class Driver {

@@ -8,6 +8,7 @@
 #include "core/provider/softroce.h"
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -246,13 +247,15 @@ int open_device(const ufab_rdma_host* host, const char* name, const ufab_device_
     transport::NicLinkOptions link_options;
     link_options.ring_size = opts->ring_size != 0 ? opts->ring_size : 512;
     if (auto s = take_link_params(*params, link_options); !s) return report(host, s.error().context("opening " + spec));
+    auto staging = staging::take_params(*params);  // gpu_copy, gpu_frag, gpu_depth, ... (core/staging/pool.h)
+    if (!staging) return report(host, staging.error().context("opening " + spec));
     core::OpenOptions open_options;
     open_options.params = std::move(*params);
     auto nic = core::open_nic(*g_raw_plugins, spec, open_options);
     if (!nic) return report(host, nic.error());
     auto links = transport::open_nic_links(std::move(*nic), link_options);
     if (!links) return report(host, links.error().context("opening " + spec));
-    auto ctx = Context::create(std::move(links->links), *ip, links->steered);
+    auto ctx = Context::create(std::move(links->links), *ip, links->steered, *staging);
     if (!ctx) return report(host, ctx.error().context("opening " + spec));
     auto dev = std::make_unique<Dev>();
     dev->host = host;
@@ -279,6 +282,9 @@ int query_device(ufab_rdma_dev* d, ufab_device_attr* a) {
   a->caps = UFAB_DEVICE_CAP_UD | UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_WIRE_ROCEV2 |
             UFAB_DEVICE_CAP_FLUSH_GLOBAL | UFAB_DEVICE_CAP_FLUSH_PERSISTENT | UFAB_DEVICE_CAP_ATOMIC_WRITE;
   a->mem_types = 1u << UFAB_MEM_HOST | 1u << UFAB_MEM_PERSISTENT;
+  // GPU memory moves through the staging pipeline (docs/gpu.md): with a
+  // GPU build (the driver is needed at registration), or the fake engine.
+  if (gpu::built_with_cuda() || dev->ctx->fake_gpu()) a->mem_types |= 1u << UFAB_MEM_CUDA;
   a->max_qp = 1u << 20;  // Context::create_qp's limit
   a->max_qp_wr = 1u << 16;
   a->max_sge = verbs::kMaxSge;
@@ -341,10 +347,23 @@ int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uin
     }
     // GPU memory: UFAB_MEM_CUDA (the C API also hands device memory
     // registered as host memory on as UFAB_MEM_CUDA: core/gpu/region.h).
-    // A GPU region is registered with its allocation's buffer id; transfers
-    // on it are refused until the staging pipeline exists (docs/gpu.md).
+    // A GPU region is registered with its allocation's buffer id; its
+    // transfers go through the device's staging pool, made now on the
+    // first one (docs/gpu.md). gpu_copy=fake: host memory registered as
+    // UFAB_MEM_CUDA stands for GPU memory (a testing aid), with a made-up
+    // buffer id.
     std::optional<verbs::GpuMemory> gpu;
-    if (attr->mem_type == UFAB_MEM_CUDA) {
+    if (attr->mem_type == UFAB_MEM_CUDA && pd->dev->ctx->fake_gpu()) {
+      if (attr->access & (UFAB_ACCESS_FLUSH_PERSISTENT | UFAB_ACCESS_REMOTE_ATOMIC)) {
+        return report(pd->dev->host,
+                      Error(EOPNOTSUPP, "registering GPU memory with " +
+                                            verbs::access_string(attr->access & (UFAB_ACCESS_FLUSH_PERSISTENT |
+                                                                                 UFAB_ACCESS_REMOTE_ATOMIC)) +
+                                            ": atomics on GPU memory and durable GPU memory are not supported"));
+      }
+      static std::atomic<uint64_t> fake_ids{1};
+      gpu = verbs::GpuMemory{.device = 0, .buffer_id = fake_ids.fetch_add(1)};
+    } else if (attr->mem_type == UFAB_MEM_CUDA) {
       auto region = gpu::detect_region(attr->addr, attr->length, true);
       if (!region) return report(pd->dev->host, region.error());
       if (region->device) {
@@ -356,6 +375,11 @@ int reg_mr(ufab_rdma_pd* p, const ufab_mr_attr* attr, ufab_rdma_mr** result, uin
                                               ": atomics on GPU memory and durable GPU memory are not supported"));
         }
         gpu = verbs::GpuMemory{.device = region->ordinal, .buffer_id = region->buffer_id};
+      }
+    }
+    if (gpu) {
+      if (auto pool = pd->dev->ctx->staging_for(gpu->device); !pool) {
+        return report(pd->dev->host, pool.error().context("registering GPU memory"));
       }
     }
     // Persistent memory, or a FLUSH PERSISTENT target: how its bytes are

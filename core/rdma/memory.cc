@@ -139,7 +139,7 @@ const char* key_error_name(KeyError kind) {
     case KeyError::kMisalignedAtomic: return "misaligned atomic";
     case KeyError::kBadAtomicLength: return "bad atomic length";
     case KeyError::kGpuBufferGone: return "GPU buffer freed";
-    case KeyError::kGpuMemory: return "GPU memory not supported yet";
+    case KeyError::kGpuMemory: return "GPU memory not supported by this operation";
   }
   return "unknown key error";
 }
@@ -236,8 +236,9 @@ std::string KeyCheckError::message() const {
       break;
     case KeyError::kGpuMemory:
       std::snprintf(buf, sizeof(buf),
-                    "%s %s: the region is GPU memory (GPU %d); moving GPU memory needs the staging pipeline, "
-                    "which is not built yet (docs/gpu.md): use host memory for transfers",
+                    "%s %s: the region is GPU memory (GPU %d), which this operation cannot use: atomics, FLUSH, "
+                    "ATOMIC_WRITE and UD datagrams on GPU memory are not supported (SEND/RECV, WRITE and READ on "
+                    "RC queue pairs are, through the staging pipeline: docs/gpu.md); use host memory for these",
                     key_name, hex(key, 8).c_str(), gpu_device);
       break;
   }
@@ -592,7 +593,7 @@ bool MemoryRegionTable::read_snapshot(const Slot& s, Snapshot* out) const {
 }
 
 CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd, uint64_t va, uint64_t length,
-                                             AccessFlags needed, bool whole_region) const {
+                                             AccessFlags needed, bool whole_region, bool allow_gpu) const {
   // The error is built only on failure: a successful check (every packet)
   // fills no error record.
   const Snapshot* seen = nullptr;  // the region's fields, once the key matched
@@ -678,7 +679,7 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
         e.error().gpu_buffer_now = now;
         return e;
       }
-      return failure(KeyError::kGpuMemory);
+      if (!allow_gpu) return failure(KeyError::kGpuMemory);
     }
 
     // Pin, then confirm the slot did not change since the snapshot. Both
@@ -691,7 +692,7 @@ CheckResult<Access> MemoryRegionTable::check(KeyPath path, uint32_t key, PdId pd
     }
     uint64_t device = snap.device ? snap.device + (host - snap.host) : 0;
     return Access(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(host)), length, key, &s->pins, device,
-                  static_cast<Durability>(snap.durability));
+                  static_cast<Durability>(snap.durability), snap.gpu_buffer != 0 ? snap.gpu_device : -1);
   }
 }
 
@@ -724,8 +725,8 @@ std::optional<KeyCheckError> MemoryRegionTable::gpu_check(uint32_t lkey) const {
 }
 
 CheckResult<Access> MemoryRegionTable::check_remote(uint32_t rkey, PdId pd, uint64_t va, uint64_t length,
-                                                    AccessFlags needed) const {
-  return check(KeyPath::kRemote, rkey, pd, va, length, needed);
+                                                    AccessFlags needed, bool allow_gpu) const {
+  return check(KeyPath::kRemote, rkey, pd, va, length, needed, false, allow_gpu);
 }
 
 CheckResult<Access> MemoryRegionTable::check_remote_region(uint32_t rkey, PdId pd, AccessFlags needed) const {
@@ -733,8 +734,8 @@ CheckResult<Access> MemoryRegionTable::check_remote_region(uint32_t rkey, PdId p
 }
 
 CheckResult<Access> MemoryRegionTable::check_local(uint32_t lkey, PdId pd, uint64_t addr, uint64_t length,
-                                                   bool needs_write) const {
-  return check(KeyPath::kLocal, lkey, pd, addr, length, needs_write ? kLocalWrite : 0);
+                                                   bool needs_write, bool allow_gpu) const {
+  return check(KeyPath::kLocal, lkey, pd, addr, length, needs_write ? kLocalWrite : 0, false, allow_gpu);
 }
 
 }  // namespace ufab::verbs

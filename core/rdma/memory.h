@@ -84,7 +84,7 @@ enum class KeyError : uint8_t {
   kBadAtomicLength,   // atomic length other than 8
   // GPU memory (after every check above passed):
   kGpuBufferGone,     // the GPU allocation the region was registered on was freed (its buffer id changed)
-  kGpuMemory,         // the region is GPU memory, which the transport cannot move yet (no staging pipeline)
+  kGpuMemory,         // the region is GPU memory, which this operation cannot use (atomics, FLUSH, UD, ...)
 };
 inline constexpr int kKeyErrorCount = 9;
 
@@ -161,7 +161,8 @@ class Access {
         key_(other.key_),
         pin_(other.pin_),
         device_(other.device_),
-        durability_(other.durability_) {
+        durability_(other.durability_),
+        gpu_device_(other.gpu_device_) {
     other.data_ = nullptr;
     other.length_ = 0;
     other.key_ = 0;
@@ -176,6 +177,7 @@ class Access {
       pin_ = other.pin_;
       device_ = other.device_;
       durability_ = other.durability_;
+      gpu_device_ = other.gpu_device_;
       other.data_ = nullptr;
       other.length_ = 0;
       other.key_ = 0;
@@ -196,6 +198,11 @@ class Access {
   // How a FLUSH PERSISTENT (or a receive into the region) makes these
   // bytes durable: make_durable(durability(), data(), length()).
   Durability durability() const { return durability_; }
+  // The GPU the bytes live on (data() is then a CUDA device address, never
+  // to be read or written by the CPU: only the staging pipeline's copy
+  // engine moves it), -1 for host memory. Only checks that pass
+  // allow_gpu hand out GPU memory.
+  int gpu_device() const { return gpu_device_; }
   // Gives the pin back early; data() must not be used afterwards. Inline:
   // it runs once per packet on the data path.
   void release() {
@@ -211,8 +218,14 @@ class Access {
  private:
   friend class MemoryRegionTable;
   Access(uint8_t* data, uint64_t length, uint32_t key, std::atomic<uint32_t>* pin, uint64_t device,
-         Durability durability)
-      : data_(data), length_(length), key_(key), pin_(pin), device_(device), durability_(durability) {}
+         Durability durability, int gpu_device = -1)
+      : data_(data),
+        length_(length),
+        key_(key),
+        pin_(pin),
+        device_(device),
+        durability_(durability),
+        gpu_device_(gpu_device) {}
 
   uint8_t* data_ = nullptr;
   uint64_t length_ = 0;
@@ -220,6 +233,7 @@ class Access {
   std::atomic<uint32_t>* pin_ = nullptr;
   uint64_t device_ = 0;
   Durability durability_ = Durability::kNone;
+  int gpu_device_ = -1;
 };
 
 // Everything known about one live region (cold path: tools, tests).
@@ -284,8 +298,8 @@ class MemoryRegionTable {
   // `gpu`: the region is GPU memory (core/gpu tells). Its bytes are not
   // host-accessible, so every check on it fails after the key, PD, access
   // and bounds checks: kGpuBufferGone when the allocation was freed
-  // (options.gpu_buffer_id gives another id), else kGpuMemory, until the
-  // staging pipeline exists. No device_addr or durability with it (EINVAL).
+  // (options.gpu_buffer_id gives another id), else kGpuMemory unless the
+  // check allows GPU memory (the staging pipeline's). No device_addr or durability with it (EINVAL).
   Result<MemoryKeys> register_mr(PdId pd, void* addr, uint64_t length, AccessFlags access,
                                  std::optional<uint64_t> iova = std::nullopt, uint64_t device_addr = 0,
                                  Durability durability = Durability::kNone,
@@ -321,8 +335,12 @@ class MemoryRegionTable {
   // carry any rkey and va, and rxe does not look them up at all; the
   // transport honours that by not calling this for such packets (see
   // rkey_check_needed). On success the Access points at the bytes.
+  //
+  // `allow_gpu`: a GPU region passes too (Access::gpu_device() says so) for
+  // the staging pipeline; without it a live GPU region fails kGpuMemory,
+  // so no CPU copy ever touches GPU memory.
   CheckResult<Access> check_remote(uint32_t rkey, PdId pd, uint64_t va, uint64_t length,
-                                   AccessFlags needed) const;
+                                   AccessFlags needed, bool allow_gpu = false) const;
 
   // The same checks for the whole region `rkey` names (key, PD, access; no
   // range is given, so none can be out of bounds): a FLUSH of selectivity
@@ -332,7 +350,7 @@ class MemoryRegionTable {
   // Local path, for SGEs: key, PD, LOCAL_WRITE when the operation writes
   // into the region (receive, READ response, atomic result), bounds.
   CheckResult<Access> check_local(uint32_t lkey, PdId pd, uint64_t addr, uint64_t length,
-                                  bool needs_write) const;
+                                  bool needs_write, bool allow_gpu = false) const;
 
  private:
   struct Slot;
@@ -351,7 +369,7 @@ class MemoryRegionTable {
   bool read_snapshot(const Slot& s, Snapshot* out) const;
   // whole_region: va and length are ignored; the region's own are used.
   CheckResult<Access> check(KeyPath path, uint32_t key, PdId pd, uint64_t va, uint64_t length,
-                            AccessFlags needed, bool whole_region = false) const;
+                            AccessFlags needed, bool whole_region = false, bool allow_gpu = false) const;
 
   MemoryTableOptions options_;
   KeyPermutation permutation_;

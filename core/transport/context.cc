@@ -42,7 +42,7 @@ void for_each_lane(uint64_t mask, F&& f) {
 }  // namespace
 
 Result<std::unique_ptr<Context>> Context::create(std::vector<std::unique_ptr<Link>> links, net::Ipv4Address ip,
-                                                 bool steered) {
+                                                 bool steered, const staging::Params& staging) {
   if (links.empty() || links.size() > 64) return fail(EINVAL, "a device needs 1..64 links (one per NIC queue)");
   if (!ip.is_unicast()) {
     return fail(EINVAL, "device address " + ip.str() + " is not a unicast IPv4 address; give the port's own "
@@ -51,6 +51,7 @@ Result<std::unique_ptr<Context>> Context::create(std::vector<std::unique_ptr<Lin
   std::unique_ptr<Context> ctx(new Context());
   Link& first = *links[0];
   ctx->ip_ = ip;
+  ctx->staging_params_ = staging;
   ctx->active_mtu_ = roce::rxe_active_mtu(first.mtu());
   ctx->steered_ = steered || links.size() == 1;
   auto responder = net::ArpResponder::create(first.mac(), {ip});
@@ -63,7 +64,9 @@ Result<std::unique_ptr<Context>> Context::create(std::vector<std::unique_ptr<Lin
   // address now (a freed buffer is a protection error, never a silent
   // write); only asked for GPU regions, which need the driver loaded.
   verbs::MemoryTableOptions table_options;
-  table_options.gpu_buffer_id = [](uint64_t addr) -> uint64_t {
+  // (Fake GPU memory is host memory CUDA knows nothing of: its registered
+  // id is trusted.)
+  if (!staging.fake) table_options.gpu_buffer_id = [](uint64_t addr) -> uint64_t {
     const gpu::Driver* driver = gpu::Driver::if_loaded();
     if (driver == nullptr) return 0;
     auto info = driver->pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
@@ -83,8 +86,27 @@ Result<std::unique_ptr<Context>> Context::create(std::vector<std::unique_ptr<Lin
 
 Context::~Context() {
   for (auto& lane : lanes_) lane->stop_thread();
-  lanes_.clear();  // QPs first: they point at CQs
+  lanes_.clear();  // QPs first: they point at CQs (and hold staging slots)
   cqs_.clear();
+  pool_ptr_.store(nullptr);
+  pool_.reset();
+}
+
+Result<staging::Pool*> Context::staging_for(int ordinal) {
+  std::lock_guard lock(pool_mu_);
+  if (pool_) {
+    if (pool_->ordinal() != ordinal) {
+      return fail(EOPNOTSUPP, "GPU memory on GPU " + std::to_string(ordinal) + ": this device stages through GPU " +
+                                  std::to_string(pool_->ordinal()) + " already (one GPU per device for now); open "
+                                  "another device for the other GPU");
+    }
+    return pool_.get();
+  }
+  auto pool = staging::Pool::create(staging_params_, ordinal);
+  if (!pool) return std::unexpected(pool.error().context("GPU staging pipeline"));
+  pool_ = std::move(*pool);
+  pool_ptr_.store(pool_.get(), std::memory_order_release);
+  return pool_.get();
 }
 
 verbs::DeviceStats Context::stats() {

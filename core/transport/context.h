@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "core/net/arp.h"
 #include "core/rdma/memory.h"
+#include "core/staging/pool.h"
 #include "core/transport/completion_queue.h"
 #include "core/transport/lane.h"
 #include "core/transport/link.h"
@@ -33,13 +34,24 @@ class Context {
  public:
   // One lane per link (the queues of one NIC: open_nic_links). `steered`:
   // the NIC puts each RoCE frame in the queue of its QP's lane.
+  // `staging`: the GPU staging pipeline's parameters (core/staging/pool.h).
   static Result<std::unique_ptr<Context>> create(std::vector<std::unique_ptr<Link>> links, net::Ipv4Address ip,
-                                                 bool steered);
+                                                 bool steered, const staging::Params& staging = {});
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   verbs::MemoryRegionTable& memory() { return *memory_; }
+  // GPU staging (docs/gpu.md): the pool, once the first GPU region made
+  // it (one acquire load); staging_for creates it for GPU `ordinal` (slow
+  // path: registration). One GPU per device: a region on another GPU is
+  // refused.
+  staging::Pool* staging() const { return pool_ptr_.load(std::memory_order_acquire); }
+  Result<staging::Pool*> staging_for(int ordinal);
+  const staging::Params& staging_params() const { return staging_params_; }
+  // gpu_copy=fake: host memory registered as UFAB_MEM_CUDA counts as GPU
+  // memory (a testing aid), moved by the fake copy engine.
+  bool fake_gpu() const { return staging_params_.fake; }
   net::Ipv4Address ip() const { return ip_; }
   uint32_t active_mtu() const { return active_mtu_; }
   uint16_t lane_count() const { return static_cast<uint16_t>(lanes_.size()); }
@@ -90,6 +102,10 @@ class Context {
   uint32_t active_mtu_ = 1024;
   bool steered_ = true;
   std::unique_ptr<verbs::MemoryRegionTable> memory_;
+  staging::Params staging_params_;
+  std::mutex pool_mu_;
+  std::unique_ptr<staging::Pool> pool_;  // outlives the lanes (destroyed after them)
+  std::atomic<staging::Pool*> pool_ptr_{nullptr};
 
   std::mutex arp_mu_;
   std::optional<net::ArpResponder> arp_responder_;

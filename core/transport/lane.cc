@@ -32,6 +32,7 @@ Lane::~Lane() {
 }
 
 verbs::MemoryRegionTable& Lane::memory() { return device_.memory(); }
+staging::Pool* Lane::staging() const { return device_.staging(); }
 net::Ipv4Address Lane::ip() const { return device_.ip(); }
 uint32_t Lane::active_mtu() const { return device_.active_mtu(); }
 
@@ -240,6 +241,7 @@ int Lane::progress_locked() {
   for (QueuePairImpl* qp : qp_list_) {
     work += qp->on_timer();
     work += qp->transmit();
+    if (qp->has_staging()) work += qp->stage_progress();  // copies in flight: keep polling
     if (qp->lost_completion() && qp->state() != verbs::QpState::kError) {
       qp->enter_error("its completion queue overflowed");
     }

@@ -36,6 +36,10 @@
 #include "core/transport/link.h"
 #include "core/transport/verbs.h"
 
+namespace ufab::staging {
+class Pool;
+}
+
 namespace ufab::transport {
 
 class Context;
@@ -55,6 +59,8 @@ class Lane {
 
   // For QPs (under the lock).
   verbs::MemoryRegionTable& memory();
+  // The device's GPU staging pool; nullptr until a GPU region exists.
+  staging::Pool* staging() const;
   net::Ipv4Address ip() const;
   uint32_t active_mtu() const;
   verbs::DeviceStats& stats() { return stats_; }

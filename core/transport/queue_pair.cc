@@ -7,6 +7,7 @@
 
 #include "core/roce/gid.h"
 #include "core/roce/udp_port.h"
+#include "core/transport/gpu_staging.h"
 #include "core/transport/lane.h"
 #include "core/transport/qp_transition.h"
 
@@ -141,6 +142,7 @@ Status QueuePairImpl::modify(const QpAttr& a, QpAttrMask mask) {
 
 // RESET drops all work without completions and forgets the connection.
 void QueuePairImpl::reset() {
+  stage_abort(false);  // RESET drops work without completions
   for (auto& w : sq_) w = SendWqe{};
   sq_head_ = sq_next_ = sq_tail_ = 0;
   rq_head_ = rq_tail_ = 0;
@@ -214,8 +216,11 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
   uint64_t length = 0;
   for (const Sge& s : wr.sgl) length += s.length;
   if (length > (1ull << 31)) return fail(EINVAL, who() + ": messages are at most 2 GiB");
-  if (!(wr.flags & kSendInline)) {
-    if (auto s = check_gpu_sges(wr.sgl); !s) return fail(s.error().code(), who() + ": " + s.error().message());
+  // GPU memory: one atomic load when no GPU region exists.
+  auto gpu = check_gpu_sges(wr.sgl);
+  if (!gpu) return fail(gpu.error().code(), who() + ": " + gpu.error().message());
+  if (*gpu) {
+    if (auto s = check_gpu_wr(wr, length); !s) return fail(s.error().code(), who() + ": " + s.error().message());
   }
   bool atomic = wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd;
   switch (wr.opcode) {
@@ -255,28 +260,70 @@ Status QueuePairImpl::post_send(const SendWr& wr) {
     if (auto s = check_commit_wr(wr); !s) return fail(s.error().code(), who() + ": " + s.error().message());
     SendWr write = wr;
     write.flags &= ~(kSendCommit | kSendSignaled);
-    enqueue(write, length, is_inline, SendWqe::Commit::kWrite);
+    enqueue(write, length, is_inline, SendWqe::Commit::kWrite, *gpu);
     SendWr flush{.wr_id = wr.wr_id, .opcode = WrOpcode::kFlush, .flags = wr.flags & kSendSignaled,
                  .remote_addr = wr.remote_addr, .rkey = wr.rkey, .flush_type = roce::feth::kPersistent,
                  .flush_level = roce::feth::kRange, .flush_length = length};
     enqueue(flush, 0, false, SendWqe::Commit::kFlush);
     return {};
   }
-  enqueue(wr, length, is_inline, SendWqe::Commit::kNone);
+  enqueue(wr, length, is_inline, SendWqe::Commit::kNone, *gpu);
   return {};
 }
 
-// GPU memory at post time: a work request whose SGEs name a GPU region is
-// refused before it is queued, the QP untouched: EACCES when the region's
-// GPU allocation was freed under it, else EOPNOTSUPP (no staging pipeline
-// yet, docs/gpu.md). One atomic load when no GPU region is registered.
-Status QueuePairImpl::check_gpu_sges(std::span<const Sge> sgl) const {
-  if (ctx_.memory().gpu_regions() == 0) return {};
+// GPU memory at post time: true when an SGE names a live GPU region (the
+// work request is staged, docs/gpu.md); a region whose GPU allocation was
+// freed under it is refused (EACCES) before anything is queued. One atomic
+// load when no GPU region is registered.
+Result<bool> QueuePairImpl::check_gpu_sges(std::span<const Sge> sgl) const {
+  if (ctx_.memory().gpu_regions() == 0) return false;
+  bool gpu = false;
   for (size_t i = 0; i < sgl.size(); ++i) {
     if (sgl[i].length == 0) continue;
     if (auto e = ctx_.memory().gpu_check(sgl[i].lkey)) {
-      return fail(e->to_error().code(), "SGE " + std::to_string(i) + ": " + e->message());
+      if (e->kind != KeyError::kGpuMemory) {
+        return fail(e->to_error().code(), "SGE " + std::to_string(i) + ": " + e->message());
+      }
+      gpu = true;
     }
+  }
+  return gpu;
+}
+
+// What GPU memory can be in a work request: the data of an RC SEND, WRITE
+// (with or without IMM) or READ, staged through the device's pool.
+Status QueuePairImpl::check_gpu_wr(const SendWr& wr, uint64_t length) const {
+  const char* name = wr_opcode_name(wr.opcode);
+  if (!is_rc()) {
+    return fail(EOPNOTSUPP, std::string(name) + " from GPU memory on a UD QP: datagrams are not staged; use host "
+                                                "memory, or an RC QP (docs/gpu.md)");
+  }
+  if (wr.flags & kSendInline) {
+    return fail(EINVAL, std::string(name) + " with UFAB_SEND_INLINE from GPU memory: inline data is read by the "
+                                            "CPU at post time; drop the inline flag");
+  }
+  switch (wr.opcode) {
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm:
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm: break;
+    case WrOpcode::kRdmaRead: {
+      const staging::Pool* pool = ctx_.staging();
+      const uint64_t capacity = pool ? pool->frag() * pool->slot_count() : 0;
+      if (length > capacity) {
+        return fail(EINVAL, "RDMA_READ of " + std::to_string(length) + " bytes into GPU memory: a READ into GPU "
+                            "memory reserves staging slots for its whole length, and the device's pool holds " +
+                            std::to_string(capacity) + " bytes (gpu_slots x gpu_frag); split the READ or raise "
+                            "gpu_slots");
+      }
+      break;
+    }
+    default:
+      return fail(EOPNOTSUPP, std::string(name) + " with its SGE in GPU memory: atomics, FLUSH and ATOMIC_WRITE on "
+                                                  "GPU memory are not supported; use host memory for the result");
+  }
+  if (ctx_.staging() == nullptr) {
+    return fail(EOPNOTSUPP, std::string(name) + " on GPU memory: this device has no staging pool");
   }
   return {};
 }
@@ -296,7 +343,7 @@ Status QueuePairImpl::check_commit_wr(const SendWr& wr) const {
   return {};
 }
 
-void QueuePairImpl::enqueue(const SendWr& wr, uint64_t length, bool is_inline, SendWqe::Commit commit) {
+void QueuePairImpl::enqueue(const SendWr& wr, uint64_t length, bool is_inline, SendWqe::Commit commit, bool gpu) {
   SendWqe& w = sq_at(sq_tail_);
   // The slot's inline buffer survives the reset: once a slot has held
   // inline data of some size, posting that much again allocates nothing.
@@ -310,6 +357,7 @@ void QueuePairImpl::enqueue(const SendWr& wr, uint64_t length, bool is_inline, S
   std::copy(wr.sgl.begin(), wr.sgl.end(), w.sge.begin());
   w.length = length;
   w.commit = commit;
+  w.gpu = gpu;
   w.signaled = commit != SendWqe::Commit::kWrite && (sq_sig_all_ || (wr.flags & kSendSignaled));
   if (is_inline) {
     // Inline data is read now, through plain pointers as verbs does (the
@@ -367,13 +415,19 @@ Status QueuePairImpl::post_recv(const RecvWr& wr) {
     return fail(EINVAL, who() + ": " + std::to_string(wr.sgl.size()) + " SGEs, the QP allows " +
                             std::to_string(caps_.max_recv_sge) + " (max_recv_sge)");
   }
-  if (auto s = check_gpu_sges(wr.sgl); !s) return fail(s.error().code(), who() + ": " + s.error().message());
+  auto gpu = check_gpu_sges(wr.sgl);
+  if (!gpu) return fail(gpu.error().code(), who() + ": " + gpu.error().message());
+  if (*gpu && (!is_rc() || ctx_.staging() == nullptr)) {
+    return fail(EOPNOTSUPP, who() + ": a receive into GPU memory " +
+                                (is_rc() ? "needs the device's staging pool" : "on a UD QP: datagrams are not staged"));
+  }
   RecvWqe& r = rq_at(rq_tail_);
   r = RecvWqe{};
   r.wr_id = wr.wr_id;
   r.num_sge = static_cast<uint32_t>(wr.sgl.size());
   std::copy(wr.sgl.begin(), wr.sgl.end(), r.sge.begin());
   for (const Sge& s : wr.sgl) r.length += s.length;
+  r.gpu = *gpu;
   ++rq_tail_;
   if (attr_.state == QpState::kError) {
     ++rq_head_;
@@ -444,6 +498,12 @@ void QueuePairImpl::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byt
   if (!is_rc()) wc.wc_flags |= kWcGrh;
   wc.error = std::move(error);
   ++rq_head_;
+  if (stage_ && (stage_->pending_psn() || !stage_->deferred.empty())) {
+    // Bytes before it are still on their way into GPU memory: it waits
+    // for them (and keeps its place among receive completions).
+    stage_->deferred.push_back(QpStaging::Deferred{rx_psn_, std::move(wc)});
+    return;
+  }
   push_completion(recv_cq_, std::move(wc));
 }
 
@@ -451,6 +511,7 @@ void QueuePairImpl::enter_error(const std::string& why) {
   if (attr_.state == QpState::kError) return;
   attr_.state = QpState::kError;
   error_why_ = why;
+  stage_abort(true);  // receive completions waiting for placement come out first, flushed
   while (sq_head_ < sq_tail_) {
     complete_send(sq_at(sq_head_), WcStatus::kWrFlushErr, "flushed: QP " + hex(qpn_) + " went to ERROR (" + why + ")");
   }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 namespace ufab::transport {
 
 class Lane;
+struct QpStaging;  // gpu_staging.h
 using Clock = std::chrono::steady_clock;
 
 // "0x1a2b" for QP numbers, keys and syndromes in messages.
@@ -37,6 +39,7 @@ class QueuePairImpl {
  public:
   QueuePairImpl(Lane& ctx, uint32_t qpn, verbs::PdId pd, verbs::QpType type, CompletionQueueImpl* send_cq,
                 CompletionQueueImpl* recv_cq, const verbs::QpCaps& caps, bool sq_sig_all, uint32_t initial_psn);
+  ~QueuePairImpl();
 
   uint32_t qpn() const { return qpn_; }
   verbs::QpType type() const { return type_; }
@@ -62,6 +65,12 @@ class QueuePairImpl {
   void enter_error(const std::string& why);
   // The CQ could not take a completion of this QP.
   bool lost_completion() const { return lost_completion_; }
+  // GPU staging (gpu_staging.cc): whether this QP ever staged, and one
+  // round of it (copies landed, slots given back, copies started,
+  // completions that waited for placement); returns 1 while copies are in
+  // flight, so the lane keeps polling instead of sleeping.
+  bool has_staging() const { return stage_ != nullptr; }
+  int stage_progress();
 
  private:
   static constexpr uint32_t kNoAsk = 0xFFFFFFFF;
@@ -86,12 +95,14 @@ class QueuePairImpl {
     // of the WRITE part silences its FLUSH part.
     enum class Commit : uint8_t { kNone, kWrite, kFlush } commit = Commit::kNone;
     bool quiet = false;  // a FLUSH part whose WRITE part already reported an error
+    bool gpu = false;    // an SGE is GPU memory: staged (gpu_staging.cc)
   };
   struct RecvWqe {
     uint64_t wr_id = 0;
     std::array<verbs::Sge, verbs::kMaxSge> sge{};
     uint32_t num_sge = 0;
     uint64_t length = 0;
+    bool gpu = false;  // an SGE is GPU memory: a SEND into it is staged
   };
   // What the responder owes the requester, in PSN order. kReadRespAck is
   // the answer to FLUSH and ATOMIC_WRITE: RDMA READ Response Only with an
@@ -109,6 +120,7 @@ class QueuePairImpl {
     // atomic
     uint64_t original = 0;
     bool replay = false;  // an answer to a duplicate request
+    bool gpu = false;     // READ of GPU memory: responses from staged fragments
   };
   // A request the responder executed that a duplicate must not execute
   // again (atomics, FLUSH, ATOMIC_WRITE): the answer to send instead.
@@ -180,9 +192,13 @@ class QueuePairImpl {
 
   // Requester.
   Status check_commit_wr(const verbs::SendWr& wr) const;  // kSendCommit
-  Status check_gpu_sges(std::span<const verbs::Sge> sgl) const;  // GPU regions refused at post time
+  // GPU regions at post time: true when an SGE is GPU memory (staged),
+  // an error for a freed GPU buffer.
+  Result<bool> check_gpu_sges(std::span<const verbs::Sge> sgl) const;
+  // What a work request with GPU SGEs may be (RC SEND/WRITE/READ).
+  Status check_gpu_wr(const verbs::SendWr& wr, uint64_t length) const;
   // Fills the next send queue entry (post_send checked everything).
-  void enqueue(const verbs::SendWr& wr, uint64_t length, bool is_inline, SendWqe::Commit commit);
+  void enqueue(const verbs::SendWr& wr, uint64_t length, bool is_inline, SendWqe::Commit commit, bool gpu = false);
   bool start_wqe(SendWqe& w, bool sending_now);
   int send_request_packet(SendWqe& w);  // 1 sent, 0 no buffer/MAC yet, 2 WQE failed (completed), -1 QP left RTS
   // One request packet as built, before its payload is gathered.
@@ -270,6 +286,30 @@ class QueuePairImpl {
   bool send_ack_frame(uint8_t opcode, uint32_t psn, const roce::Aeth& aeth, const roce::ExtHeaders* ext);
   void complete_recv(verbs::WcStatus status, verbs::WcOpcode opcode, uint32_t byte_len, std::optional<uint32_t> imm,
                      uint32_t src_qp, std::string error = {});
+
+  // GPU staging (gpu_staging.cc, docs/gpu.md).
+  QpStaging& stage();
+  uint64_t stage_frag() const;
+  // Requester: the payload of `p` from its staged fragment; 1 ready, 0
+  // not staged yet (the send stalls), -1 the QP failed.
+  int staged_piece(SendWqe& w, const RequestPacket& p, Gather& g);
+  bool stage_read_start(SendWqe& w);  // false: no slots yet
+  // A READ response into GPU memory: into its fragment's slot, copied out
+  // once the fragment is whole. False: the QP failed.
+  bool stage_read_response(uint64_t sq_index, SendWqe& w, uint64_t offset, std::span<const uint8_t> payload);
+  bool stage_read_placed(uint64_t sq_index);
+  bool stage_local_wait();  // the head waits for this side's copies (not a peer loss)
+  // Responder: a WRITE/SEND packet into GPU memory; 1 taken, 0 no slot
+  // (dropped, RC recovers it), -1 NAKed.
+  int stage_inbound(const roce::Packet& pkt, uint64_t offset, bool last);
+  bool stage_issue_fill(bool final_part);  // false: NAKed
+  bool stage_reply_ok(const Reply& r);  // every byte before r.psn is placed
+  int stage_read_piece(Reply& r, uint32_t index, uint32_t len, std::span<const uint8_t>& piece);
+  void stage_read_sent();
+  // Error or reset: copies in flight orphaned; receive completions that
+  // waited for placement complete flushed (`emit`) or are dropped (RESET).
+  void stage_abort(bool emit);
+  void stage_emit_deferred(bool flush);
 
   // Copies data into / out of SGE lists through the key table.
   std::optional<Error> scatter(const verbs::Sge* sge, uint32_t n, uint64_t offset, std::span<const uint8_t> data);
@@ -367,6 +407,10 @@ class QueuePairImpl {
   std::deque<Reply> replies_;
   std::vector<Replay> replay_cache_;  // max_dest_rd_atomic entries, a ring
   uint32_t replay_cache_next_ = 0;
+  bool in_gpu_ = false;  // the message in progress lands in GPU memory (staged)
+  bool rx_write_ = false;  // ... and is a WRITE (else a SEND)
+  uint32_t rx_psn_ = 0;  // PSN of the request being executed
+  std::unique_ptr<QpStaging> stage_;  // created on first GPU use
 };
 
 }  // namespace ufab::transport

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/transport/gpu_staging.h"
 #include "core/transport/lane.h"
 #include "core/transport/queue_pair.h"
 
@@ -62,7 +63,10 @@ bool QueuePairImpl::start_wqe(SendWqe& w, bool sending_now) {
   if (is_read_or_atomic(w) && rd_atomic_outstanding_ >= attr_.max_rd_atomic) return false;
   if ((w.wr.flags & kSendFence) && rd_atomic_outstanding_ > 0) return false;
   const bool checked_by_gather = sending_now && mac_.has_value() && !is_read_or_atomic(w) && w.length <= mtu_;
-  if (!w.is_inline && is_rc() && !checked_by_gather) {
+  // GPU work: its SGEs are checked as its fragments are staged; a READ
+  // into GPU memory first reserves the slots its responses land in.
+  if (w.gpu && w.wr.opcode == WrOpcode::kRdmaRead && !stage_read_start(w)) return false;
+  if (!w.is_inline && is_rc() && !checked_by_gather && !w.gpu) {
     bool writes = is_read_or_atomic(w);
     for (uint32_t i = 0; i < w.num_sge; ++i) {
       const Sge& s = w.sge[i];
@@ -193,6 +197,8 @@ int QueuePairImpl::build_rc_request(SendWqe& w, RequestPacket& p) {
       // AckReq also twice per window, so a small window reopens without
       // waiting for a message's end or the 64th packet.
       bool ack_req = p.last || ++noack_pkts_ >= std::min(kMaxPacketsPerAck, std::max<uint32_t>(1, cwnd_ / 2));
+      // GPU work: an ACK at each fragment's end, so its slot goes back soon.
+      if (w.gpu && (p.offset + p.payload) % stage_frag() == 0) ack_req = true;
       p.spec = frame_spec(send_opcode(w.wr.opcode, index, w.npkts), cursor_psn_, ack_req);
       if (index == 0 && (w.wr.opcode == WrOpcode::kRdmaWrite || w.wr.opcode == WrOpcode::kRdmaWriteWithImm)) {
         p.spec.ext.reth = {w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
@@ -217,6 +223,7 @@ int QueuePairImpl::gather_request(SendWqe& w, const RequestPacket& p, Gather& g)
     g.pieces[g.n++] = {reinterpret_cast<const uint8_t*>(&w.wr.atomic_value), 8};
     return 1;
   }
+  if (w.gpu && p.payload > 0) return staged_piece(w, p, g);
   if (p.payload > 0 && w.is_inline) {
     g.device[g.n] = 0;
     g.pieces[g.n++] = std::span<const uint8_t>(w.inline_data).subspan(p.offset, p.payload);
@@ -303,8 +310,14 @@ void QueuePairImpl::arm_timer() {
 
 int QueuePairImpl::transmit() {
   int sent = 0;
-  // Responses first: the peer's requester is waiting for them.
+  if (stage_) {
+    stage_->give_back();  // slots of frames the last flush sent
+    stage_progress();
+  }
+  // Responses first: the peer's requester is waiting for them. With GPU
+  // staging, none leaves before the bytes it acknowledges are placed.
   while (!replies_.empty()) {
+    if (stage_ && !stage_reply_ok(replies_.front())) return sent;
     if (!send_reply_packet(replies_.front())) return sent;
     if (replies_.empty()) return sent;  // the reply turned into a NAK that ended the QP
     replies_.pop_front();
@@ -369,6 +382,10 @@ int QueuePairImpl::on_timer() {
   if (psn_diff(una_psn_, cursor_psn_) > 0) rewind(una_psn_);
   if (sq_head_ == sq_next_ && psn_diff(cursor_psn_, una_psn_) <= 0) {
     timer_.reset();  // nothing outstanding
+    return 0;
+  }
+  if (stage_local_wait()) {
+    arm_timer();  // waiting for this side's own copies, not for the peer
     return 0;
   }
   ++ctx_.stats().timeouts;
@@ -558,6 +575,7 @@ void QueuePairImpl::complete_done() {
         if (psn_diff(una, una_psn_) > 0) una_psn_ = una;
         break;
       }
+      if (w.gpu && !stage_read_placed(sq_head_)) break;  // copies into GPU memory still running
     } else if (is_atomic(w) || !acked_through_ || psn_diff(psn_add(end, roce::kPsnMask), *acked_through_) > 0) {
       break;
     }
@@ -790,7 +808,9 @@ void QueuePairImpl::take_read_response(const roce::Packet& pkt) {
     ++st.rx_dropped;  // beyond the tracked window: asked for again once the holes before it fill
     return;
   }
-  if (auto err = scatter(w.sge.data(), w.num_sge, offset, pkt.payload)) {
+  if (w.gpu) {
+    if (!stage_read_response(i, w, offset, pkt.payload)) return;
+  } else if (auto err = scatter(w.sge.data(), w.num_sge, offset, pkt.payload)) {
     fail_head(WcStatus::kLocProtErr, "RDMA_READ destination: " + err->message());
     return;
   }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/transport/gpu_staging.h"
 #include "core/transport/lane.h"
 #include "core/transport/queue_pair.h"
 
@@ -82,9 +83,14 @@ void QueuePairImpl::send_rnr_nak(uint32_t psn) {
                            .syndrome = aeth::rnr_nak_syndrome(attr_.min_rnr_timer)});
 }
 
-// ACKs coalesce: a later ACK replaces one not yet sent.
+// ACKs coalesce: a later ACK replaces one not yet sent. Not while bytes
+// are on their way into GPU memory: an ACK waits for the bytes before its
+// PSN, and one that moved forward with every new packet would wait until
+// the requester's window ran dry; each goes as soon as its own bytes are
+// placed instead.
 void QueuePairImpl::queue_ack(uint32_t psn) {
-  if (!replies_.empty() && replies_.back().kind == Reply::kAck && replies_.back().syndrome == aeth::ack_syndrome()) {
+  if (!replies_.empty() && replies_.back().kind == Reply::kAck && replies_.back().syndrome == aeth::ack_syndrome() &&
+      !(stage_ && stage_->pending_psn())) {
     replies_.back().psn = psn;
     replies_.back().msn = msn_;
     return;
@@ -126,7 +132,13 @@ bool QueuePairImpl::send_reply_packet(Reply& r) {
     std::span<const uint8_t> piece;
     uint64_t device = 0;
     Access access;
-    if (len > 0) {
+    if (len > 0 && r.gpu) {
+      // GPU memory: from the fragment staged for it (the key was checked
+      // when the copy started).
+      int got = stage_read_piece(r, i, len, piece);
+      if (got < 0) return true;  // NAKed, the QP is in ERROR
+      if (got == 0) return false;
+    } else if (len > 0) {
       // Checked again per packet: the region may have been deregistered
       // since the request arrived.
       auto a = ctx_.memory().check_remote(r.rkey, pd_, r.va + offset, len, kRemoteRead);
@@ -144,6 +156,7 @@ bool QueuePairImpl::send_reply_packet(Reply& r) {
     ++ctx_.stats().tx_data_packets;
     if (r.replay) ++ctx_.stats().tx_data_resent;
   }
+  if (r.gpu) stage_read_sent();
   return true;
 }
 
@@ -160,6 +173,7 @@ void QueuePairImpl::on_request(const roce::Packet& pkt) {
     return;
   }
   ++ctx_.stats().rx_data_packets;
+  rx_psn_ = pkt.bth.psn;
   if (!check_psn(pkt)) return;
   const OpcodeHandling& h = handling(pkt.bth.opcode);
   if (h.execute == nullptr) {
@@ -311,7 +325,17 @@ void QueuePairImpl::execute_send(const roce::Packet& pkt) {
              WcStatus::kLocLenErr);
     return;
   }
-  if (auto err = scatter(r.sge.data(), r.num_sge, msg_offset_, pkt.payload)) {
+  if (r.gpu) {
+    // Into GPU memory: through a staging slot; the completion waits for
+    // the copy (complete_recv defers it).
+    rx_write_ = false;
+    int got = stage_inbound(pkt, msg_offset_, op.last());
+    if (got < 0) return;
+    if (got == 0) {
+      ++ctx_.stats().rx_dropped;  // no slot free: RC sends it again
+      return;
+    }
+  } else if (auto err = scatter(r.sge.data(), r.num_sge, msg_offset_, pkt.payload)) {
     send_nak(kNakRemoteOp, psn, "receive buffer: " + err->message(), WcStatus::kLocProtErr);
     return;
   }
@@ -331,13 +355,18 @@ void QueuePairImpl::execute_send(const roce::Packet& pkt) {
 // second lookup.
 bool QueuePairImpl::start_write(const roce::Packet& pkt, Access& whole) {
   const roce::Reth& reth = pkt.ext.reth;
+  in_gpu_ = false;
   if (reth.dma_length > 0) {
-    auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite);
+    auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteWrite, true);
     if (!a) {
       send_nak(a.error().nak_syndrome(), pkt.bth.psn, "RDMA WRITE: " + a.error().message(), WcStatus::kSuccess);
       return false;
     }
-    whole = std::move(*a);
+    if (a->gpu_device() >= 0) {
+      in_gpu_ = true;  // staged: the CPU never writes it
+    } else {
+      whole = std::move(*a);
+    }
   }
   write_va_ = reth.va;
   write_rkey_ = reth.rkey;
@@ -361,7 +390,15 @@ void QueuePairImpl::execute_write(const roce::Packet& pkt) {
              WcStatus::kSuccess);
     return;
   }
-  if (len > 0 && whole.data() != nullptr) {
+  if (in_gpu_) {
+    rx_write_ = true;
+    int got = stage_inbound(pkt, msg_offset_, op.last());
+    if (got < 0) return;
+    if (got == 0) {
+      ++ctx_.stats().rx_dropped;  // no slot free: RC sends it again
+      return;
+    }
+  } else if (len > 0 && whole.data() != nullptr) {
     // The first packet: inside the range just checked (offset 0, len at
     // most the RETH length, checked above).
     std::memcpy(whole.data(), pkt.payload.data(), len);
@@ -380,6 +417,7 @@ void QueuePairImpl::execute_write(const roce::Packet& pkt) {
     if (op.has(roce::kImmDt)) {
       complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, write_length_, pkt.ext.immdt.imm, 0);
     }
+    in_gpu_ = false;
   }
   finish_request(pkt);
 }
@@ -389,12 +427,14 @@ void QueuePairImpl::execute_write(const roce::Packet& pkt) {
 void QueuePairImpl::execute_read(const roce::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
   const roce::Reth& reth = pkt.ext.reth;
+  bool gpu = false;
   if (reth.dma_length > 0) {
-    auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead);
+    auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead, true);
     if (!a) {
       send_nak(a.error().nak_syndrome(), psn, "RDMA READ: " + a.error().message(), WcStatus::kSuccess);
       return;
     }
+    gpu = a->gpu_device() >= 0;
   }
   if (pending_rd_atomic(false) >= attr_.max_dest_rd_atomic) {
     send_nak(kNakInvalid, psn, "more READs/atomics outstanding than max_dest_rd_atomic", WcStatus::kSuccess);
@@ -402,7 +442,7 @@ void QueuePairImpl::execute_read(const roce::Packet& pkt) {
   }
   ++msn_;
   replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
-                           .length = reth.dma_length});
+                           .length = reth.dma_length, .gpu = gpu});
   epsn_ = psn_add(psn, roce::packets_for(reth.dma_length, mtu_));
 }
 
@@ -559,8 +599,11 @@ void QueuePairImpl::duplicate_read(const roce::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
   const roce::Reth& reth = pkt.ext.reth;
   if (!(attr_.access_flags & kRemoteRead)) return;
-  if (reth.dma_length > 0 && !ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead)) {
-    return;
+  bool gpu = false;
+  if (reth.dma_length > 0) {
+    auto a = ctx_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_length, kRemoteRead, true);
+    if (!a) return;
+    gpu = a->gpu_device() >= 0;
   }
   const uint32_t end = psn_add(psn, roce::packets_for(reth.dma_length, mtu_));
   std::erase_if(replies_, [&](const Reply& r) {
@@ -571,7 +614,7 @@ void QueuePairImpl::duplicate_read(const roce::Packet& pkt) {
     return;
   }
   replies_.push_back(Reply{.kind = Reply::kRead, .psn = psn, .msn = msn_, .va = reth.va, .rkey = reth.rkey,
-                           .length = reth.dma_length, .replay = true});
+                           .length = reth.dma_length, .replay = true, .gpu = gpu});
 }
 
 // Atomics, FLUSH and ATOMIC_WRITE are never executed twice: the answer

@@ -2,7 +2,10 @@
 # The GPU suite of issue 12 so far (docs/gpu.md): the CUDA loader,
 # registration of device memory (detected with its GPU ordinal and buffer
 # id), managed memory refused, a freed and reallocated buffer caught at post
-# time and at the responder, GPU entries of the registration cache.
+# time and at the responder, GPU entries of the registration cache, and the
+# staging pipeline with the real copy engine (pipeline_test's "cuda" cases:
+# SEND/RECV, WRITE, WRITE_WITH_IMM, READ host<->GPU and GPU<->GPU at
+# fragment boundaries, depths, 2% loss, every byte checked).
 #
 #   tests/gpu/run.sh                 build with Bazel, then run here
 #   tests/gpu/run.sh --stage DIR     build and copy the binaries to DIR (for a
@@ -20,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
-         //tests/bench:regcache_bench //tools/ufab //tests/gpu:stream_gpu)
+         //tests/unit/staging:pipeline_test //tests/bench:regcache_bench //tools/ufab //tests/gpu:stream_gpu)
 mode=${1:-}
 dir=${2:-}
 
@@ -30,7 +33,7 @@ build() {
 run_from() {
   local d=$1 fail=0 skipped
   if [ -d "$d/lib" ]; then export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
-  for t in gpu_test region_test cache_test; do
+  for t in gpu_test region_test cache_test pipeline_test; do
     echo "== $t"
     out=$(timeout 300 "$d/$t" 2>&1) || fail=1
     echo "$out"

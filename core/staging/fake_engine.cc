@@ -1,0 +1,89 @@
+#include "core/staging/fake_engine.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace ufab::staging {
+
+namespace {
+std::atomic<bool> g_hold{false};
+std::atomic<uint64_t> g_completed{0};
+std::atomic<uint64_t> g_queued{0};
+}  // namespace
+
+void fake_hold(bool hold) { g_hold.store(hold); }
+uint64_t fake_completed() { return g_completed.load(); }
+uint64_t fake_queued() { return g_queued.load(); }
+
+FakeCopyEngine::FakeCopyEngine(const FakeOptions& options)
+    : options_(options), word_storage_(kTickets, kDone), rng_(options.seed) {
+  words_ = word_storage_.data();
+}
+
+Result<std::unique_ptr<FakeCopyEngine>> FakeCopyEngine::create(const FakeOptions& options) {
+  std::unique_ptr<FakeCopyEngine> e(new FakeCopyEngine(options));
+  e->thread_ = std::thread([p = e.get()] { p->run(); });
+  return e;
+}
+
+FakeCopyEngine::~FakeCopyEngine() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Result<void*> FakeCopyEngine::alloc_host(size_t bytes) {
+  void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (p == nullptr) return fail(ENOMEM, "fake copy engine: no memory for " + std::to_string(bytes) + " bytes of slots");
+  return p;
+}
+
+void FakeCopyEngine::free_host(void* p) { std::free(p); }
+
+void FakeCopyEngine::queue_locked(Job&& job) {
+  queue_.push_back(Queued{std::move(job), std::chrono::steady_clock::now() + options_.delay});
+  g_queued.fetch_add(1);
+}
+
+void FakeCopyEngine::run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    if (stop_) break;
+    if (queue_.empty() || g_hold.load()) {
+      cv_.wait_for(lock, std::chrono::microseconds(200));
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<size_t> due;
+    for (size_t i = 0; i < queue_.size(); ++i) {
+      if (queue_[i].due <= now) due.push_back(i);
+    }
+    if (due.empty()) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      lock.lock();
+      continue;
+    }
+    size_t pick = options_.random_order ? due[std::uniform_int_distribution<size_t>(0, due.size() - 1)(rng_)] : due[0];
+    Queued q = std::move(queue_[pick]);
+    queue_.erase(queue_.begin() + static_cast<ptrdiff_t>(pick));
+    lock.unlock();
+    for (const CopySegment& s : q.job.segments) std::memcpy(s.dst, s.src, s.bytes);
+    g_queued.fetch_sub(1);
+    g_completed.fetch_add(1);
+    finish(q.job.ticket, true);
+    lock.lock();
+  }
+  // Copies still queued at the end are done now: slots and flags are freed after.
+  for (Queued& q : queue_) {
+    for (const CopySegment& s : q.job.segments) std::memcpy(s.dst, s.src, s.bytes);
+    g_queued.fetch_sub(1);
+    finish(q.job.ticket, true);
+  }
+  queue_.clear();
+}
+
+}  // namespace ufab::staging
