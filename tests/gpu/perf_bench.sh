@@ -39,7 +39,8 @@ trap cleanup EXIT
 # one SIZE "EXTRA OPTIONS": prints the client's bw_avg (MiB/s), or "err".
 one() {
   local size=$1 extra=$2 port=
-  rm -f /dev/shm/ufab-swnic-"$link"*
+  # The old logs go first, so the port loop never reads the last run's port.
+  rm -f /dev/shm/ufab-swnic-"$link"* "$tmp"/s.* "$tmp"/c.*
   # shellcheck disable=SC2086
   timeout 300 "$ufab" perf write-bw "swnic:$link:0" --ip 10.0.0.1 -p 0 -s "$size" -n "$iters" --data_validation \
     --json --timeout 60 $extra >"$tmp/s.out" 2>"$tmp/s.err" &

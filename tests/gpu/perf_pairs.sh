@@ -24,7 +24,9 @@ passed=0 failed=0
 # pair TEST "SERVER OPTS" "CLIENT OPTS" NAME
 pair() {
   local test=$1 sopts=$2 copts=$3 name=$4 port=
-  rm -f /dev/shm/ufab-swnic-"$link"*
+  # The old logs go first: the server's redirection truncates s.err only
+  # once it runs, and the port loop below must not read the last pair's port.
+  rm -f /dev/shm/ufab-swnic-"$link"* "$tmp"/s.* "$tmp"/c.*
   # shellcheck disable=SC2086
   timeout 300 "$ufab" perf "$test" "swnic:$link:0" --ip 10.0.0.1 -p 0 --json --timeout 20 $sopts \
     >"$tmp/s.out" 2>"$tmp/s.err" &
@@ -43,7 +45,7 @@ pair() {
   fi
   wait "$server"; src=$?; server=
   local checked
-  checked=$(cat "$tmp/s.out" "$tmp/c.out" 2>/dev/null | grep -o '"validated_bytes":[0-9]*' | cut -d: -f2 | head -n 1)
+  checked=$(cat "$tmp/s.out" "$tmp/c.out" 2>/dev/null | grep -o '"validated_bytes":[0-9][0-9]*' | cut -d: -f2 | head -n 1)
   if [ "$src" -eq 0 ] && [ "$crc" -eq 0 ]; then
     passed=$((passed + 1)); echo "PASS $name (validated $checked bytes)"
   else
