@@ -1,5 +1,6 @@
 #include "core/stream/engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -68,44 +69,53 @@ Result<uint64_t> Engine::post_send(ufab_qp* qp, std::span<const ufab_send_wr> wr
   if (qp == nullptr || wrs.empty() || wrs.size() >= kRecv) {
     return fail(EINVAL, "ufab_stream_post_send: a QP and 1 to " + std::to_string(kRecv - 1) + " work requests are required");
   }
-  std::lock_guard lock(mu_);
-  uint64_t ticket = 0;
-  auto slot = take_slot(&ticket);
-  if (!slot) return std::unexpected(slot.error());
-  Slot& s = **slot;
-  const uint32_t i = index(ticket);
-  size_t nsge = 0;
-  for (const auto& wr : wrs) nsge += wr.num_sge;
-  s.sges.reserve(nsge);
   for (size_t k = 0; k < wrs.size(); ++k) {
-    ufab_send_wr w = wrs[k];
-    s.app_wr_ids.push_back(w.wr_id);
-    w.wr_id = token(i, uint32_t(k));
-    if (w.num_sge != 0 && w.sg_list == nullptr) {
-      s.state = State::kFree;
-      --next_ticket_;
+    if (wrs[k].num_sge != 0 && wrs[k].sg_list == nullptr) {
       return fail(EINVAL, "ufab_stream_post_send: work request " + std::to_string(k) + " has num_sge " +
-                              std::to_string(w.num_sge) + " and no sg_list");
+                              std::to_string(wrs[k].num_sge) + " and no sg_list");
     }
-    s.sges.insert(s.sges.end(), w.sg_list, w.sg_list + w.num_sge);
-    if (k + 1 == wrs.size()) w.send_flags |= UFAB_SEND_SIGNALED;
-    s.wrs.push_back(w);
   }
-  // SGEs in place now that the vector no longer moves.
-  size_t at = 0;
-  for (auto& w : s.wrs) {
-    w.sg_list = w.num_sge ? &s.sges[at] : nullptr;
-    at += w.num_sge;
+  std::lock_guard post(post_mu_);
+  uint64_t ticket = 0;
+  uint32_t i = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto slot = take_slot(&ticket);
+    if (!slot) return std::unexpected(slot.error());
+    Slot& s = **slot;
+    i = index(ticket);
+    size_t nsge = 0;
+    for (const auto& wr : wrs) nsge += wr.num_sge;
+    s.sges.reserve(nsge);
+    for (size_t k = 0; k < wrs.size(); ++k) {
+      ufab_send_wr w = wrs[k];
+      s.app_wr_ids.push_back(w.wr_id);
+      w.wr_id = token(i, uint32_t(k));
+      s.sges.insert(s.sges.end(), w.sg_list, w.sg_list + w.num_sge);
+      if (k + 1 == wrs.size()) w.send_flags |= UFAB_SEND_SIGNALED;
+      s.wrs.push_back(w);
+    }
+    // SGEs in place now that the vector no longer moves.
+    size_t at = 0;
+    for (auto& w : s.wrs) {
+      w.sg_list = w.num_sge ? &s.sges[at] : nullptr;
+      at += w.num_sge;
+    }
+    s.qp = qp;
+    // Armed but in no stream's queue yet: the proxy does not look at it.
+    s.state = State::kArmed;
+    store(&doorbells_[i], 0);
   }
-  s.qp = qp;
-  store(&doorbells_[i], 0);
-  if (auto w = streams_->write(stream, &doorbells_[i], seq(ticket)); !w) {
-    s.state = State::kFree;
-    --next_ticket_;
+  auto w = streams_->write(stream, &doorbells_[i], seq(ticket));
+  std::lock_guard lock(mu_);
+  Slot& s = slots_[i];
+  if (!w) {
+    s = Slot{};
     return std::unexpected(w.error().context("ufab_stream_post_send: enqueueing the doorbell write on the stream"));
   }
-  s.state = State::kArmed;
-  armed_.push_back(i);
+  auto q = std::find_if(armed_.begin(), armed_.end(), [&](const auto& e) { return e.first == stream; });
+  if (q == armed_.end()) q = armed_.insert(armed_.end(), {stream, {}});
+  q->second.push_back(i);
   return ticket;
 }
 
@@ -121,9 +131,10 @@ Result<uint64_t> Engine::post_recv(ufab_qp* qp, const ufab_recv_wr& wr) {
   w.wr_id = token(index(ticket), kRecv);
   s.qp = qp;
   s.state = State::kPosted;
+  ++posted_;
   if (int rc = ufab_post_recv(qp, &w, 1, nullptr); rc != 0) {
-    s.state = State::kFree;
-    --next_ticket_;
+    s = Slot{};
+    --posted_;
     return fail(-rc, std::string("ufab_stream_post_recv: ") + ufab_last_error());
   }
   return ticket;
@@ -171,6 +182,7 @@ size_t Engine::poll(std::span<ufab_wc> out) {
 
 // Under mu_: the ticket is over; the stream waiting on it may go on.
 void Engine::complete(Slot& s, uint32_t slot_index, State state) {
+  if (s.state == State::kPosted) --posted_;
   s.state = state;
   s.wrs.clear();
   s.sges.clear();
@@ -204,34 +216,33 @@ void Engine::run() {
     bool busy = false;
     {
       std::lock_guard lock(mu_);
-      // Doorbells that rang: post their work requests, in ticket order
-      // among those that rang.
-      for (auto it = armed_.begin(); it != armed_.end();) {
-        Slot& s = slots_[*it];
-        if (s.state != State::kArmed || load(&doorbells_[*it]) != seq(s.ticket)) {
-          ++it;
-          continue;
+      // Doorbells that rang: post their work requests. Each stream rings
+      // its own in ticket order, so only its oldest armed one can be next.
+      for (auto& [stream, queue] : armed_) {
+        while (!queue.empty()) {
+          const uint32_t i = queue.front();
+          Slot& s = slots_[i];
+          if (s.state == State::kArmed && load(&doorbells_[i]) != seq(s.ticket)) break;
+          queue.pop_front();
+          if (s.state != State::kArmed) continue;  // cancelled meanwhile
+          s.state = State::kPosted;
+          ++posted_;
+          uint32_t bad = 0;
+          if (int rc = ufab_post_send(s.qp, s.wrs.data(), uint32_t(s.wrs.size()), &bad); rc != 0) {
+            // Nothing of it completes: say so through the ticket.
+            s.error_status = UFAB_WC_LOC_QP_OP_ERR;
+            complete(s, i, State::kFailed);
+          }
         }
-        s.state = State::kPosted;
-        uint32_t bad = 0;
-        if (int rc = ufab_post_send(s.qp, s.wrs.data(), uint32_t(s.wrs.size()), &bad); rc != 0) {
-          // Nothing of it completes: say so through the ticket.
-          s.error_status = UFAB_WC_LOC_QP_OP_ERR;
-          complete(s, *it, State::kFailed);
-        }
-        it = armed_.erase(it);
+        busy |= !queue.empty();
       }
-      busy = !armed_.empty();
+      busy |= posted_ > 0;
     }
     int n = ufab_cq_poll(cq_, wcs, 32);
     if (n > 0) {
       std::lock_guard lock(mu_);
       for (int k = 0; k < n; ++k) on_completion(wcs[k]);
       busy = true;
-    }
-    if (!busy) {
-      std::lock_guard lock(mu_);
-      for (const Slot& s : slots_) busy |= s.state == State::kPosted;
     }
     if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -79,12 +79,19 @@ class Engine {
 
   ufab_cq* cq_;
   std::unique_ptr<Streams> streams_;
+  // Held by post_send from taking a ticket to queueing it as armed, so a
+  // stream's doorbell writes are enqueued in its tickets' order; the CUDA
+  // call runs outside mu_, so the proxy is not kept waiting on it.
+  std::mutex post_mu_;
   uint32_t* doorbells_;    // slots_.size() words, then as many completion words
   uint32_t* completions_;
   std::mutex mu_;          // slots_, next_ticket_, armed_, completions queue
   std::vector<Slot> slots_;
   uint64_t next_ticket_ = 0;
-  std::deque<uint32_t> armed_;  // slot indices in ticket order
+  // Armed slots per stream, in ticket order. A stream rings its doorbells
+  // in that order, so the proxy looks only at each stream's oldest.
+  std::vector<std::pair<void*, std::deque<uint32_t>>> armed_;
+  size_t posted_ = 0;  // slots in kPosted
   std::deque<ufab_wc> out_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

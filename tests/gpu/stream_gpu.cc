@@ -8,7 +8,7 @@
 //   --bench: a ping-pong of such rounds (kernel, WRITE_WITH_IMM, the peer's
 //            stream waits, verifies, fills and answers) against the
 //            CPU-driven loop (launch, cuStreamSynchronize, post, poll,
-//            launch) at 8 B and 4 KiB: round-trip time each way, a table,
+//            launch) at 8 B and 4 KiB (--sizes): round-trip time each way, a table,
 //            and JSON with --json FILE.
 //
 // Exit 0 when every check passed. Without a GPU: "no GPU: ..." and exit 1
@@ -284,13 +284,26 @@ int main(int argc, char** argv) {
   bool bench = false;
   const char* json = nullptr;
   uint32_t rounds = 1000;
+  std::vector<uint32_t> sizes = {8, 4096};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--bench") bench = true;
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else if (a == "--rounds" && i + 1 < argc) rounds = uint32_t(std::stoul(argv[++i]));
+    else if (a == "--sizes" && i + 1 < argc) {
+      sizes.clear();
+      for (std::string v = argv[++i]; !v.empty();) {
+        size_t c = v.find(',');
+        sizes.push_back(uint32_t(std::stoul(v.substr(0, c))));
+        v = c == std::string::npos ? "" : v.substr(c + 1);
+      }
+      if (std::any_of(sizes.begin(), sizes.end(), [](uint32_t n) { return n == 0 || n > kBuf; })) {
+        std::fprintf(stderr, "stream_gpu: --sizes takes sizes from 1 to %u bytes\n", kBuf);
+        return 2;
+      }
+    }
     else {
-      std::fprintf(stderr, "usage: stream_gpu [--bench [--rounds N] [--json FILE]]\n");
+      std::fprintf(stderr, "usage: stream_gpu [--bench [--rounds N] [--sizes N,N,...] [--json FILE]]\n");
       return 2;
     }
   }
@@ -329,7 +342,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   if (bench) {
     // The CPU-driven loop first (the engines own the CQs once created).
-    for (uint32_t n : {8u, 4096u}) {
+    for (uint32_t n : sizes) {
       *a.bad = *b.bad = 0;
       auto t0 = Clock::now();
       std::thread tb([&] { cpu_side(b, a, n, rounds, false); });
