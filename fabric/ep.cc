@@ -55,17 +55,37 @@ ssize_t post_send(Ep* ep, const Post& p) {
         return -FI_EINVAL;  // FI_MR_LOCAL: every buffer needs its descriptor
       }
       sge[i].lkey = desc_lkey(p.desc[i]);
+    } else if (p.desc != nullptr && p.desc[i] != nullptr) {
+      // Inline data is read by the CPU at post time: never from GPU memory.
+      if (static_cast<Mr*>(p.desc[i])->cuda) return -FI_EOPNOTSUPP;
+      sge[i].lkey = desc_lkey(p.desc[i]);  // ufab checks it too
     } else {
+      // fi_inject*: no descriptor; refused on a registered CUDA range.
+      if (ep->dom->touches_cuda(p.iov[i].iov_base, p.iov[i].iov_len)) return -FI_EOPNOTSUPP;
       sge[i].lkey = 0;
     }
   }
   if (inline_data && total > ep->max_inline) return -FI_EINVAL;
+  // FI_COMMIT_COMPLETE: a WRITE completes once durable at the target
+  // (ufab's commit-complete WRITE: the WRITE, then a FLUSH PERSISTENT of
+  // its range). Only where the device has FLUSH PERSISTENT (FI_RMA_PMEM).
+  // A SEND or READ needs nothing more: a soft-RoCE receiver makes data
+  // landing in persistent memory durable before it acknowledges it, and a
+  // READ's data landing in local persistent memory before it completes.
+  // Atomics have no durable form.
+  bool commit = false;
+  if ((p.flags & FI_COMMIT_COMPLETE) != 0 && !p.inject) {
+    if (!ep->dom->dev->has_pmem()) return -FI_EOPNOTSUPP;
+    if (p.opcode == UFAB_WR_ATOMIC_CMP_AND_SWP || p.opcode == UFAB_WR_ATOMIC_FETCH_AND_ADD) return -FI_EOPNOTSUPP;
+    commit = p.opcode == UFAB_WR_RDMA_WRITE || p.opcode == UFAB_WR_RDMA_WRITE_WITH_IMM;
+  }
   ufab_send_wr wr{};
   wr.sg_list = sge;
   wr.num_sge = static_cast<uint32_t>(p.count);
   wr.opcode = p.opcode;
   wr.send_flags = UFAB_SEND_SIGNALED | (inline_data ? uint32_t{UFAB_SEND_INLINE} : 0u) |
-                  ((p.flags & FI_FENCE) != 0 ? uint32_t{UFAB_SEND_FENCE} : 0u);
+                  ((p.flags & FI_FENCE) != 0 ? uint32_t{UFAB_SEND_FENCE} : 0u) |
+                  (commit ? uint32_t{UFAB_SEND_COMMIT} : 0u);
   wr.imm_data = static_cast<uint32_t>(p.data);
   wr.remote_addr = p.raddr;
   wr.rkey = static_cast<uint32_t>(p.rkey);
@@ -491,10 +511,29 @@ int ep_getopt(fid_t f, int level, int optname, void* optval, size_t* optlen) {
     *optlen = sizeof(size_t);
     return 0;
   }
+  if (optname == FI_OPT_FI_HMEM_P2P && ep->dom->dev->has_hmem()) {
+    if (*optlen < sizeof(int)) return -FI_ETOOSMALL;
+    *static_cast<int*>(optval) = ep->hmem_p2p;
+    *optlen = sizeof(int);
+    return 0;
+  }
   return -FI_ENOPROTOOPT;
 }
-int ep_setopt(fid_t, int level, int, const void*, size_t) {
-  return level == FI_OPT_ENDPOINT ? -FI_ENOPROTOOPT : -FI_ENOPROTOOPT;
+// FI_OPT_FI_HMEM_P2P: ufab never lets a NIC touch GPU memory (every byte
+// is staged through host memory), so P2P can be allowed, preferred or
+// disabled, but not required.
+int ep_setopt(fid_t f, int level, int optname, const void* optval, size_t optlen) {
+  auto* ep = reinterpret_cast<Ep*>(f);
+  if (level != FI_OPT_ENDPOINT) return -FI_ENOPROTOOPT;
+  if (optname == FI_OPT_FI_HMEM_P2P && ep->dom->dev->has_hmem()) {
+    if (optval == nullptr || optlen != sizeof(int)) return -FI_EINVAL;
+    int v = *static_cast<const int*>(optval);
+    if (v == FI_HMEM_P2P_REQUIRED) return -FI_EOPNOTSUPP;
+    if (v != FI_HMEM_P2P_ENABLED && v != FI_HMEM_P2P_PREFERRED && v != FI_HMEM_P2P_DISABLED) return -FI_EINVAL;
+    ep->hmem_p2p = v;
+    return 0;
+  }
+  return -FI_ENOPROTOOPT;
 }
 ssize_t ep_rx_size_left(fid_ep*) { return -FI_ENOSYS; }
 ssize_t ep_tx_size_left(fid_ep*) { return -FI_ENOSYS; }
@@ -606,8 +645,12 @@ int ep_enable(Ep* ep) {
     qa.state = UFAB_QPS_INIT;
     qa.pkey_index = 0;
     qa.port = 1;
+    // FLUSH rights where the device has them: the peer's FI_COMMIT_COMPLETE
+    // writes flush our persistent regions (the regions say which).
     qa.access_flags = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ |
-                      (ep->dom->dev->has_atomics() ? uint32_t{UFAB_ACCESS_REMOTE_ATOMIC} : 0u);
+                      (ep->dom->dev->has_atomics() ? uint32_t{UFAB_ACCESS_REMOTE_ATOMIC} : 0u) |
+                      ((a.caps & UFAB_DEVICE_CAP_FLUSH_GLOBAL) != 0 ? uint32_t{UFAB_ACCESS_FLUSH_GLOBAL} : 0u) |
+                      (ep->dom->dev->has_pmem() ? uint32_t{UFAB_ACCESS_FLUSH_PERSISTENT} : 0u);
     rc = ufab_qp_modify(ep->qp, &qa, UFAB_QP_STATE | UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_ACCESS_FLAGS);
   } else {
     ufab_conn self{};

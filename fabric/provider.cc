@@ -43,6 +43,11 @@ bool parse_ud_name(const char* s, size_t len, uint32_t* ip, uint32_t* qpn) {
 
 bool Dev::soft_roce() const { return std::strcmp(attr.provider, "soft-roce") == 0; }
 bool Dev::has_msg() const { return soft_roce() || shm_device(this); }
+bool Dev::has_hmem() const { return soft_roce() && (attr.mem_types & (1u << UFAB_MEM_CUDA)) != 0; }
+bool Dev::has_pmem() const {
+  return soft_roce() && (attr.caps & UFAB_DEVICE_CAP_FLUSH_PERSISTENT) != 0 &&
+         (attr.mem_types & (1u << UFAB_MEM_PERSISTENT)) != 0;
+}
 
 // ------------------------------------------------------------ configuration
 
@@ -199,6 +204,8 @@ uint64_t msg_caps(Dev* d) {
   uint64_t c = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
                FI_REMOTE_COMM;
   if (d->has_atomics()) c |= FI_ATOMIC;
+  if (d->has_hmem()) c |= FI_HMEM;       // CUDA memory through the staging pipeline
+  if (d->has_pmem()) c |= FI_RMA_PMEM;   // FI_COMMIT_COMPLETE writes into persistent memory
   return c;
 }
 uint64_t dgram_caps() { return FI_MSG | FI_SEND | FI_RECV | FI_REMOTE_COMM; }
@@ -366,8 +373,12 @@ bool fits(fi_info* fi, const fi_info* h) {
         h->tx_attr->inject_size > fi->tx_attr->inject_size)
       return false;
     if (h->tx_attr->size != 0) fi->tx_attr->size = h->tx_attr->size;
+    // FI_COMMIT_COMPLETE as a default flag: only where a WRITE can be
+    // made durable (FLUSH PERSISTENT), else the hints do not fit.
+    uint64_t commit = fi->ep_attr->type == FI_EP_MSG && (fi->caps & FI_RMA_PMEM) != 0 ? FI_COMMIT_COMPLETE : 0;
+    if ((h->tx_attr->op_flags & FI_COMMIT_COMPLETE) != 0 && commit == 0) return false;
     fi->tx_attr->op_flags = h->tx_attr->op_flags & (FI_COMPLETION | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |
-                                                     FI_DELIVERY_COMPLETE);
+                                                     FI_DELIVERY_COMPLETE | commit);
   }
   if (h->rx_attr != nullptr) {
     if (h->rx_attr->size > fi->rx_attr->size || h->rx_attr->iov_limit > fi->rx_attr->iov_limit) return false;
@@ -379,15 +390,20 @@ bool fits(fi_info* fi, const fi_info* h) {
   if (h->caps != 0) {
     uint64_t primary = FI_MSG | FI_RMA | FI_ATOMIC | FI_TAGGED;
     uint64_t want = h->caps;
+    uint64_t keep = fi->caps;
     if ((want & primary) != 0) {
-      uint64_t keep = (fi->caps & ~primary) | (want & primary);
+      keep = (fi->caps & ~primary) | (want & primary);
       // Direction bits: none asked means all of the kept ones.
       uint64_t dirs = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
       if ((want & dirs) != 0) keep = (keep & ~dirs) | (want & dirs);
-      fi->caps = keep;
-      fi->tx_attr->caps &= keep;
-      fi->rx_attr->caps &= keep;
     }
+    // FI_HMEM is primary too: offered only to applications that ask for
+    // it. FI_RMA_PMEM goes with FI_RMA.
+    if ((want & FI_HMEM) == 0) keep &= ~FI_HMEM;
+    if ((keep & FI_RMA) == 0) keep &= ~FI_RMA_PMEM;
+    fi->caps = keep;
+    fi->tx_attr->caps &= keep;
+    fi->rx_attr->caps &= keep;
   }
   return true;
 }
@@ -613,12 +629,32 @@ int domain_open(fid_fabric* fabric, fi_info* info, fid_domain** dom, void* conte
 
 // ---------------------------------------------------------------------- MR
 
+bool Domain::touches_cuda(const void* addr, uint64_t len) {
+  if (cuda_mrs.load(std::memory_order_relaxed) == 0) return false;
+  auto a = reinterpret_cast<uintptr_t>(addr);
+  std::lock_guard<std::mutex> lk(mr_mu);
+  for (const CudaRange& r : cuda_ranges)
+    if (a < r.addr + r.len && r.addr < a + len) return true;
+  return false;
+}
+
 namespace {
 
 int mr_close(fid* f) {
   auto* m = reinterpret_cast<Mr*>(f);
   int rc = ufab_mr_dereg(m->umr);
   if (rc != 0) return neg(-rc) == -EBUSY ? -FI_EBUSY : -FI_EINVAL;
+  if (m->cuda) {
+    std::lock_guard<std::mutex> lk(m->dom->mr_mu);
+    auto& v = m->dom->cuda_ranges;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it->addr == m->addr && it->len == m->len) {
+        v.erase(it);
+        break;
+      }
+    }
+    m->dom->cuda_mrs--;
+  }
   m->dom->refs--;
   delete m;
   return 0;
@@ -628,31 +664,89 @@ int mr_control(fid*, int, void*) { return -FI_ENOSYS; }
 
 fi_ops g_mr_fi_ops = {sizeof(fi_ops), mr_close, mr_bind, mr_control, no_ops_open, nullptr, nullptr};
 
-}  // namespace
+const char* iface_name(fi_hmem_iface iface) {
+  switch (iface) {
+    case FI_HMEM_SYSTEM: return "FI_HMEM_SYSTEM";
+    case FI_HMEM_CUDA: return "FI_HMEM_CUDA";
+    case FI_HMEM_ROCR: return "FI_HMEM_ROCR";
+    case FI_HMEM_ZE: return "FI_HMEM_ZE";
+    case FI_HMEM_NEURON: return "FI_HMEM_NEURON";
+    case FI_HMEM_SYNAPSEAI: return "FI_HMEM_SYNAPSEAI";
+  }
+  return "an unknown iface";
+}
 
-int mr_reg(fid* fid, const void* buf, size_t len, uint64_t access, uint64_t offset, uint64_t requested_key,
-           uint64_t flags, fid_mr** mr, void* context) {
-  (void)requested_key;  // FI_MR_PROV_KEY: the provider picks keys
+// One registration: host memory (FI_HMEM_SYSTEM), CUDA device memory
+// (FI_HMEM_CUDA: ufab's UFAB_MEM_CUDA, moved through the staging
+// pipeline), or persistent memory (FI_RMA_PMEM: UFAB_MEM_PERSISTENT, a
+// FLUSH PERSISTENT target for FI_COMMIT_COMPLETE writes).
+int register_region(fid* fid, const void* buf, size_t len, uint64_t access, uint64_t offset, uint64_t flags,
+                    fi_hmem_iface iface, fid_mr** mr, void* context) {
   if (fid->fclass != FI_CLASS_DOMAIN) return -FI_EINVAL;
-  // Offsets belong to FI_MR_SCALABLE. Flags: none of libfabric's public
-  // ones change a host registration here; utility providers pass their own
-  // (FI_PROV_SPECIFIC range), which are theirs to mean.
-  (void)flags;
+  // Offsets belong to FI_MR_SCALABLE. Flags: FI_RMA_PMEM is ours;
+  // FI_HMEM_DEVICE_ONLY / FI_HMEM_HOST_ALLOC say nothing ufab does not
+  // learn itself; utility providers pass their own (FI_PROV_SPECIFIC
+  // range), which are theirs to mean.
   if (offset != 0) return -FI_EINVAL;
   auto* d = reinterpret_cast<Domain*>(fid);
+  const bool pmem = (flags & FI_RMA_PMEM) != 0;
+  const bool cuda = iface == FI_HMEM_CUDA;
+  if (iface != FI_HMEM_SYSTEM && iface != FI_HMEM_CUDA) {
+    warn(std::string("fi_mr_regattr on ") + d->dev->name + ": " + iface_name(iface) +
+         " memory is not supported; ufab moves host memory (FI_HMEM_SYSTEM) and CUDA device memory "
+         "(FI_HMEM_CUDA) only");
+    return -FI_EOPNOTSUPP;
+  }
+  if (cuda && !d->dev->has_hmem()) {
+    warn("fi_mr_regattr on " + d->dev->name + ": FI_HMEM_CUDA memory is not supported on this domain (" +
+         (d->dev->soft_roce() ? std::string("this ufab was built without CUDA's headers")
+                              : std::string("the shared-memory device has no GPU staging pipeline")) +
+         "; use a soft-RoCE domain, which advertises FI_HMEM, or copy into host memory)");
+    return -FI_EOPNOTSUPP;
+  }
+  if (cuda && pmem) {
+    warn("fi_mr_regattr on " + d->dev->name +
+         ": FI_HMEM_CUDA with FI_RMA_PMEM: GPU memory is never a durable (FLUSH PERSISTENT) target");
+    return -FI_EOPNOTSUPP;
+  }
+  if (pmem && !d->dev->has_pmem()) {
+    warn("fi_mr_reg on " + d->dev->name + ": FI_RMA_PMEM is not supported on this domain (no FLUSH PERSISTENT; "
+         "it does not advertise FI_RMA_PMEM)");
+    return -FI_EOPNOTSUPP;
+  }
   // Local write always (receives, READ results); remote rights as asked.
   uint32_t acc = UFAB_ACCESS_LOCAL_WRITE;
   if ((access & FI_REMOTE_WRITE) != 0) acc |= UFAB_ACCESS_REMOTE_WRITE;
   if ((access & FI_REMOTE_READ) != 0) acc |= UFAB_ACCESS_REMOTE_READ;
-  if ((access & FI_REMOTE_WRITE) != 0 && d->dev->has_atomics()) acc |= UFAB_ACCESS_REMOTE_ATOMIC;
+  // Atomics on GPU memory are not supported (ufab refuses the right).
+  if ((access & FI_REMOTE_WRITE) != 0 && d->dev->has_atomics() && !cuda) acc |= UFAB_ACCESS_REMOTE_ATOMIC;
+  // A durable target: a peer's FLUSH (what FI_COMMIT_COMPLETE sends after
+  // the WRITE) may make it visible and durable.
+  if (pmem && (access & (FI_REMOTE_WRITE | FI_REMOTE_READ)) != 0)
+    acc |= UFAB_ACCESS_FLUSH_GLOBAL | UFAB_ACCESS_FLUSH_PERSISTENT;
   auto* m = new Mr;
   m->dom = d;
   // A zero-length registration is legal in libfabric; ufab wants bytes.
   static char zero_byte;
-  void* addr = len == 0 ? static_cast<void*>(&zero_byte) : const_cast<void*>(buf);
-  int rc = ufab_mr_reg(d->dev->pd, addr, len == 0 ? 1 : len, acc, &m->umr);
+  ufab_mr_attr ua{};
+  ua.size = sizeof ua;
+  ua.access = acc;
+  ua.addr = len == 0 ? static_cast<void*>(&zero_byte) : const_cast<void*>(buf);
+  ua.length = len == 0 ? 1 : len;
+  ua.mem_type = len != 0 && cuda ? UFAB_MEM_CUDA : pmem && len != 0 ? UFAB_MEM_PERSISTENT : UFAB_MEM_HOST;
+  int rc = ufab_mr_reg_attr(d->dev->pd, &ua, &m->umr);
+  bool found_cuda = false;
+  if (rc == -EOPNOTSUPP && !cuda && !pmem && (acc & UFAB_ACCESS_REMOTE_ATOMIC) != 0) {
+    // CUDA device memory given as host memory: ufab recognises it by its
+    // pointer attributes and refuses only the atomic right (no atomics on
+    // GPU memory). Registered without it, as FI_HMEM_CUDA would have been.
+    ua.access &= ~uint32_t{UFAB_ACCESS_REMOTE_ATOMIC};
+    rc = ufab_mr_reg_attr(d->dev->pd, &ua, &m->umr);
+    found_cuda = rc == 0;
+  }
   if (rc != 0) {
-    warn(std::string("fi_mr_reg: ") + ufab_last_error());
+    warn(std::string(cuda ? "fi_mr_regattr (FI_HMEM_CUDA)" : pmem ? "fi_mr_reg (FI_RMA_PMEM)" : "fi_mr_reg") +
+         " on " + d->dev->name + ": " + ufab_last_error());
     delete m;
     return neg(-rc);
   }
@@ -662,9 +756,27 @@ int mr_reg(fid* fid, const void* buf, size_t len, uint64_t access, uint64_t offs
   m->lkey = ufab_mr_lkey(m->umr);
   m->mr.mem_desc = m;
   m->mr.key = ufab_mr_rkey(m->umr);
+  if ((cuda || found_cuda) && len != 0) {
+    m->cuda = true;
+    m->addr = reinterpret_cast<uintptr_t>(buf);
+    m->len = len;
+    std::lock_guard<std::mutex> lk(d->mr_mu);
+    d->cuda_ranges.push_back(CudaRange{m->addr, m->len});
+    d->cuda_mrs++;
+  }
   d->refs++;
   *mr = &m->mr;
   return 0;
+}
+
+}  // namespace
+
+int mr_reg(fid* fid, const void* buf, size_t len, uint64_t access, uint64_t offset, uint64_t requested_key,
+           uint64_t flags, fid_mr** mr, void* context) {
+  (void)requested_key;  // FI_MR_PROV_KEY: the provider picks keys
+  // Host memory; in a process that uses CUDA, ufab recognises device
+  // memory given here by its pointer attributes and registers it as CUDA.
+  return register_region(fid, buf, len, access, offset, flags, FI_HMEM_SYSTEM, mr, context);
 }
 
 int mr_regv(fid* fid, const iovec* iov, size_t count, uint64_t access, uint64_t offset, uint64_t requested_key,
@@ -674,10 +786,11 @@ int mr_regv(fid* fid, const iovec* iov, size_t count, uint64_t access, uint64_t 
 }
 
 int mr_regattr(fid* fid, const fi_mr_attr* attr, uint64_t flags, fid_mr** mr) {
-  if (attr->iov_count != 1) return -FI_EINVAL;
-  if (attr->iface != FI_HMEM_SYSTEM) return -FI_EOPNOTSUPP;
-  return mr_reg(fid, attr->mr_iov[0].iov_base, attr->mr_iov[0].iov_len, attr->access, attr->offset,
-                attr->requested_key, flags, mr, attr->context);
+  if (attr == nullptr || attr->iov_count != 1) return -FI_EINVAL;
+  // attr->device.cuda (the GPU's ordinal) is not needed: ufab learns the
+  // GPU from the pointer (one GPU per ufab device).
+  return register_region(fid, attr->mr_iov[0].iov_base, attr->mr_iov[0].iov_len, attr->access, attr->offset, flags,
+                         attr->iface, mr, attr->context);
 }
 
 }  // namespace ufab_fi

@@ -67,6 +67,12 @@ struct Dev {
   bool has_msg() const;
   bool has_ud() const { return (attr.caps & UFAB_DEVICE_CAP_UD) != 0; }
   bool has_atomics() const { return (attr.caps & UFAB_DEVICE_CAP_ATOMICS) != 0; }
+  // FI_HMEM: the device moves CUDA memory (soft-RoCE's staging pipeline:
+  // a build with CUDA's headers, or gpu_copy=fake). shm has no pipeline.
+  bool has_hmem() const;
+  // FI_RMA_PMEM / FI_COMMIT_COMPLETE: FLUSH PERSISTENT, so a WRITE can
+  // complete once durable at a persistent-memory target.
+  bool has_pmem() const;
 };
 
 // Devices from FI_UFAB_DEVICES, opened (or the reason they are not).
@@ -109,6 +115,13 @@ struct Op {
   uint64_t len = 0;
 };
 
+// A registered range of CUDA memory (FI_HMEM_CUDA), so an inject from it
+// (no descriptor) is refused: inline data is read by the CPU.
+struct CudaRange {
+  uintptr_t addr = 0;
+  uint64_t len = 0;
+};
+
 struct Domain {
   fid_domain dom{};
   Fabric* fabric = nullptr;
@@ -118,6 +131,11 @@ struct Domain {
   std::vector<Op*> free_ops;
   std::unordered_set<UCq*> ucqs;  // every ufab CQ of the domain (counters drive them)
   std::atomic<int> refs{0};
+  std::mutex mr_mu;                   // cuda_ranges
+  std::vector<CudaRange> cuda_ranges;  // live FI_HMEM_CUDA regions
+  std::atomic<int> cuda_mrs{0};        // their count (0: no check at inject)
+  // Whether [addr, addr + len) touches a CUDA region of this domain.
+  bool touches_cuda(const void* addr, uint64_t len);
   Op* get_op();       // mu held
   void put_op(Op*);   // mu held
   // Polls every ufab CQ of the domain once (counters' progress).
@@ -129,6 +147,9 @@ struct Mr {
   Domain* dom = nullptr;
   ufab_mr* umr = nullptr;
   uint32_t lkey = 0;
+  bool cuda = false;  // registered as FI_HMEM_CUDA (ufab's UFAB_MEM_CUDA)
+  uintptr_t addr = 0;
+  uint64_t len = 0;
 };
 // The lkey behind a descriptor from fi_mr_desc.
 inline uint32_t desc_lkey(void* desc) { return static_cast<Mr*>(desc)->lkey; }
@@ -255,6 +276,7 @@ struct Ep {
   std::unordered_set<Op*> ops;  // dom->mu: in flight
   uint32_t max_inline = 0;
   uint32_t max_sge = 0;
+  int hmem_p2p = FI_HMEM_P2P_ENABLED;  // FI_OPT_FI_HMEM_P2P (never P2P: staged copies)
 };
 
 // Translating work completions into libfabric completions (dom->mu held).

@@ -5,8 +5,13 @@
 // playing both sides. Every data operation, completions and their formats,
 // error completions (fi_cq_readerr, fi_cq_strerror), counters, CQ waits,
 // connection data, refusal, a listener-less port, shutdown, a peer that
-// goes away, and DGRAM with an AV.
+// goes away, and DGRAM with an AV. FI_HMEM without a GPU: the devices run
+// with gpu_copy=fake, so host memory registered as FI_HMEM_CUDA moves only
+// through the staging pipeline's slots, as GPU memory does.
+// FI_COMMIT_COMPLETE into a file mapping registered with FI_RMA_PMEM.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <gtest/gtest.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
@@ -48,6 +53,10 @@ struct Env {
     std::string devs = "swnic:" + g_link + ":0@10.0.0.1,swnic:" + g_link + ":1@10.0.0.2,shm:" + g_shm;
     setenv("FI_UFAB_DEVICES", devs.c_str(), 1);
     setenv("FI_PROVIDER", "ufab", 1);
+    // FI_HMEM without a GPU: host memory registered as FI_HMEM_CUDA stands
+    // for GPU memory and moves through slots (16 KiB, so a message spans
+    // many). shm takes no parameters.
+    setenv("FI_UFAB_PARAMS", "gpu_copy=fake,gpu_frag=16k", 1);
     // Started as FabricShm's server: serve, and leave before gtest runs.
     if (std::getenv("UFAB_FI_SHM_SERVER") != nullptr) {
       int rc = shm_server();
@@ -58,10 +67,10 @@ struct Env {
   ~Env() { std::filesystem::remove("/dev/shm/ufab-swnic-" + g_link); }
 } g_env;
 
-fi_info* hints_for(fi_ep_type type) {
+fi_info* hints_for(fi_ep_type type, uint64_t extra_caps = 0) {
   fi_info* h = fi_allocinfo();
   h->ep_attr->type = type;
-  h->caps = type == FI_EP_MSG ? (FI_MSG | FI_RMA) : FI_MSG;
+  h->caps = (type == FI_EP_MSG ? (FI_MSG | FI_RMA) : FI_MSG) | extra_caps;
   h->mode = FI_CONTEXT | FI_MSG_PREFIX | FI_RX_CQ_DATA;
   h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   h->fabric_attr->prov_name = strdup("ufab");
@@ -69,8 +78,8 @@ fi_info* hints_for(fi_ep_type type) {
 }
 
 // All infos for `type`, one per device (domain name → info).
-fi_info* getinfo(fi_ep_type type, const char* domain = nullptr) {
-  fi_info* h = hints_for(type);
+fi_info* getinfo(fi_ep_type type, const char* domain = nullptr, uint64_t extra_caps = 0) {
+  fi_info* h = hints_for(type, extra_caps);
   if (domain != nullptr) h->domain_attr->name = strdup(domain);
   fi_info* info = nullptr;
   int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &info);
@@ -160,8 +169,8 @@ struct Side {
   std::vector<uint8_t> buf = std::vector<uint8_t>(1 << 20);
   void* desc() { return fi_mr_desc(mr); }
 
-  void open(int port) {
-    info = getinfo(FI_EP_MSG, dev(port).c_str());
+  void open(int port, uint64_t extra_caps = 0) {
+    info = getinfo(FI_EP_MSG, dev(port).c_str(), extra_caps);
     ASSERT_NE(info, nullptr);
     ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
     fi_eq_attr ea{};
@@ -250,10 +259,11 @@ class FabricMsg : public ::testing::Test {
   Side server, client;
   fid_pep* pep = nullptr;
   sockaddr_in server_addr{};
+  uint64_t extra_caps_ = 0;  // FI_HMEM, FI_RMA_PMEM (fixtures below)
 
   void SetUp() override {
-    server.open(0);
-    client.open(1);
+    server.open(0, extra_caps_);
+    client.open(1, extra_caps_);
     ASSERT_EQ(fi_passive_ep(server.fabric, server.info, &pep, nullptr), 0);
     ASSERT_EQ(fi_pep_bind(pep, &server.eq->fid, 0), 0);
     ASSERT_EQ(fi_listen(pep), 0);
@@ -603,6 +613,399 @@ TEST(FabricDgram, SendRecvWithAv) {
     EXPECT_EQ(fi_close(&fab[i]->fid), 0);
     fi_freeinfo(infos[i]);
   }
+}
+
+// ---------------------------------------------- FI_HMEM and FI_RMA_PMEM
+
+// The infos a hint gets, by domain name.
+std::vector<std::string> domains_for(fi_info* h) {
+  fi_info* info = nullptr;
+  std::vector<std::string> out;
+  if (fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &info) == 0) {
+    for (fi_info* i = info; i != nullptr; i = i->next) out.push_back(i->domain_attr->name);
+  }
+  fi_freeinfo(info);
+  return out;
+}
+
+TEST(FabricGetinfo, HmemAndPmemOnlyWhereTheDeviceHasThem) {
+  std::vector<std::string> swnics = {dev(0), dev(1)};
+  // FI_HMEM: soft-RoCE (the staging pipeline), not shm, not DGRAM.
+  fi_info* h = hints_for(FI_EP_MSG, FI_HMEM);
+  EXPECT_EQ(domains_for(h), swnics);
+  fi_info* info = nullptr;
+  ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &info), 0);
+  for (fi_info* i = info; i != nullptr; i = i->next) {
+    EXPECT_NE(i->caps & FI_HMEM, 0u) << i->domain_attr->name;
+    EXPECT_NE(i->tx_attr->caps & FI_HMEM, 0u);
+    EXPECT_NE(i->rx_attr->caps & FI_HMEM, 0u);
+    // FI_MR_LOCAL already asks for every buffer's descriptor: no FI_MR_HMEM.
+    EXPECT_EQ(i->domain_attr->mr_mode, FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY);
+  }
+  fi_freeinfo(info);
+  fi_freeinfo(h);
+  h = hints_for(FI_EP_DGRAM, FI_HMEM);
+  EXPECT_TRUE(domains_for(h).empty()) << "datagrams are not staged";
+  fi_freeinfo(h);
+  // Not asked for, not offered (a primary capability).
+  h = hints_for(FI_EP_MSG);
+  ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &info), 0);
+  for (fi_info* i = info; i != nullptr; i = i->next) EXPECT_EQ(i->caps & FI_HMEM, 0u) << i->domain_attr->name;
+  fi_freeinfo(info);
+  fi_freeinfo(h);
+
+  // FI_RMA_PMEM: FLUSH PERSISTENT (soft-RoCE), not shm.
+  h = hints_for(FI_EP_MSG, FI_RMA_PMEM);
+  EXPECT_EQ(domains_for(h), swnics);
+  fi_freeinfo(h);
+  // FI_COMMIT_COMPLETE as a default transmit flag: the same devices, and
+  // the flag is kept.
+  h = hints_for(FI_EP_MSG);
+  h->tx_attr->op_flags = FI_COMMIT_COMPLETE;
+  EXPECT_EQ(domains_for(h), swnics);
+  ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &info), 0);
+  EXPECT_NE(info->tx_attr->op_flags & FI_COMMIT_COMPLETE, 0u);
+  fi_freeinfo(info);
+  fi_freeinfo(h);
+  // Without hints (fi_info -p ufab) soft-RoCE lists both, shm neither.
+  ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, nullptr, &info), 0);
+  int seen = 0;
+  for (fi_info* i = info; i != nullptr; i = i->next) {
+    if (i->ep_attr->type != FI_EP_MSG) continue;
+    seen++;
+    bool shm = std::string(i->domain_attr->name) == "shm:" + g_shm;
+    EXPECT_EQ((i->caps & FI_HMEM) != 0, !shm) << i->domain_attr->name;
+    EXPECT_EQ((i->caps & FI_RMA_PMEM) != 0, !shm) << i->domain_attr->name;
+  }
+  EXPECT_EQ(seen, 3);
+  fi_freeinfo(info);
+}
+
+// Memory registered with an iface (FI_HMEM_CUDA: with gpu_copy=fake, host
+// memory standing for GPU memory).
+struct HmemBuf {
+  std::vector<uint8_t> bytes;
+  fid_mr* mr = nullptr;
+  HmemBuf() = default;
+  HmemBuf(const HmemBuf&) = delete;
+  ~HmemBuf() {
+    if (mr != nullptr) {
+      EXPECT_EQ(fi_close(&mr->fid), 0);
+    }
+  }
+  int reg(fid_domain* domain, size_t n, fi_hmem_iface iface, uint64_t flags = 0) {
+    bytes.assign(n, 0);
+    iovec v{bytes.data(), n};
+    fi_mr_attr a{};
+    a.mr_iov = &v;
+    a.iov_count = 1;
+    a.access = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    a.iface = iface;
+    a.device.cuda = 0;
+    return fi_mr_regattr(domain, &a, flags, &mr);
+  }
+  uint8_t* data() { return bytes.data(); }
+  void* desc() { return fi_mr_desc(mr); }
+};
+
+void fill(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = 0; i < n; i++) p[i] = static_cast<uint8_t>((i * 2654435761u + seed) >> 7);
+}
+// The first byte that differs, or -1.
+long first_diff(const uint8_t* a, const uint8_t* b, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (a[i] != b[i]) return static_cast<long>(i);
+  return -1;
+}
+
+class FabricHmem : public FabricMsg {
+ protected:
+  FabricHmem() { extra_caps_ = FI_HMEM; }
+};
+
+TEST_F(FabricHmem, RegistrationByIface) {
+  ASSERT_NE(server.info->caps & FI_HMEM, 0u);
+  HmemBuf cuda, sys, ze, rocr, pmem;
+  EXPECT_EQ(cuda.reg(server.domain, 65536, FI_HMEM_CUDA), 0);
+  EXPECT_EQ(sys.reg(server.domain, 4096, FI_HMEM_SYSTEM), 0);
+  EXPECT_EQ(ze.reg(server.domain, 4096, FI_HMEM_ZE), -FI_EOPNOTSUPP);
+  EXPECT_EQ(rocr.reg(server.domain, 4096, FI_HMEM_ROCR), -FI_EOPNOTSUPP);
+  EXPECT_EQ(pmem.reg(server.domain, 4096, FI_HMEM_CUDA, FI_RMA_PMEM), -FI_EOPNOTSUPP) << "GPU memory is never durable";
+  EXPECT_NE(fi_mr_key(cuda.mr), fi_mr_key(sys.mr));
+
+  // shm moves no GPU memory (no staging pipeline): refused, not copied.
+  fi_info* si = getinfo(FI_EP_MSG, ("shm:" + g_shm).c_str());
+  ASSERT_NE(si, nullptr);
+  EXPECT_EQ(si->caps & FI_HMEM, 0u);
+  fid_fabric* fab = nullptr;
+  fid_domain* dom = nullptr;
+  ASSERT_EQ(fi_fabric(si->fabric_attr, &fab, nullptr), 0);
+  ASSERT_EQ(fi_domain(fab, si, &dom, nullptr), 0);
+  {
+    HmemBuf shm_cuda, shm_pmem;
+    EXPECT_EQ(shm_cuda.reg(dom, 4096, FI_HMEM_CUDA), -FI_EOPNOTSUPP);
+    EXPECT_EQ(shm_pmem.reg(dom, 4096, FI_HMEM_SYSTEM, FI_RMA_PMEM), -FI_EOPNOTSUPP);
+  }
+  EXPECT_EQ(fi_close(&dom->fid), 0);
+  EXPECT_EQ(fi_close(&fab->fid), 0);
+  fi_freeinfo(si);
+}
+
+// SEND/RECV, WRITE, WRITE with CQ data and READ with FI_HMEM_CUDA memory
+// on one side, the other, and both; messages of many 16 KiB fragments at
+// odd offsets and lengths; every byte checked, and the bytes around each
+// target untouched.
+TEST_F(FabricHmem, EveryTransferThroughStagingEveryByteChecked) {
+  connect();
+  const size_t kSize = 1 << 20;
+  HmemBuf cgpu, sgpu;
+  ASSERT_EQ(cgpu.reg(client.domain, kSize, FI_HMEM_CUDA), 0);
+  ASSERT_EQ(sgpu.reg(server.domain, kSize, FI_HMEM_CUDA), 0);
+  std::vector<uint8_t> want(kSize);
+  fi_cq_data_entry e{};
+  char ctx;
+  uint32_t seed = 1;
+  for (int mode = 0; mode < 3; mode++) {
+    const bool client_gpu = mode != 1, server_gpu = mode != 0;
+    SCOPED_TRACE(std::string("client ") + (client_gpu ? "CUDA" : "host") + ", server " + (server_gpu ? "CUDA" : "host"));
+    uint8_t* c = client_gpu ? cgpu.data() : client.buf.data();
+    void* cd = client_gpu ? cgpu.desc() : client.desc();
+    uint8_t* s = server_gpu ? sgpu.data() : server.buf.data();
+    void* sd = server_gpu ? sgpu.desc() : server.desc();
+    uint64_t skey = fi_mr_key(server_gpu ? sgpu.mr : server.mr);
+    uint64_t saddr = reinterpret_cast<uintptr_t>(s);
+
+    // SEND 200001 bytes (13 fragments) into a receive at offset 5.
+    const size_t n_send = 200001;
+    std::memset(s, 0xee, kSize);
+    fill(c + 3, n_send, seed++);
+    std::memcpy(want.data(), c + 3, n_send);
+    ASSERT_EQ(fi_recv(server.ep, s + 5, n_send + 100, sd, FI_ADDR_UNSPEC, &ctx), 0);
+    ASSERT_EQ(fi_send(client.ep, c + 3, n_send, cd, FI_ADDR_UNSPEC, &ctx), 0);
+    ASSERT_EQ(one_completion(client.txcq, &e), 1);
+    ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+    EXPECT_EQ(e.len, n_send);
+    EXPECT_EQ(first_diff(s + 5, want.data(), n_send), -1);
+    EXPECT_EQ(s[4], 0xee);
+    EXPECT_EQ(s[5 + n_send], 0xee);
+
+    // fi_sendv: a CUDA piece and a host piece in one message.
+    fill(c, 40000, seed++);
+    fill(client.buf.data() + 500000, 30000, seed++);
+    std::memcpy(want.data(), c, 40000);
+    std::memcpy(want.data() + 40000, client.buf.data() + 500000, 30000);
+    iovec siov[2] = {{c, 40000}, {client.buf.data() + 500000, 30000}};
+    void* sdesc[2] = {cd, client.desc()};
+    ASSERT_EQ(fi_recv(server.ep, s, 70000, sd, FI_ADDR_UNSPEC, &ctx), 0);
+    ASSERT_EQ(fi_sendv(client.ep, siov, sdesc, 2, FI_ADDR_UNSPEC, &ctx), 0);
+    ASSERT_EQ(one_completion(client.txcq, &e), 1);
+    ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+    EXPECT_EQ(e.len, 70000u);
+    EXPECT_EQ(first_diff(s, want.data(), 70000), -1);
+
+    // WRITE 300001 bytes to offset 777.
+    const size_t n_write = 300001;
+    std::memset(s, 0xee, kSize);
+    fill(c + 11, n_write, seed++);
+    std::memcpy(want.data(), c + 11, n_write);
+    ASSERT_EQ(fi_write(client.ep, c + 11, n_write, cd, FI_ADDR_UNSPEC, saddr + 777, skey, &ctx), 0);
+    ASSERT_EQ(one_completion(client.txcq, &e), 1);
+    EXPECT_EQ(e.flags, FI_RMA | FI_WRITE);
+    EXPECT_EQ(first_diff(s + 777, want.data(), n_write), -1);
+    EXPECT_EQ(s[776], 0xee);
+    EXPECT_EQ(s[777 + n_write], 0xee);
+
+    // WRITE with remote CQ data: the receive completes once the bytes are in.
+    fill(c, 50000, seed++);
+    std::memcpy(want.data(), c, 50000);
+    ASSERT_EQ(fi_recv(server.ep, server.buf.data(), 64, server.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+    ASSERT_EQ(fi_writedata(client.ep, c, 50000, cd, 0xabc123, FI_ADDR_UNSPEC, saddr + 400000, skey, &ctx), 0);
+    ASSERT_EQ(one_completion(client.txcq, &e), 1);
+    ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+    EXPECT_EQ(e.data, 0xabc123u);
+    EXPECT_EQ(first_diff(s + 400000, want.data(), 50000), -1);
+
+    // READ 250003 bytes back into offset 600001.
+    const size_t n_read = 250003;
+    fill(s + 123, n_read, seed++);
+    std::memcpy(want.data(), s + 123, n_read);
+    std::memset(c + 600000, 0xdd, n_read + 2);
+    ASSERT_EQ(fi_read(client.ep, c + 600001, n_read, cd, FI_ADDR_UNSPEC, saddr + 123, skey, &ctx), 0);
+    ASSERT_EQ(one_completion(client.txcq, &e), 1);
+    EXPECT_EQ(e.flags, FI_RMA | FI_READ);
+    EXPECT_EQ(first_diff(c + 600001, want.data(), n_read), -1);
+    EXPECT_EQ(c[600000], 0xdd);
+    EXPECT_EQ(c[600001 + n_read], 0xdd);
+  }
+}
+
+// What GPU memory cannot be used for is refused at post, saying so, and
+// the connection stays usable.
+TEST_F(FabricHmem, WhatGpuMemoryCannotDo) {
+  connect();
+  HmemBuf cgpu;
+  ASSERT_EQ(cgpu.reg(client.domain, 65536, FI_HMEM_CUDA), 0);
+  char ctx;
+  // Inline data is read by the CPU at post time.
+  EXPECT_EQ(fi_inject(client.ep, cgpu.data(), 16, FI_ADDR_UNSPEC), -FI_EOPNOTSUPP);
+  EXPECT_EQ(fi_inject_write(client.ep, cgpu.data() + 100, 8, FI_ADDR_UNSPEC,
+                            reinterpret_cast<uintptr_t>(server.buf.data()), fi_mr_key(server.mr)),
+            -FI_EOPNOTSUPP);
+  iovec one{cgpu.data(), 16};
+  void* d = cgpu.desc();
+  fi_msg msg{&one, &d, 1, FI_ADDR_UNSPEC, &ctx, 0};
+  EXPECT_EQ(fi_sendmsg(client.ep, &msg, FI_INJECT), -FI_EOPNOTSUPP);
+  // No atomics with their result in GPU memory.
+  size_t count = 0;
+  if (fi_fetch_atomicvalid(client.ep, FI_UINT64, FI_SUM, &count) == 0) {
+    uint64_t add = 1;
+    EXPECT_EQ(fi_fetch_atomic(client.ep, &add, 1, nullptr, cgpu.data(), cgpu.desc(), FI_ADDR_UNSPEC,
+                              reinterpret_cast<uintptr_t>(server.buf.data()), fi_mr_key(server.mr), FI_UINT64, FI_SUM,
+                              &ctx),
+              -FI_EOPNOTSUPP);
+  }
+  // Peer-to-peer: never (every byte is staged), so it cannot be required.
+  int p2p = FI_HMEM_P2P_REQUIRED;
+  EXPECT_EQ(fi_setopt(&client.ep->fid, FI_OPT_ENDPOINT, FI_OPT_FI_HMEM_P2P, &p2p, sizeof p2p), -FI_EOPNOTSUPP);
+  p2p = FI_HMEM_P2P_DISABLED;
+  EXPECT_EQ(fi_setopt(&client.ep->fid, FI_OPT_ENDPOINT, FI_OPT_FI_HMEM_P2P, &p2p, sizeof p2p), 0);
+  p2p = -1;
+  size_t len = sizeof p2p;
+  EXPECT_EQ(fi_getopt(&client.ep->fid, FI_OPT_ENDPOINT, FI_OPT_FI_HMEM_P2P, &p2p, &len), 0);
+  EXPECT_EQ(p2p, FI_HMEM_P2P_DISABLED);
+  // Still connected: a message from GPU memory goes through.
+  fi_cq_data_entry e{};
+  fill(cgpu.data(), 1000, 99);
+  ASSERT_EQ(fi_recv(server.ep, server.buf.data(), 4096, server.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(fi_send(client.ep, cgpu.data(), 1000, cgpu.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_EQ(first_diff(server.buf.data(), cgpu.data(), 1000), -1);
+}
+
+// A file of `pages` pages in the test's temporary directory (a disk file
+// system), mapped shared: a durable target (a FLUSH PERSISTENT is an
+// msync of its pages). msync cleans the pages it writes back, which
+// /proc/self/smaps shows (Shared_Dirty + Private_Dirty).
+class FileMapping {
+ public:
+  explicit FileMapping(size_t pages) : length_(pages * 4096) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    path_ = std::string(dir != nullptr ? dir : "/var/tmp") + "/fi-pmem-" + std::to_string(getpid());
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd_ < 0 || ::ftruncate(fd_, static_cast<off_t>(length_)) != 0) return;
+    void* p = ::mmap(nullptr, length_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p != MAP_FAILED) data_ = static_cast<uint8_t*>(p);
+  }
+  ~FileMapping() {
+    if (data_ != nullptr) ::munmap(data_, length_);
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  uint8_t* data() const { return data_; }
+  size_t length() const { return length_; }
+  long dirty_kb() const {
+    FILE* f = std::fopen("/proc/self/smaps", "r");
+    if (f == nullptr) return -1;
+    char line[512];
+    bool in = false, found = false;
+    long kb = 0;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      unsigned long lo, hi;
+      if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+        in = lo == reinterpret_cast<uintptr_t>(data_);
+        found = found || in;
+        continue;
+      }
+      long v;
+      if (in && (std::sscanf(line, "Shared_Dirty: %ld kB", &v) == 1 || std::sscanf(line, "Private_Dirty: %ld kB", &v) == 1))
+        kb += v;
+    }
+    std::fclose(f);
+    return found ? kb : -1;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  size_t length_;
+  uint8_t* data_ = nullptr;
+};
+
+class FabricPmem : public FabricMsg {
+ protected:
+  FabricPmem() { extra_caps_ = FI_RMA_PMEM; }
+};
+
+// FI_COMMIT_COMPLETE (fi_writemsg's flag, or the endpoint's default
+// transmit flag) completes a WRITE only once its pages are written back at
+// the target; a plain WRITE leaves them dirty. A target not registered
+// with FI_RMA_PMEM cannot be made durable: the WRITE completes in error.
+TEST_F(FabricPmem, CommitCompleteWriteIsDurableAtTheTarget) {
+  ASSERT_NE(server.info->caps & FI_RMA_PMEM, 0u);
+  FileMapping file(4);
+  ASSERT_NE(file.data(), nullptr) << std::strerror(errno);
+  // DRAM is never durable: refused.
+  HmemBuf dram;
+  EXPECT_EQ(dram.reg(server.domain, 4096, FI_HMEM_SYSTEM, FI_RMA_PMEM), -FI_EINVAL);
+  fid_mr* pmr = nullptr;
+  ASSERT_EQ(fi_mr_reg(server.domain, file.data(), file.length(), FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 0, FI_RMA_PMEM,
+                      &pmr, nullptr),
+            0);
+  connect();
+  const uint64_t base = reinterpret_cast<uintptr_t>(file.data());
+  const uint64_t key = fi_mr_key(pmr);
+  uint8_t* c = client.buf.data();
+  fill(c, 4 * 4096, 7);
+  fi_cq_data_entry e{};
+  char ctx;
+  auto writemsg = [&](size_t off, size_t n, uint64_t flags, uint64_t data = 0) {
+    iovec v{c + off, n};
+    void* d = client.desc();
+    fi_rma_iov r{base + off, n, key};
+    fi_msg_rma m{&v, &d, 1, FI_ADDR_UNSPEC, &r, 1, &ctx, data};
+    return fi_writemsg(client.ep, &m, flags);
+  };
+  // A plain WRITE of pages 0 and 1: placed, not written back.
+  ASSERT_EQ(writemsg(0, 8192, FI_COMPLETION), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  EXPECT_EQ(file.dirty_kb(), 8) << "a plain WRITE leaves its pages dirty";
+  // Commit-complete WRITE of pages 2 and 3 (an odd range): they are clean
+  // (on disk) when the completion comes, pages 0 and 1 still dirty.
+  ASSERT_EQ(writemsg(8192 + 10, 8192 - 20, FI_COMPLETION | FI_COMMIT_COMPLETE), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  EXPECT_EQ(e.flags, FI_RMA | FI_WRITE);
+  EXPECT_EQ(file.dirty_kb(), 8) << "completed before its pages were written back (or wrote back others)";
+  EXPECT_EQ(first_diff(file.data() + 8192 + 10, c + 8192 + 10, 8192 - 20), -1);
+  // With remote CQ data, into page 0: the receive gets the data.
+  ASSERT_EQ(fi_recv(server.ep, server.buf.data(), 64, server.desc(), FI_ADDR_UNSPEC, &ctx), 0);
+  ASSERT_EQ(writemsg(100, 200, FI_COMPLETION | FI_COMMIT_COMPLETE | FI_REMOTE_CQ_DATA, 0x77), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  ASSERT_EQ(one_completion(server.rxcq, &e), 1);
+  EXPECT_EQ(e.data, 0x77u);
+  EXPECT_EQ(file.dirty_kb(), 4) << "page 0 written back";
+  // The endpoint's default transmit flags: fi_write commits too.
+  uint64_t flags = FI_TRANSMIT | FI_COMMIT_COMPLETE;
+  ASSERT_EQ(fi_control(&client.ep->fid, FI_SETOPSFLAG, &flags), 0);
+  ASSERT_EQ(fi_write(client.ep, c + 4096, 4096, client.desc(), FI_ADDR_UNSPEC, base + 4096, key, &ctx), 0);
+  ASSERT_EQ(one_completion(client.txcq, &e), 1);
+  EXPECT_EQ(file.dirty_kb(), 0) << "fi_write with FI_COMMIT_COMPLETE in the endpoint's op_flags";
+  EXPECT_EQ(first_diff(file.data(), c, 8192), -1) << "the file holds what was written";
+  EXPECT_EQ(first_diff(file.data() + 8192 + 10, c + 8192 + 10, 8192 - 20), -1);
+  // A commit-complete WRITE into DRAM (no FI_RMA_PMEM): the FLUSH is
+  // refused, and the WRITE completes in error rather than claim durability.
+  ASSERT_EQ(fi_write(client.ep, c, 512, client.desc(), FI_ADDR_UNSPEC, reinterpret_cast<uintptr_t>(server.buf.data()),
+                     fi_mr_key(server.mr), &ctx),
+            0);
+  ASSERT_EQ(one_completion(client.txcq, &e), -FI_EAVAIL);
+  fi_cq_err_entry err{};
+  ASSERT_EQ(fi_cq_readerr(client.txcq, &err, 0), 1);
+  EXPECT_EQ(err.err, FI_EACCES);
+  EXPECT_EQ(err.flags, FI_RMA | FI_WRITE);
+  EXPECT_EQ(err.op_context, &ctx);
+  ASSERT_EQ(fi_close(&server.ep->fid), 0);  // before the region goes
+  server.ep = nullptr;
+  EXPECT_EQ(fi_close(&pmr->fid), 0);
 }
 
 // ------------------------------------------------- shm across processes

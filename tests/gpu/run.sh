@@ -5,7 +5,11 @@
 # time and at the responder, GPU entries of the registration cache, and the
 # staging pipeline with the real copy engine (pipeline_test's "cuda" cases:
 # SEND/RECV, WRITE, WRITE_WITH_IMM, READ host<->GPU and GPU<->GPU at
-# fragment boundaries, depths, 2% loss, every byte checked).
+# fragment boundaries, depths, 2% loss, every byte checked), and the
+# libfabric provider's FI_HMEM (tests/fabric/provider_gpu_test: cuMemAlloc'd
+# buffers registered as FI_HMEM_CUDA over fi_write, fi_read and fi_send,
+# every byte checked through device copies; it needs libfabric-dev where it
+# is built, and the staged lib/ carries libfabric.so.1 and what it links).
 #
 #   tests/gpu/run.sh                 build with Bazel, then run here
 #   tests/gpu/run.sh --stage DIR     build and copy the binaries to DIR (for a
@@ -24,16 +28,31 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
          //tests/unit/staging:pipeline_test //tests/bench:regcache_bench //tools/ufab //tests/gpu:stream_gpu)
+# The libfabric provider's GPU test exists where libfabric's headers are
+# (//tests/fabric/BUILD); without them the suite says it is left out.
+fabric_targets=(//tests/fabric:provider_gpu_test //fabric:libufab-fi.so)
 mode=${1:-}
 dir=${2:-}
 
 build() {
+  if bazel query //tests/fabric:provider_gpu_test >/dev/null 2>&1; then
+    targets+=("${fabric_targets[@]}")
+  else
+    echo "gpu suite: //tests/fabric:provider_gpu_test is not built here (no libfabric headers: apt-get install libfabric-dev, then bazel sync --configure)" >&2
+  fi
   bazel build --dynamic_mode=off "${targets[@]}" >&2
 }
 run_from() {
   local d=$1 fail=0 skipped
   if [ -d "$d/lib" ]; then export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
-  for t in gpu_test region_test cache_test pipeline_test; do
+  # The provider's GPU test loads libufab-fi.so from beside it.
+  export UFAB_FI_PROVIDER_DIR="$d"
+  for t in gpu_test region_test cache_test pipeline_test provider_gpu_test; do
+    if [ "$t" = provider_gpu_test ] && [ ! -x "$d/$t" ]; then
+      echo "gpu suite: provider_gpu_test was not staged (built without libfabric's headers): the FI_HMEM test did not run"
+      fail=1
+      continue
+    fi
     echo "== $t"
     out=$(timeout 300 "$d/$t" 2>&1) || fail=1
     echo "$out"
@@ -80,7 +99,10 @@ case "$mode" in
     # The libraries a GPU machine may lack (libpci, libudev, ...: not the
     # C and C++ runtimes, which it has in newer versions) go beside them.
     mkdir -p "$dir/lib"
-    ldd "$dir/ufab" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+    # libfabric.so.1 and its libraries for the provider's GPU test.
+    for b in "$dir/ufab" "$dir/provider_gpu_test" "$dir/libufab-fi.so"; do
+      if [ -e "$b" ]; then ldd "$b"; fi
+    done | awk '/=> \// {print $3}' | sort -u | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
       while read -r lib; do cp -L "$lib" "$dir/lib/"; done
     echo "staged in $dir: $(ls "$dir" | tr '\n' ' ') lib: $(ls "$dir/lib" | tr '\n' ' ')" ;;
   --from)
