@@ -293,12 +293,6 @@ int ufab_mr_cache_create(ufab_pd* pd, const ufab_mr_cache_attr* attr, ufab_mr_ca
     mr->cache = nullptr;
     (void)ufab_mr_dereg(mr);
   };
-  r.gpu_buffer_id = [](const void* addr) -> uint64_t {
-    const ufab::gpu::Driver* d = ufab::gpu::Driver::if_loaded();
-    if (d == nullptr) return 0;
-    auto info = d->pointer_info(addr);
-    return info ? info->buffer_id : 0;
-  };
   auto cache = ufab::regcache::Cache::create(std::move(r), options);
   if (!cache) {
     delete c;
@@ -324,6 +318,12 @@ int ufab_mr_cache_destroy(ufab_mr_cache* c) {
 
 int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
   UFAB_REQUIRE(c != nullptr && out != nullptr, "cache and out are required");
+  if (auto* hit = c->cache->acquire_host_hit(addr, length, access)) {
+    auto* mr = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
+    mr->entry = hit;
+    *out = mr;
+    return 0;
+  }
   // GPU memory is cached under its buffer id (and refused when managed).
   std::optional<uint64_t> gpu_buffer;
   if (addr != nullptr && length > 0) {

@@ -13,8 +13,24 @@ struct Cache::Entry {
   uint32_t refs = 0;
   bool cached = true;   // in map_ (false: dropped or never cacheable; deregistered at last release)
   bool in_lru = false;
-  std::list<Entry*>::iterator lru_it;
+  Entry* lru_prev = nullptr;
+  Entry* lru_next = nullptr;
 };
+
+void Cache::lru_unlink(Entry* e) {
+  (e->lru_prev ? e->lru_prev->lru_next : lru_head_) = e->lru_next;
+  (e->lru_next ? e->lru_next->lru_prev : lru_tail_) = e->lru_prev;
+  e->lru_prev = e->lru_next = nullptr;
+  e->in_lru = false;
+}
+
+void Cache::lru_push_back(Entry* e) {
+  e->lru_prev = lru_tail_;
+  e->lru_next = nullptr;
+  (lru_tail_ ? lru_tail_->lru_next : lru_head_) = e;
+  lru_tail_ = e;
+  e->in_lru = true;
+}
 
 Result<std::unique_ptr<Cache>> Cache::create(Registrar registrar, Options options) {
   if (!registrar.reg || !registrar.dereg) return fail(EINVAL, "registration cache: reg and dereg are required");
@@ -40,7 +56,7 @@ Cache::~Cache() {
   std::vector<Entry*> all;
   for (auto& [k, e] : map_) all.push_back(e);
   map_.clear();
-  lru_.clear();
+  lru_head_ = lru_tail_ = nullptr;
   for (Entry* e : all) {
     reg_.dereg(e->handle);
     delete e;
@@ -61,10 +77,7 @@ void Cache::drop_locked(Entry* e) {
     map_.erase(e->key);
     e->cached = false;
   }
-  if (e->in_lru) {
-    lru_.erase(e->lru_it);
-    e->in_lru = false;
-  }
+  if (e->in_lru) lru_unlink(e);
   if (e->refs == 0) destroy_locked(e);
 }
 
@@ -97,11 +110,26 @@ void Cache::drain_events_locked() {
 }
 
 void Cache::evict_locked() {
-  while ((stats_.entries > options_.max_entries || stats_.bytes > options_.max_bytes) && !lru_.empty()) {
-    Entry* e = lru_.front();
+  while ((stats_.entries > options_.max_entries || stats_.bytes > options_.max_bytes) && lru_head_ != nullptr) {
+    Entry* e = lru_head_;
     stats_.evictions++;
     drop_locked(e);
   }
+}
+
+Cache::Entry* Cache::hit_locked(Entry* e) {
+  if (e->in_lru) lru_unlink(e);
+  if (e->refs++ == 0) stats_.held++;
+  stats_.hits++;
+  return e;
+}
+
+Cache::Entry* Cache::acquire_host_hit(void* addr, uint64_t length, uint32_t access) {
+  std::lock_guard lock(mu_);
+  drain_events_locked();
+  auto it = map_.find(Key{reinterpret_cast<uintptr_t>(addr), length, access});
+  if (it == map_.end() || it->second->gpu_buffer != 0) return nullptr;
+  return hit_locked(it->second);
 }
 
 Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t access, std::optional<uint64_t> gpu_buffer) {
@@ -112,18 +140,8 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
     Entry* e = it->second;
     // GPU entries: the allocation at the address must be the one
     // registered (a freed buffer's memory may be given out again).
-    bool valid = e->gpu_buffer == 0 ? !gpu_buffer.has_value()
-                                    : (gpu_buffer && *gpu_buffer == e->gpu_buffer &&
-                                       (!reg_.gpu_buffer_id || reg_.gpu_buffer_id(addr) == e->gpu_buffer));
-    if (valid) {
-      if (e->in_lru) {
-        lru_.erase(e->lru_it);
-        e->in_lru = false;
-      }
-      if (e->refs++ == 0) stats_.held++;
-      stats_.hits++;
-      return e;
-    }
+    bool valid = e->gpu_buffer == 0 ? !gpu_buffer.has_value() : gpu_buffer && *gpu_buffer == e->gpu_buffer;
+    if (valid) return hit_locked(e);
     stats_.invalidations++;
     drop_locked(e);
   }
@@ -152,9 +170,7 @@ void Cache::release(Entry* e) {
     destroy_locked(e);
     return;
   }
-  lru_.push_back(e);
-  e->lru_it = std::prev(lru_.end());
-  e->in_lru = true;
+  lru_push_back(e);
   drain_events_locked();  // its memory may already be gone
   evict_locked();
 }

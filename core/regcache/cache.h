@@ -7,16 +7,15 @@
 //     events for munmap, madvise(DONTNEED), brk, mremap); memory it cannot
 //     watch (a file on a disk, a device mapping, no userfaultfd) is not
 //     cached: registered on acquire and deregistered on release;
-//   - GPU memory: keyed by its CUDA buffer id too, and checked on every
-//     hit against the id at the address now (a freed or reallocated
-//     buffer misses, and its stale entry is dropped).
+//   - GPU memory: keyed by its CUDA buffer id too, which the caller learns
+//     at the address on every acquire (a freed or reallocated buffer
+//     misses, and its stale entry is dropped).
 // An entry invalidated while held is deregistered when its last holder
 // releases it. Thread-safe (one mutex). docs/gpu.md.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,8 +34,6 @@ struct Registrar {
   // Registers [addr, addr + length) with `access`; an opaque handle back.
   std::function<Result<void*>(void* addr, uint64_t length, uint32_t access)> reg;
   std::function<void(void* handle)> dereg;
-  // The CUDA buffer id at `addr` now (0: none); only asked for GPU entries.
-  std::function<uint64_t(const void* addr)> gpu_buffer_id;
 };
 
 struct Options {
@@ -72,8 +69,15 @@ class Cache {
 
   // A registration covering exactly [addr, addr + length) with `access`,
   // held until release(). `gpu_buffer`: the memory is GPU memory of that
-  // CUDA buffer id (the caller learned it), nullopt for host memory.
+  // CUDA buffer id, which the caller has just learned at `addr` (an entry
+  // under another id is stale: dropped), nullopt for host memory.
   Result<Entry*> acquire(void* addr, uint64_t length, uint32_t access, std::optional<uint64_t> gpu_buffer);
+  // The cheap first look: a cached host-memory entry for exactly this range
+  // and access, acquired, or nullptr (then ask acquire()). A host entry
+  // needs no question about what the memory is now: the monitor watches
+  // it, and an unmapping (which any remapping, a GPU allocation's
+  // included, starts with) drops it.
+  Entry* acquire_host_hit(void* addr, uint64_t length, uint32_t access);
   void release(Entry* e);
   static void* handle(const Entry* e);
 
@@ -101,6 +105,9 @@ class Cache {
   void drop_locked(Entry* e);  // out of the map; deregistered now or at its last release
   void destroy_locked(Entry* e);
   void evict_locked();
+  Entry* hit_locked(Entry* e);  // a valid entry found: held once more
+  void lru_unlink(Entry* e);
+  void lru_push_back(Entry* e);
 
   Registrar reg_;
   Options options_;
@@ -108,7 +115,10 @@ class Cache {
   std::string host_watch_;
   mutable std::mutex mu_;
   std::unordered_map<Key, Entry*, KeyHash> map_;
-  std::list<Entry*> lru_;  // released entries, least recently used first
+  // Released entries, least recently used first: a list through the
+  // entries themselves (a release allocates nothing).
+  Entry* lru_head_ = nullptr;
+  Entry* lru_tail_ = nullptr;
   uint64_t seen_seq_ = 0;
   Stats stats_;
 };

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <map>
 #include <set>
 
 #include "core/regcache/unmap_monitor.h"
@@ -25,7 +24,6 @@ struct Fake {
   int next = 1;
   std::set<intptr_t> live;
   int regs = 0, deregs = 0;
-  std::map<uint64_t, uint64_t> gpu_ids;  // address -> buffer id now
   Registrar registrar() {
     Registrar r;
     r.reg = [this](void*, uint64_t, uint32_t) -> ufab::Result<void*> {
@@ -37,10 +35,6 @@ struct Fake {
     r.dereg = [this](void* h) {
       ++deregs;
       EXPECT_EQ(live.erase(reinterpret_cast<intptr_t>(h)), 1u) << "deregistered twice";
-    };
-    r.gpu_buffer_id = [this](const void* a) -> uint64_t {
-      auto it = gpu_ids.find(reinterpret_cast<uintptr_t>(a));
-      return it == gpu_ids.end() ? 0 : it->second;
     };
     return r;
   }
@@ -289,7 +283,6 @@ TEST(RegCache, GpuEntriesAreCheckedAgainstTheBufferId) {
   o.watch_host = false;  // GPU entries do not need the monitor
   auto c = make(f, o);
   void* gpu = reinterpret_cast<void*>(0x7f0000000000ull);
-  f.gpu_ids[0x7f0000000000ull] = 11;
   auto a = c->acquire(gpu, kMiB, 7, 11);
   ASSERT_TRUE(a);
   c->release(*a);
@@ -298,7 +291,7 @@ TEST(RegCache, GpuEntriesAreCheckedAgainstTheBufferId) {
   EXPECT_EQ(c->stats().hits, 1u);
   void* old_handle = Cache::handle(*b);
   c->release(*b);
-  f.gpu_ids[0x7f0000000000ull] = 12;  // freed and allocated again at the same address
+  // Freed and allocated again at the same address: the caller finds id 12.
   auto d = c->acquire(gpu, kMiB, 7, 12);
   ASSERT_TRUE(d);
   EXPECT_NE(Cache::handle(*d), old_handle);
