@@ -325,9 +325,8 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
   // bytes are all here.
   for (TxFrag& f : gtx_.frags) {
     if (f.done || f.ticket >= 0) continue;
-    if (!gtx_.messages) {
+    if (!gtx_.messages && !f.acked) {
       if (!read && !f.staged) continue;
-      if (read && f.acked) continue;  // copying in
       uint64_t raddr = w.wr.remote_addr + f.off;
       if (uint32_t st = remote_copy(w.wr.rkey, raddr, reinterpret_cast<void*>(f.laddr), f.len, read, why)) {
         *status = st;

@@ -5,7 +5,10 @@
 # time and at the responder, GPU entries of the registration cache, and the
 # staging pipeline with the real copy engine (pipeline_test's "cuda" cases:
 # SEND/RECV, WRITE, WRITE_WITH_IMM, READ host<->GPU and GPU<->GPU at
-# fragment boundaries, depths, 2% loss, every byte checked).
+# fragment boundaries, depths, 2% loss, every byte checked), and the same
+# over the shm provider between two processes (shm_gpu_test's "cuda"
+# cases: every op and direction, 1 B to 4 MiB + 3, unaligned offsets, a
+# buffer freed under a live region).
 #
 #   tests/gpu/run.sh                 build with Bazel, then run here
 #   tests/gpu/run.sh --stage DIR     build and copy the binaries to DIR (for a
@@ -23,7 +26,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
-         //tests/unit/staging:pipeline_test //tests/bench:regcache_bench //tools/ufab //tests/gpu:stream_gpu)
+         //tests/unit/staging:pipeline_test //tests/unit/drivers/shm:shm_gpu_test //tests/bench:regcache_bench
+         //tools/ufab //tests/gpu:stream_gpu)
 mode=${1:-}
 dir=${2:-}
 
@@ -33,7 +37,7 @@ build() {
 run_from() {
   local d=$1 fail=0 skipped
   if [ -d "$d/lib" ]; then export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
-  for t in gpu_test region_test cache_test pipeline_test; do
+  for t in gpu_test region_test cache_test pipeline_test shm_gpu_test; do
     echo "== $t"
     out=$(timeout 300 "$d/$t" 2>&1) || fail=1
     echo "$out"
