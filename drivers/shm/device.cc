@@ -155,7 +155,7 @@ void Device::open(const ufab_rdma_host* h, const char* dev_name, const ufab_devi
   if (domain.size() > 64 || domain.find('\0') != std::string::npos) {
     throw Error(ENAMETOOLONG, "opening \"" + name + "\": the domain name is longer than 64 bytes; choose a shorter one");
   }
-  (void)opts;
+  take_gpu_params(opts);  // gpu_copy, gpu_frag, ... (docs/gpu.md, "shm"); other parameters are ignored
   pid = ::getpid();
   uid = ::getuid();
   seg_size = sizeof(Segment);
@@ -220,6 +220,7 @@ void Device::close() {
     (void)w;
     control.join();
   }
+  reap_quarantine(true);
   for (Peer* p : peers) {
     p->dead = true;
     peer_unref(p);
@@ -426,6 +427,7 @@ int Device::progress() {
     q->mu.unlock();
   }
   dead_handled.store(gen, std::memory_order_release);
+  if (quarantined.load(std::memory_order_relaxed) != 0) reap_quarantine(false);
   return work;
 }
 

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "core/gpu/cuda.h"
+#include "core/gpu/region.h"
 #include "drivers/shm/shm.h"
 #include "drivers/shm/shm_impl.h"
 
@@ -110,6 +112,10 @@ int query_device(ufab_rdma_dev* dev, ufab_device_attr* out) {
     out->active_mtu = 4096;
     out->caps = UFAB_DEVICE_CAP_ATOMICS;
     out->mem_types = 1u << UFAB_MEM_HOST;
+    // GPU memory through the staging pool (docs/gpu.md, "shm"): in a build
+    // with the CUDA headers (the driver is needed at registration), and
+    // with gpu_copy=fake.
+    if (gpu::built_with_cuda() || dev->d.gparams.fake) out->mem_types |= 1u << UFAB_MEM_CUDA;
     out->max_qp = kMaxQp;
     out->max_qp_wr = kMaxWr;
     out->max_sge = UFAB_MAX_SGE;
@@ -248,13 +254,43 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
   Device& d = *pd->p.dev;
   return guard(&d, nullptr, [&]() -> int {
     uint32_t mem_type = attr->size >= offsetof(ufab_mr_attr, mem_type) + sizeof(uint32_t) ? attr->mem_type : 0;
+    // GPU memory (UFAB_MEM_CUDA; the C API hands device memory registered
+    // as host memory on as UFAB_MEM_CUDA too): registered with its
+    // allocation's buffer id, moved only by this process's staging pool,
+    // made now on the first one. gpu_copy=fake: host memory registered as
+    // UFAB_MEM_CUDA stands for GPU memory (a testing aid), a made-up id.
+    std::optional<GpuKey> gpu;
+    int ordinal = 0;
+    if (mem_type == UFAB_MEM_CUDA) {
+      if (attr->access & UFAB_ACCESS_REMOTE_ATOMIC) {
+        throw Error(EOPNOTSUPP, "registering GPU memory on " + d.name +
+                                    " with REMOTE_ATOMIC: atomics on GPU memory are not supported (SEND/RECV, "
+                                    "WRITE and READ are, through the staging pipeline: docs/gpu.md)");
+      }
+      if (d.gparams.fake) {
+        static std::atomic<uint64_t> fake_ids{1};
+        gpu = GpuKey{true, fake_ids.fetch_add(1)};
+      } else {
+        auto region = gpu::detect_region(attr->addr, attr->length, true);
+        if (!region) throw Error(region.error().code(), "registering memory on " + d.name + ": " + region.error().message());
+        if (region->device) {
+          gpu = GpuKey{true, region->buffer_id};
+          ordinal = region->ordinal;
+        } else {
+          mem_type = UFAB_MEM_HOST;  // pinned host memory CUDA knows: host memory
+        }
+      }
+      if (gpu && attr->length == 0) gpu.reset();
+      if (gpu) d.staging_for(ordinal);  // throws with the reason (no driver, no memory for the slots)
+      if (gpu) mem_type = UFAB_MEM_HOST;  // passes the check below; gpu says the rest
+    }
     if (mem_type != UFAB_MEM_HOST) {
       throw Error(EOPNOTSUPP, "registering memory on " + d.name + ": memory type " + std::to_string(mem_type) +
                                   (mem_type == UFAB_MEM_CUDA         ? " (CUDA)"
                                    : mem_type == UFAB_MEM_PERSISTENT ? " (persistent)"
                                                                      : "") +
-                                  " is not supported; the shm provider registers host memory only (use a soft-RoCE "
-                                  "device for GPU or persistent memory)");
+                                  " is not supported; the shm provider registers host and CUDA memory (use a "
+                                  "soft-RoCE device for persistent memory)");
     }
     if (attr->access & (UFAB_ACCESS_FLUSH_GLOBAL | UFAB_ACCESS_FLUSH_PERSISTENT)) {
       throw Error(EOPNOTSUPP, "registering memory on " + d.name +
@@ -273,7 +309,7 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
     if (attr->length > kMaxMrSize || a + attr->length < a) {
       throw Error(EINVAL, "registering memory: " + std::to_string(attr->length) + " bytes exceed max_mr_size");
     }
-    const SharedFile file = find_shared_file(a, attr->length);
+    const SharedFile file = gpu ? SharedFile{} : find_shared_file(a, attr->length);
     auto* m = new ufab_rdma_mr;
     std::lock_guard<std::mutex> g(d.objects_mu);
     uint32_t idx = kMaxMr;
@@ -300,6 +336,9 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
     e.file_off.store(file.off, std::memory_order_relaxed);
     e.file_dev.store(file.dev, std::memory_order_relaxed);
     e.file_ino.store(file.ino, std::memory_order_relaxed);
+    e.flags.store(gpu ? kKeyGpu : 0, std::memory_order_relaxed);
+    d.gpu_keys[idx] = gpu ? *gpu : GpuKey{};
+    if (gpu) d.gpu_regions.fetch_add(1);
     e.key.store(key, std::memory_order_release);
     d.key_used[idx] = true;
     m->m = Mr{&pd->p, idx, key};
@@ -325,6 +364,9 @@ int dereg_mr(ufab_rdma_mr* mr) {
     }
     std::lock_guard<std::mutex> g(d.objects_mu);
     d.key_used[mr->m.index] = false;
+    if (d.gpu_keys[mr->m.index].gpu) d.gpu_regions.fetch_sub(1);
+    d.gpu_keys[mr->m.index] = GpuKey{};
+    e.flags.store(0, std::memory_order_relaxed);
     delete mr;
     return 0;
   });

@@ -221,6 +221,8 @@ void Qp::enter_error() {
   if (attr.state == UFAB_QPS_ERR) return;
   attr.state = UFAB_QPS_ERR;
   ctl->state.store(UFAB_QPS_ERR, std::memory_order_release);
+  gpu_tx_clear();
+  gpu_rx_clear(true);
   flush_all();
 }
 
@@ -237,7 +239,13 @@ void Qp::fail_head(uint32_t status, const std::string& detail) {
 
 // ------------------------------------------------------------ state machine
 
-Qp::~Qp() { drop_direct(); }
+Qp::~Qp() {
+  if (dev && ctl) {
+    gpu_tx_clear();
+    gpu_rx_clear(false);
+  }
+  drop_direct();
+}
 
 void Qp::drop_direct() {
   for (auto& m : direct_) {
@@ -310,6 +318,8 @@ void Qp::release_peer() {
 }
 
 void Qp::reset_locked() {
+  gpu_tx_clear();
+  gpu_rx_clear(false);
   release_peer();
   for (auto& w : sq) w = SendWqe{};
   sq_head = sq_next = sq_tail = 0;
@@ -325,6 +335,7 @@ void Qp::reset_locked() {
   attr.sq_psn = initial_psn;
   ctl->producer.store(0);
   ctl->fatal.store(0);
+  ctl->consumed.store(0);
   ctl->access.store(0);
   ctl->req.head.store(ctl->req.tail.load());
   ctl->resp.head.store(ctl->resp.tail.load());
@@ -532,9 +543,41 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
                        std::to_string(cap.max_inline_data) + " (max_inline_data)");
       break;
     }
+    // GPU memory: never read by the CPU (no inline data from it, no atomic
+    // result into it), and still the allocation it was registered on.
+    bool gpu_sge = false;
+    if (dev->gpu_regions.load(std::memory_order_relaxed) != 0) {
+      std::string why;
+      for (uint32_t k = 0; k < wr.num_sge && why.empty(); ++k) {
+        const ufab_sge& g = wr.sg_list[k];
+        const uint32_t index = g.lkey & (kMaxMr - 1);
+        if (!g.length || dev->seg->keys[index].key.load(std::memory_order_acquire) != g.lkey ||
+            !dev->gpu_keys[index].gpu) {
+          continue;
+        }
+        gpu_sge = true;
+        if (!dev->gpu_buffer_ok(index, g.addr, &why)) why = "SGE " + std::to_string(k) + ", lkey " + hex(g.lkey) + ": " + why;
+      }
+      if (!why.empty()) {
+        fail(EACCES, why);
+        break;
+      }
+      if (gpu_sge && (wr.send_flags & UFAB_SEND_INLINE) && wr.opcode != UFAB_WR_RDMA_READ && !atomic) {
+        fail(EINVAL, "inline data from GPU memory: the CPU cannot read it; post it without UFAB_SEND_INLINE");
+        break;
+      }
+      if (gpu_sge && atomic) {
+        fail(EOPNOTSUPP, std::string(op_name(wr.opcode)) +
+                             ": the result SGE is GPU memory; atomics on GPU memory are not supported (SEND/RECV, "
+                             "WRITE and READ are, through the staging pipeline: docs/gpu.md); use host memory for "
+                             "the result");
+        break;
+      }
+    }
     uint64_t slot = sq_tail % sq.size();
     SendWqe& w = sq[slot];
     w = SendWqe{};
+    w.local_gpu = gpu_sge;
     w.wr = wr;
     w.wr.sg_list = nullptr;
     std::memcpy(w.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
@@ -588,6 +631,21 @@ int Qp::post_recv(const ufab_recv_wr* wrs, uint32_t n, uint32_t* bad) {
     if (wr.num_sge > 0 && !wr.sg_list) {
       fail(EINVAL, "num_sge is " + std::to_string(wr.num_sge) + " but sg_list is NULL");
       break;
+    }
+    if (dev->gpu_regions.load(std::memory_order_relaxed) != 0) {
+      std::string why;
+      for (uint32_t k = 0; k < wr.num_sge && why.empty(); ++k) {
+        const ufab_sge& g = wr.sg_list[k];
+        const uint32_t index = g.lkey & (kMaxMr - 1);
+        if (g.length && dev->seg->keys[index].key.load(std::memory_order_acquire) == g.lkey &&
+            dev->gpu_keys[index].gpu && !dev->gpu_buffer_ok(index, g.addr, &why)) {
+          why = "SGE " + std::to_string(k) + ", lkey " + hex(g.lkey) + ": " + why;
+        }
+      }
+      if (!why.empty()) {
+        fail(EACCES, why);
+        break;
+      }
     }
     RecvWqe& r = rq[rq_tail % rq.size()];
     r.wr_id = wr.wr_id;
@@ -826,9 +884,13 @@ int Qp::requester_send() {
     SendWqe& w = sq[sq_next % sq.size()];
     uint32_t op = w.wr.opcode;
     bool one = (op == UFAB_WR_RDMA_WRITE || op == UFAB_WR_RDMA_READ || op == UFAB_WR_RDMA_WRITE_WITH_IMM) && !w.data_done;
-    // One-sided work and fences start once everything before them is done,
-    // so a WRITE never overtakes a SEND still in the peer's ring.
-    if ((one || (w.wr.send_flags & UFAB_SEND_FENCE)) && sq_head != sq_next) break;
+    bool send = op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM;
+    // GPU memory here or a GPU region there: the staging pipeline (gpu.cc).
+    bool gpu = gtx_.active || (w.length > 0 && !w.is_inline &&
+                               ((send && w.local_gpu) || (one && (w.local_gpu || remote_gpu(w)))));
+    // One-sided work, GPU work and fences start once everything before them
+    // is done, so a WRITE never overtakes a SEND still in the peer's ring.
+    if ((one || gpu || (w.wr.send_flags & UFAB_SEND_FENCE)) && sq_head != sq_next) break;
     if (!w.checked) {
       std::string why;
       uint32_t st = 0;
@@ -843,7 +905,41 @@ int Qp::requester_send() {
       }
       w.checked = true;
     }
-    if (one) {
+    if (gpu) {
+      std::string why;
+      uint32_t st = 0;
+      if (!gtx_.active) {
+        st = gpu_tx_start(w, &why);
+        if (st == kLater) {
+          stalled_ = true;
+          break;
+        }
+      }
+      int r = st ? static_cast<int>(kGpuFailed) : gpu_tx_step(w, &st, &why);
+      if (r == kGpuPending) {
+        stalled_ = true;  // copies to land, answers to come: polled
+        break;
+      }
+      if (r == kGpuFailed) {
+        if (st == UFAB_WC_REM_ACCESS_ERR || st == UFAB_WC_REM_INV_REQ_ERR) {
+          uint32_t zero = 0;
+          peer_ctl->fatal.compare_exchange_strong(zero, st);
+          notify_ = true;
+          ++stats.naks_received;
+        }
+        fail_head(st, std::string(op_name(op)) + (send ? "" : " to rkey " + hex(w.wr.rkey)) + ": " + why);
+        return work + 1;
+      }
+      ++work;
+      if (op != UFAB_WR_RDMA_WRITE_WITH_IMM) {
+        ++sq_next;
+        ++sq_head;
+        rnr_left = attr.rnr_retry;
+        complete_send(w, UFAB_WC_SUCCESS, std::string());
+        continue;
+      }
+      w.data_done = true;
+    } else if (one) {
       std::string why;
       uint32_t st = one_sided(w, &why);
       if (st == kLater) {
@@ -907,7 +1003,16 @@ int Qp::requester_responses() {
     if (attr.state != UFAB_QPS_RTS && attr.state != UFAB_QPS_RTR) continue;
     SendWqe* w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
     switch (h.type) {
-      case kMsgAck: ack_through(h.seq, true); break;
+      case kMsgAck:
+        ack_through(h.seq, true);
+        gpu_tx_ack(h.seq);
+        break;
+      case kMsgFragReady:
+        if (gtx_.active) {
+          std::string why;
+          if (uint32_t st = gpu_tx_ready(h, &why)) fail_head(st, std::string("RDMA_READ: ") + why);
+        }
+        break;
       case kMsgAtomicAck:
         ack_through(h.seq, false);
         w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
@@ -920,8 +1025,13 @@ int Qp::requester_responses() {
         break;
       case kMsgNak: {
         ack_through(h.seq, false);
+        gpu_tx_ack(h.seq - 1);
         ++stats.naks_received;
         w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+        if (gpu_tx_owns(h.seq)) {
+          w = &sq[sq_next % sq.size()];
+          w->seq = h.seq;
+        }
         if (!w || w->seq != h.seq) break;
         uint32_t st = static_cast<uint32_t>(h.value);
         std::string why = st == UFAB_WC_REM_INV_REQ_ERR ? "the responder refused the request as invalid"
@@ -937,7 +1047,8 @@ int Qp::requester_responses() {
       case kMsgRnrNak: {
         ack_through(h.seq, false);
         ++stats.rnr_received;
-        w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+        const bool g = gpu_tx_owns(h.seq);
+        w = g ? &sq[sq_next % sq.size()] : sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
         if (!w || w->seq != h.seq) break;
         if (attr.rnr_retry != 7 && rnr_left == 0) {
           fail_head(UFAB_WC_RNR_RETRY_EXC_ERR,
@@ -947,6 +1058,10 @@ int Qp::requester_responses() {
         }
         if (attr.rnr_retry != 7) --rnr_left;
         // Go back: the responder drops what followed; all of it goes again.
+        if (g) {
+          gpu_tx_clear();  // the SEND from GPU memory starts again from its first fragment
+          ++stats.retransmits;
+        }
         stats.retransmits += sq_next - sq_head;
         for (uint64_t k = sq_head; k < sq_next; ++k) sq[k % sq.size()].sent = false;
         msgs_sent -= next_seq - h.seq;
@@ -966,6 +1081,7 @@ int Qp::requester_responses() {
 // ---------------------------------------------------------------- responder
 
 int Qp::responder() {
+  gpu_rx_drain();
   RingIdx* idx = in_req.idx;
   uint64_t head = idx->head.load(std::memory_order_relaxed);
   uint64_t tail = idx->tail.load(std::memory_order_acquire);
@@ -1001,8 +1117,29 @@ int Qp::responder() {
       head += h.nslots;
       continue;
     }
+    // GPU work (gpu.cc): Frag messages, a SEND into a GPU receive. Any
+    // other message waits until the copies before it have landed, so its
+    // answer and its completion come after theirs.
+    const bool gpu_msg =
+        h.type == kMsgFragWrite || h.type == kMsgFragRead || h.type == kMsgFragSend ||
+        (h.type == kMsgSend && ((grx_.partial && grx_.partial_seq == h.seq) ||
+                                (rq_head != rq_tail && h.len > 0 && recv_is_gpu(rq[rq_head % rq.size()]))));
+    if (!gpu_msg && !grx_.jobs.empty()) break;
     bool fatal = false;
-    if (h.type == kMsgSend || h.type == kMsgWriteImm) {
+    if (gpu_msg) {
+      int r = gpu_request(h, at);
+      if (r == kRxStall) break;
+      if (r == kRxDead) {
+        head = tail;
+        peer->dead.store(true);
+        break;
+      }
+      if (r == kRxRnr) {
+        head += h.nslots;
+        continue;
+      }
+      fatal = r == kRxFatal;
+    } else if (h.type == kMsgSend || h.type == kMsgWriteImm) {
       if (rq_head == rq_tail) {
         send_resp(kMsgRnrNak, h.seq, attr.min_rnr_timer);
         ++stats.rnr_sent;
@@ -1092,6 +1229,10 @@ int Qp::responder() {
         why = "this QP's access_flags do not allow REMOTE_ATOMIC";
       } else if (check_remote_key(b.rkey, b.addr, 8, UFAB_ACCESS_REMOTE_ATOMIC, dev->seg, pd->id, &pin, &why)) {
         nak = UFAB_WC_REM_ACCESS_ERR;
+      } else if (pin->flags.load(std::memory_order_relaxed) & kKeyGpu) {
+        nak = UFAB_WC_REM_OP_ERR;
+        why = "rkey " + hex(b.rkey) + " is GPU memory: atomics on GPU memory are not supported";
+        pin->pins.fetch_sub(1, std::memory_order_release);
       } else if (b.addr % 8) {
         nak = UFAB_WC_REM_INV_REQ_ERR;
         pin->pins.fetch_sub(1, std::memory_order_release);
@@ -1135,7 +1276,8 @@ int Qp::responder() {
     }
   }
   idx->head.store(head, std::memory_order_release);
-  if (ack_owed && send_resp(kMsgAck, ack_seq, 0)) ack_owed = false;
+  gpu_rx_drain();
+  responder_ack();
   return work;
 }
 
@@ -1172,7 +1314,8 @@ int Qp::progress_locked() {
   if (st == UFAB_QPS_RTR || st == UFAB_QPS_RTS || st == UFAB_QPS_ERR) {
     if (in_resp.idx->tail.load(std::memory_order_relaxed) != in_resp.idx->head.load(std::memory_order_relaxed))
       work += requester_responses();
-    if (in_req.idx->tail.load(std::memory_order_relaxed) != in_req.idx->head.load(std::memory_order_relaxed) || ack_owed)
+    if (in_req.idx->tail.load(std::memory_order_relaxed) != in_req.idx->head.load(std::memory_order_relaxed) || ack_owed ||
+        !grx_.jobs.empty() || !grx_.held.empty())
       work += responder();
   }
   if (attr.state == UFAB_QPS_RTS) {
@@ -1182,8 +1325,9 @@ int Qp::progress_locked() {
     }
   }
   notify_peer();
-  timer.store(rnr_wait || stalled_, std::memory_order_relaxed);
-  idle.store(!(ack_owed || sq_next < sq_tail || notify_ || rnr_wait || stalled_), std::memory_order_relaxed);
+  timer.store(rnr_wait || stalled_ || !gpu_idle(), std::memory_order_relaxed);
+  idle.store(!(ack_owed || sq_next < sq_tail || notify_ || rnr_wait || stalled_ || !gpu_idle()),
+             std::memory_order_relaxed);
   return work;
 }
 

@@ -26,7 +26,7 @@
 namespace ufab::shm {
 
 constexpr uint32_t kSegMagic = 0x7566736d;  // "ufsm"
-constexpr uint32_t kSegVersion = 2;  // 2: KeyEntry names the file behind a MAP_SHARED region
+constexpr uint32_t kSegVersion = 3;  // 2: KeyEntry names the file behind a MAP_SHARED region; 3: GPU regions, Frag messages
 
 constexpr uint32_t kMaxQp = 256;      // QP index: the low 8 bits of the QPN
 constexpr uint32_t kMaxMr = 4096;     // key index: the low 12 bits of a key
@@ -49,11 +49,21 @@ enum MsgType : uint8_t {
   kMsgSend = 1,      // len bytes; kFlagInline: data follows, else n_iov RemoteIov
   kMsgWriteImm = 2,  // the completion of a WRITE_WITH_IMM whose data already landed
   kMsgAtomic = 3,    // AtomicBody follows
+  // GPU memory (docs/gpu.md, "shm"): a FragBody follows; len is the
+  // fragment's bytes. Each is executed by the process that owns the GPU
+  // memory; the requester offers only host addresses (a host buffer or one
+  // of its staging slots), which the responder reads with CMA.
+  kMsgFragWrite = 4,  // place len bytes read from the requester's laddr at raddr of rkey (a GPU region)
+  kMsgFragRead = 5,   // stage len bytes of raddr of rkey (a GPU region); answered by kMsgFragReady
+  kMsgFragSend = 6,   // bytes [off, off + len) of a SEND of `value` bytes, read from laddr; kFlagLast ends it
   // Responses (response ring)
   kMsgAck = 16,        // every request up to and including seq is done
   kMsgAtomicAck = 17,  // requests before seq done; seq's original value in `value`
   kMsgNak = 18,        // requests before seq done; seq failed with status `value`
   kMsgRnrNak = 19,     // requests before seq done; seq found no receive: retry after timer `value`
+  kMsgFragReady = 20,  // requests before seq done; len bytes of kMsgFragRead seq, from byte `imm` of
+                       // the fragment, are at `value` in the responder's memory (a staging slot, held
+                       // until the requester's QpCtl::consumed passes seq)
 };
 
 enum MsgFlags : uint8_t {
@@ -61,6 +71,7 @@ enum MsgFlags : uint8_t {
   kFlagImm = 2,        // imm is valid
   kFlagSolicited = 4,  // the sender asked for a solicited event
   kFlagCmpSwp = 8,     // atomic: compare-and-swap (else fetch-and-add)
+  kFlagLast = 16,      // kMsgFragSend: the SEND's last fragment
 };
 
 struct MsgHdr {
@@ -79,6 +90,14 @@ static_assert(sizeof(MsgHdr) == kHdrSize);
 struct RemoteIov {
   uint64_t addr;
   uint64_t len;
+};
+
+struct FragBody {
+  uint64_t raddr;  // kMsgFragWrite/Read: the responder's address (in the region of rkey)
+  uint64_t laddr;  // kMsgFragWrite/Send: where the bytes are in the requester's address space
+  uint64_t off;    // kMsgFragSend: the fragment's offset in the SEND
+  uint32_t rkey;
+  uint32_t reserved;
 };
 
 struct AtomicBody {
@@ -100,6 +119,10 @@ struct AtomicBody {
 // file: a peer opens /proc/<owner pid>/fd/<fd1 - 1>, checks the file is
 // that one, maps the region's pages and copies with memcpy instead of CMA.
 // fd1 0: no such file; peers use CMA.
+// flags & kKeyGpu: the region is GPU memory (or, with gpu_copy=fake, host
+// memory standing for it): no peer ever copies it; operations on it are
+// Frag messages its owner executes through its staging pool.
+constexpr uint32_t kKeyGpu = 1;
 struct alignas(64) KeyEntry {
   std::atomic<uint32_t> key;  // 0: free
   std::atomic<uint32_t> pins;
@@ -108,7 +131,7 @@ struct alignas(64) KeyEntry {
   std::atomic<uint64_t> addr;
   std::atomic<uint64_t> length;
   std::atomic<uint32_t> fd1;
-  uint32_t reserved;
+  std::atomic<uint32_t> flags;
   std::atomic<uint64_t> file_off;
   std::atomic<uint64_t> file_dev;
   std::atomic<uint64_t> file_ino;
@@ -133,7 +156,10 @@ struct alignas(64) QpCtl {
   // Set by a peer whose one-sided operation on this QP failed with a
   // fatal error (the status): the owner moves the QP to ERROR.
   std::atomic<uint32_t> fatal;
-  uint32_t reserved;
+  // Written by the connected peer: 1 + the sequence number of the last
+  // kMsgFragRead whose staged bytes it has read (this QP's slots held for
+  // them go back to the pool).
+  std::atomic<uint32_t> consumed;
   char pad[24];
   RingIdx req;
   RingIdx resp;

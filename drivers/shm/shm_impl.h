@@ -5,13 +5,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "abi/rdma_provider.h"
+#include "core/staging/pool.h"
 #include "drivers/shm/ring.h"
 
 namespace ufab::shm {
@@ -72,6 +75,75 @@ struct Cq {
   bool push(const ufab_wc& wc, const char* detail);
 };
 
+struct RecvWqe {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  ufab_sge sge[UFAB_MAX_SGE];
+};
+
+// A registered region's GPU side, known only to its owner (by key index).
+struct GpuKey {
+  bool gpu = false;
+  uint64_t buffer_id = 0;  // CUDA's id of the allocation (made up with gpu_copy=fake)
+};
+
+// The requester's GPU work request in flight (one per QP: a work request
+// that touches GPU memory starts once everything before it completed).
+// Pieces of at most gpu_frag bytes, each inside one SGE, staged
+// gpu_depth ahead (docs/gpu.md, "shm").
+struct TxFrag {
+  uint64_t off = 0;    // in the message
+  uint32_t len = 0;
+  uint64_t laddr = 0;  // the bytes here: a host SGE's, or a slot
+  uint64_t gaddr = 0;  // the local GPU address, when staged through a slot
+  std::optional<uint32_t> slot;
+  int64_t ticket = -1;  // the copy engine's, while a copy runs
+  bool staged = false;  // the bytes are at laddr (WRITE, SEND)
+  bool sent = false;
+  uint32_t seq = 0;
+  uint64_t ring_end = 0;  // the peer's request ring index past this message
+  uint32_t pulled = 0;    // READ: bytes read from the responder's slots
+  bool acked = false;     // the responder is done with it
+  bool done = false;
+};
+struct GpuTx {
+  bool active = false;
+  bool messages = false;  // Frag messages (a GPU region at the peer, or a SEND); else one-sided copies
+  uint8_t type = 0;       // kMsgFragWrite, kMsgFragRead, kMsgFragSend
+  uint64_t total = 0, next_off = 0;
+  uint32_t sge = 0;
+  uint64_t sge_off = 0;
+  std::deque<TxFrag> frags;
+};
+
+// The responder's copies into and out of GPU memory, completed in order.
+struct RxJob {
+  uint32_t seq = 0;
+  int64_t ticket = -1;
+  std::optional<uint32_t> slot;
+  KeyEntry* pin = nullptr;
+  bool ready = false;  // kMsgFragRead: answer kMsgFragReady and hold the slot
+  uint32_t piece_off = 0, piece_len = 0;
+  bool completion = false;  // a receive completion waiting for the bytes before it
+  RecvWqe r{};
+  uint32_t len = 0, imm = 0, flags = 0;
+};
+struct GpuRx {
+  std::deque<RxJob> jobs;
+  struct Held {
+    uint32_t seq, slot;
+  };
+  std::deque<Held> held;  // kMsgFragRead slots until the requester read them
+  bool partial = false;   // the message at the ring's head is started up to `done`
+  uint32_t partial_seq = 0;
+  uint64_t done = 0;
+  bool recv_open = false;  // a SEND in fragments is filling `recv`
+  RecvWqe recv{};
+  uint64_t recv_total = 0;
+  bool have_ack = false;  // the last ACK sent
+  uint32_t last_ack = 0;
+};
+
 struct SendWqe {
   ufab_send_wr wr;
   ufab_sge sge[UFAB_MAX_SGE];
@@ -82,12 +154,7 @@ struct SendWqe {
   bool checked = false;
   bool data_done = false;  // WRITE_WITH_IMM: the data landed
   bool sent = false;       // a message for it is in the peer's ring
-};
-
-struct RecvWqe {
-  uint64_t wr_id;
-  uint32_t num_sge;
-  ufab_sge sge[UFAB_MAX_SGE];
+  bool local_gpu = false;  // an SGE is GPU memory
 };
 
 // A peer's registered region mapped into this process (KeyEntry's file):
@@ -196,12 +263,61 @@ struct Qp {
   void notify_peer();
   void fail_head(uint32_t status, const std::string& detail);
 
+  // gpu.cc: GPU memory through the device's staging pool.
+  enum { kGpuDone, kGpuPending, kGpuFailed };
+  bool remote_gpu(const SendWqe& w) const;
+  uint32_t gpu_tx_start(SendWqe& w, std::string* why);
+  int gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why);
+  void gpu_tx_ack(uint32_t seq);
+  bool gpu_tx_owns(uint32_t seq) const;
+  uint32_t gpu_tx_ready(const MsgHdr& h, std::string* why);
+  void gpu_tx_clear();
+  uint32_t remote_copy(uint32_t rkey, uint64_t raddr, void* local, uint64_t len, bool read, std::string* why);
+  enum { kRxNext, kRxStall, kRxRnr, kRxFatal, kRxDead };
+  bool recv_is_gpu(const RecvWqe& r) const;
+  int gpu_request(const MsgHdr& h, uint64_t at);
+  int gpu_pull(const MsgHdr& h, uint64_t at, uint64_t laddr, uint64_t pos, struct iovec* local, unsigned long nl);
+  void gpu_rx_drain();
+  void gpu_rx_clear(bool complete);  // complete: flush the waiting receives
+  void responder_ack();
+  bool gpu_idle() const { return !gtx_.active && grx_.jobs.empty() && grx_.held.empty(); }
+  GpuTx gtx_;
+  GpuRx grx_;
+
   bool notify_ = false;
   bool stalled_ = false;
 };
 
+// A requester's slot a peer may still read (a Frag message sent, its QP
+// gone to ERROR before the answer): back to the pool once the peer's ring
+// consumer passed the message, or the peer died.
+struct Quarantined {
+  uint32_t slot;
+  int64_t ticket;
+  Peer* peer;  // a reference
+  const RingIdx* idx;
+  uint64_t ring_end;
+};
+
 struct Device {
   const ufab_rdma_host* host = nullptr;
+  // GPU staging (gpu.cc): parameters from open, the pool made at the first
+  // GPU registration. Declared before qps, so QPs go first.
+  staging::Params gparams;
+  std::mutex pool_mu;
+  std::unique_ptr<staging::Pool> pool;
+  std::atomic<staging::Pool*> pool_ptr{nullptr};
+  GpuKey gpu_keys[kMaxMr];            // written under objects_mu before the key is published
+  std::atomic<uint32_t> gpu_regions{0};
+  std::mutex quarantine_mu;
+  std::vector<Quarantined> quarantine;
+  std::atomic<uint32_t> quarantined{0};
+  void take_gpu_params(const ufab_device_opts* opts);
+  staging::Pool* staging_for(int ordinal);  // throws Error
+  // The GPU region of lkey/rkey index `index` still has its allocation at `addr`.
+  bool gpu_buffer_ok(uint32_t index, uint64_t addr, std::string* why) const;
+  void reap_quarantine(bool all);
+
   std::string name, domain;
   uint32_t addr = 0;
   pid_t pid = 0;

@@ -4,8 +4,11 @@
 # other or both, every byte of every message checked where it lands
 # (--data_validation): WRITE (write-bw), READ (read-bw), SEND (send-bw) at
 # 1 B, 4097 B, 1 MiB and (GPU on both sides) 64 MiB; the same with 2%
-# loss on the link; and read-lat/send-lat with GPU buffers. Prints one line
-# per pair and "perf pairs: N passed, M failed"; exit 1 on any failure.
+# loss on the link; and read-lat/send-lat with GPU buffers. Then the same
+# over the shm provider (two processes on one shm domain; GPU memory moved
+# by its owner through its staging pool, docs/gpu.md "shm"), without the
+# loss pairs (shm has no link to lose frames on). Prints one line per pair
+# and "perf pairs: N passed, M failed"; exit 1 on any failure.
 #
 #   tests/gpu/perf_pairs.sh UFAB_BINARY
 set -uo pipefail
@@ -21,14 +24,16 @@ cleanup() {
 trap cleanup EXIT
 passed=0 failed=0
 
-# pair TEST "SERVER OPTS" "CLIENT OPTS" NAME
+# pair TEST "SERVER OPTS" "CLIENT OPTS" NAME [shm]
 pair() {
   local test=$1 sopts=$2 copts=$3 name=$4 port=
+  local sdev=("swnic:$link:0" --ip 10.0.0.1) cdev=("swnic:$link:1" --ip 10.0.0.2)
+  if [ "${5:-}" = shm ]; then sdev=("shm:$link"); cdev=("shm:$link"); fi
   # The old logs go first: the server's redirection truncates s.err only
   # once it runs, and the port loop below must not read the last pair's port.
   rm -f /dev/shm/ufab-swnic-"$link"* "$tmp"/s.* "$tmp"/c.*
   # shellcheck disable=SC2086
-  timeout 300 "$ufab" perf "$test" "swnic:$link:0" --ip 10.0.0.1 -p 0 --json --timeout 20 $sopts \
+  timeout 300 "$ufab" perf "$test" "${sdev[@]}" -p 0 --json --timeout 20 $sopts \
     >"$tmp/s.out" 2>"$tmp/s.err" &
   server=$!
   for _ in $(seq 400); do
@@ -39,7 +44,7 @@ pair() {
   local crc=1 src=1
   if [ -n "$port" ]; then
     # shellcheck disable=SC2086
-    timeout 300 "$ufab" perf "$test" "swnic:$link:1" --ip 10.0.0.2 -p "$port" --json --timeout 20 $copts 127.0.0.1 \
+    timeout 300 "$ufab" perf "$test" "${cdev[@]}" -p "$port" --json --timeout 20 $copts 127.0.0.1 \
       >"$tmp/c.out" 2>"$tmp/c.err"
     crc=$?
   fi
@@ -73,6 +78,25 @@ for test in write-bw read-bw send-bw; do
 done
 for test in read-lat send-lat; do
   pair "$test" "--use_cuda -s 4096 -n 200" "--use_cuda -s 4096 -n 200" "$test GPU both sides, 4 KiB"
+done
+# The shm provider: the same pairs, no loss.
+for test in write-bw read-bw send-bw; do
+  for sides in "gpu host" "host gpu" "gpu gpu"; do
+    read -r s c <<<"$sides"
+    so=""; co=""
+    [ "$s" = gpu ] && so="--use_cuda"
+    [ "$c" = gpu ] && co="--use_cuda"
+    sizes="1 4097 1048576"
+    [ "$sides" = "gpu gpu" ] && sizes="$sizes 67108864"
+    for size in $sizes; do
+      n=$(( size >= 67108864 ? 8 : size >= 1048576 ? 50 : 300 ))
+      common="--data_validation -s $size -n $n"
+      pair "$test" "$common $so" "$common $co" "shm $test server $s, client $c, $size B" shm
+    done
+  done
+done
+for test in write-lat read-lat send-lat; do
+  pair "$test" "--use_cuda -s 4096 -n 200" "--use_cuda -s 4096 -n 200" "shm $test GPU both sides, 4 KiB" shm
 done
 echo "perf pairs: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -5,11 +5,14 @@
 # time and at the responder, GPU entries of the registration cache, and the
 # staging pipeline with the real copy engine (pipeline_test's "cuda" cases:
 # SEND/RECV, WRITE, WRITE_WITH_IMM, READ host<->GPU and GPU<->GPU at
-# fragment boundaries, depths, 2% loss, every byte checked), and the
-# libfabric provider's FI_HMEM (tests/fabric/provider_gpu_test: cuMemAlloc'd
-# buffers registered as FI_HMEM_CUDA over fi_write, fi_read and fi_send,
-# every byte checked through device copies; it needs libfabric-dev where it
-# is built, and the staged lib/ carries libfabric.so.1 and what it links).
+# fragment boundaries, depths, 2% loss, every byte checked), the same
+# over the shm provider between two processes (shm_gpu_test's "cuda"
+# cases: every op and direction, 1 B to 4 MiB + 3, unaligned offsets, a
+# buffer freed under a live region), and the libfabric provider's FI_HMEM
+# (tests/fabric/provider_gpu_test: cuMemAlloc'd buffers registered as
+# FI_HMEM_CUDA over fi_write, fi_read and fi_send, every byte checked
+# through device copies; it needs libfabric-dev where it is built, and the
+# staged lib/ carries libfabric.so.1 and what it links).
 #
 #   tests/gpu/run.sh                 build with Bazel, then run here
 #   tests/gpu/run.sh --stage DIR     build and copy the binaries to DIR (for a
@@ -27,7 +30,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//tests/unit/gpu:gpu_test //tests/unit/gpu:region_test //tests/unit/regcache:cache_test
-         //tests/unit/staging:pipeline_test //tests/bench:regcache_bench //tools/ufab //tests/gpu:stream_gpu)
+         //tests/unit/staging:pipeline_test //tests/unit/drivers/shm:shm_gpu_test //tests/bench:regcache_bench
+         //tools/ufab //tests/gpu:stream_gpu)
 # The libfabric provider's GPU test exists where libfabric's headers are
 # (//tests/fabric/BUILD); without them the suite says it is left out.
 fabric_targets=(//tests/fabric:provider_gpu_test //fabric:libufab-fi.so)
@@ -47,7 +51,7 @@ run_from() {
   if [ -d "$d/lib" ]; then export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
   # The provider's GPU test loads libufab-fi.so from beside it.
   export UFAB_FI_PROVIDER_DIR="$d"
-  for t in gpu_test region_test cache_test pipeline_test provider_gpu_test; do
+  for t in gpu_test region_test cache_test pipeline_test shm_gpu_test provider_gpu_test; do
     if [ "$t" = provider_gpu_test ] && [ ! -x "$d/$t" ]; then
       echo "gpu suite: provider_gpu_test was not staged (built without libfabric's headers): the FI_HMEM test did not run"
       fail=1

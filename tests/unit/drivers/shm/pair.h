@@ -36,6 +36,19 @@ inline void host_log(int level, const char* m) {
   if (level <= 1) std::fprintf(stderr, "[%s] shm log %d: %s\n", g_who, level, m);
 }
 inline const ufab_rdma_host kHost = {sizeof(ufab_rdma_host), 0, host_set_error, host_log};
+// Device parameters and a progress thread for the devices run_pair opens
+// (shm_gpu_test: gpu_copy=fake, gpu_frag=...); none by default.
+inline const char* const* g_open_params = nullptr;
+inline bool g_open_progress_thread = false;
+inline ufab_device_opts* open_opts() {
+  static ufab_device_opts o;
+  if (!g_open_params && !g_open_progress_thread) return nullptr;
+  o = ufab_device_opts{};
+  o.size = sizeof o;
+  o.params = g_open_params;
+  o.progress_thread = g_open_progress_thread ? 1 : 0;
+  return &o;
+}
 inline const ufab_rdma_provider* P() { return ufab_shm_provider(); }
 
 inline void fail_at(const char* file, int line, const std::string& what) {
@@ -374,7 +387,7 @@ inline bool run_pair(const char* test, const std::function<bool(Side&)>& fn, boo
     s.domain = domain;
     bool ok = false;
     std::string name = "shm:" + domain;
-    if (P()->open_device(&kHost, name.c_str(), nullptr, &s.dev) == 0 && P()->alloc_pd(s.dev, &s.pd) == 0) {
+    if (P()->open_device(&kHost, name.c_str(), open_opts(), &s.dev) == 0 && P()->alloc_pd(s.dev, &s.pd) == 0) {
       ok = fn(s);
       P()->dealloc_pd(s.pd);
       P()->close_device(s.dev);
@@ -391,7 +404,7 @@ inline bool run_pair(const char* test, const std::function<bool(Side&)>& fn, boo
   g_failures = 0;
   bool ok = false;
   std::string name = "shm:" + domain;
-  if (P()->open_device(&kHost, name.c_str(), nullptr, &s.dev) == 0 && P()->alloc_pd(s.dev, &s.pd) == 0) {
+  if (P()->open_device(&kHost, name.c_str(), open_opts(), &s.dev) == 0 && P()->alloc_pd(s.dev, &s.pd) == 0) {
     ok = fn(s);
     P()->dealloc_pd(s.pd);
     P()->close_device(s.dev);

@@ -400,7 +400,9 @@ TEST(ShmOps, LoopbackInOneDevice) {
   ASSERT_EQ(P()->query_device(dev, &da), 0);
   EXPECT_STREQ(da.provider, "shm");
   EXPECT_EQ(da.ip >> 8, static_cast<uint32_t>(::getpid()));
-  EXPECT_EQ(da.mem_types, 1u << UFAB_MEM_HOST);
+  // CUDA memory through the staging pool where the build has the CUDA
+  // headers (docs/gpu.md, "shm"; tests/unit/drivers/shm/shm_gpu_test.cc).
+  EXPECT_EQ(da.mem_types & ~(1u << UFAB_MEM_CUDA), 1u << UFAB_MEM_HOST);
   Arena a(1 << 16);
   ufab_mr_attr ma = {sizeof ma, kAll, a.p, a.size, UFAB_MEM_HOST, 0};
   ufab_rdma_mr* mr;
@@ -441,11 +443,22 @@ TEST(ShmOps, LoopbackInOneDevice) {
   // A connection to an address nobody has fails at RTR, with words.
   EXPECT_EQ(connect_qp(q3, Info{da.ip ^ 0x80, n2, 0, 0, 0, 0}, o), -ECONNREFUSED);
   EXPECT_NE(g_last_error.find("no device has that address"), std::string::npos) << g_last_error;
-  // Memory of another type is refused, saying so.
-  ufab_mr_attr cuda = {sizeof cuda, kAll, a.p, 4096, UFAB_MEM_CUDA, 0};
+  // Memory of another type is refused, saying so; host memory is not CUDA
+  // memory (no driver here: says so; with one: "not CUDA memory"); GPU
+  // memory with REMOTE_ATOMIC is refused.
+  ufab_mr_attr pmem = {sizeof pmem, kAll, a.p, 4096, UFAB_MEM_PERSISTENT, 0};
   ufab_rdma_mr* m2;
+  EXPECT_EQ(P()->reg_mr(pd, &pmem, &m2, &lkey, &rkey), -EOPNOTSUPP);
+  EXPECT_NE(g_last_error.find("persistent"), std::string::npos) << g_last_error;
+  ufab_mr_attr cuda = {sizeof cuda, kAll, a.p, 4096, UFAB_MEM_CUDA, 0};
   EXPECT_EQ(P()->reg_mr(pd, &cuda, &m2, &lkey, &rkey), -EOPNOTSUPP);
-  EXPECT_NE(g_last_error.find("host memory only"), std::string::npos) << g_last_error;
+  EXPECT_NE(g_last_error.find("REMOTE_ATOMIC: atomics on GPU memory are not supported"), std::string::npos)
+      << g_last_error;
+  cuda.access = UFAB_ACCESS_LOCAL_WRITE;
+  EXPECT_LT(P()->reg_mr(pd, &cuda, &m2, &lkey, &rkey), 0);
+  EXPECT_TRUE(g_last_error.find("no GPU") != std::string::npos ||
+              g_last_error.find("not CUDA memory") != std::string::npos)
+      << g_last_error;
   ufab_rdma_qp_init ud = init;
   ud.qp_type = UFAB_QPT_UD;
   ufab_rdma_qp* q4 = nullptr;

@@ -1,0 +1,859 @@
+// GPU memory on the shm provider (docs/gpu.md, "shm"). CMA cannot reach
+// device memory, so only the process that owns a GPU buffer moves its
+// bytes, between the GPU and pinned slots of its device's staging pool
+// (core/staging: the copy engine and pool soft-RoCE uses). CMA and mapped
+// regions move host bytes only: application host memory and slots.
+//
+//   requester, GPU memory here, host region there (WRITE, READ): one-sided
+//     as for host memory, a piece at a time through a slot;
+//   a GPU region there (WRITE, WRITE_WITH_IMM's data, READ): kMsgFragWrite
+//     and kMsgFragRead; the owner executes them through its slots;
+//   SEND from GPU memory: kMsgFragSend, a piece at a time from slots;
+//   SEND into a GPU receive: the receiver pulls into its slots.
+//
+// A peer reads a requester's slot (kMsgFragWrite/Send) and a requester
+// reads a responder's slot (kMsgFragReady); nobody writes into a peer's
+// slot, so a slot is reused only once nobody can still be reading it.
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "core/gpu/cuda.h"
+#include "core/gpu/region.h"
+#include "drivers/shm/shm_impl.h"
+
+namespace ufab::shm {
+namespace {
+
+bool seq_le(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
+bool seq_lt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) < 0; }
+
+using staging::CopyEngine;
+using staging::CopySegment;
+
+int cma_all(pid_t pid, bool write, struct iovec* local, unsigned long nl, struct iovec* remote, unsigned long nr) {
+  // Moves everything, across partial transfers; 0 or an errno.
+  auto advance = [](struct iovec*& v, unsigned long& n, size_t bytes) {
+    while (bytes > 0 && n > 0) {
+      if (bytes >= v->iov_len) {
+        bytes -= v->iov_len;
+        ++v;
+        --n;
+      } else {
+        v->iov_base = static_cast<char*>(v->iov_base) + bytes;
+        v->iov_len -= bytes;
+        bytes = 0;
+      }
+    }
+    while (n > 0 && v->iov_len == 0) {
+      ++v;
+      --n;
+    }
+  };
+  advance(local, nl, 0);
+  advance(remote, nr, 0);
+  while (nl > 0 && nr > 0) {
+    ssize_t n = write ? ::process_vm_writev(pid, local, nl, remote, nr, 0)
+                      : ::process_vm_readv(pid, local, nl, remote, nr, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EFAULT;
+    advance(local, nl, static_cast<size_t>(n));
+    advance(remote, nr, static_cast<size_t>(n));
+  }
+  return 0;
+}
+
+std::string cma_why(int e, bool write, pid_t pid) {
+  std::string what = std::string(write ? "process_vm_writev" : "process_vm_readv") + " to pid " + std::to_string(pid) +
+                     " failed: " + std::strerror(e);
+  if (e == EPERM) {
+    what += "; the kernel refused cross-process copies (CMA needs ptrace access: same uid, Yama ptrace_scope 0, no "
+            "seccomp filter); use soft-RoCE (a swnic device) between these processes";
+  }
+  return what;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ device
+
+void Device::take_gpu_params(const ufab_device_opts* opts) {
+  std::map<std::string, std::string> kv;
+  if (opts && opts->params) {
+    for (const char* const* p = opts->params; *p; ++p) {
+      std::string s = *p;
+      auto eq = s.find('=');
+      if (eq == std::string::npos) continue;
+      if (s.rfind("gpu_", 0) == 0) kv[s.substr(0, eq)] = s.substr(eq + 1);
+    }
+  }
+  // The gpu_* keys only: other parameters (a swnic's loss=, ...) are not
+  // the shm provider's and are ignored, as before.
+  auto p = staging::take_params(kv);
+  if (!p) throw Error(p.error().code(), "opening \"" + name + "\": " + p.error().message());
+  if (!kv.empty()) {
+    throw Error(EINVAL, "opening \"" + name + "\": unknown parameter " + kv.begin()->first +
+                            "; the shm provider takes gpu_copy, gpu_frag, gpu_depth, gpu_slots, gpu_fake_delay_us "
+                            "and gpu_fake_order");
+  }
+  gparams = *p;
+}
+
+staging::Pool* Device::staging_for(int ordinal) {
+  std::lock_guard<std::mutex> g(pool_mu);
+  if (pool) {
+    if (pool->ordinal() != ordinal) {
+      throw Error(EOPNOTSUPP, "GPU memory on GPU " + std::to_string(ordinal) + ": " + name + " stages through GPU " +
+                                  std::to_string(pool->ordinal()) +
+                                  " already (one GPU per device); open another shm device for the other GPU");
+    }
+    return pool.get();
+  }
+  auto p = staging::Pool::create(gparams, ordinal);
+  if (!p) throw Error(p.error().code(), "GPU staging pipeline of " + name + ": " + p.error().message());
+  pool = std::move(*p);
+  pool_ptr.store(pool.get(), std::memory_order_release);
+  return pool.get();
+}
+
+bool Device::gpu_buffer_ok(uint32_t index, uint64_t addr, std::string* why) const {
+  const GpuKey& k = gpu_keys[index];
+  if (gparams.fake) return true;  // made-up ids: host memory standing for GPU memory
+  uint64_t now = 0;
+  if (const gpu::Driver* d = gpu::Driver::if_loaded()) {
+    auto info = d->pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
+    if (info) now = info->buffer_id;
+  }
+  if (now == k.buffer_id) return true;
+  *why = "the GPU memory under key index " + std::to_string(index) + " (CUDA buffer id " +
+         std::to_string(k.buffer_id) + ") was freed" +
+         (now != 0 ? " and the address reallocated (buffer id " + std::to_string(now) + ")" : std::string()) +
+         "; the region no longer names it (deregister it before freeing the memory, and register the new "
+         "allocation)";
+  return false;
+}
+
+void Device::reap_quarantine(bool all) {
+  std::lock_guard<std::mutex> g(quarantine_mu);
+  staging::Pool* p = pool_ptr.load(std::memory_order_acquire);
+  std::erase_if(quarantine, [&](Quarantined& q) {
+    bool free = all || q.peer->dead.load() || q.idx->head.load(std::memory_order_acquire) >= q.ring_end;
+    if (!free) return false;
+    if (p) {
+      if (q.ticket >= 0) {
+        p->orphan(static_cast<uint32_t>(q.ticket), q.slot);
+      } else {
+        p->give(q.slot);
+      }
+    }
+    peer_unref(q.peer);
+    return true;
+  });
+  quarantined.store(static_cast<uint32_t>(quarantine.size()), std::memory_order_release);
+}
+
+// --------------------------------------------------------------- requester
+
+bool Qp::remote_gpu(const SendWqe& w) const {
+  uint32_t op = w.wr.opcode;
+  if (op != UFAB_WR_RDMA_WRITE && op != UFAB_WR_RDMA_WRITE_WITH_IMM && op != UFAB_WR_RDMA_READ) return false;
+  if (!peer || w.length == 0) return false;
+  const KeyEntry& e = peer->seg->keys[w.wr.rkey & (kMaxMr - 1)];
+  return e.key.load(std::memory_order_acquire) == w.wr.rkey && (e.flags.load(std::memory_order_relaxed) & kKeyGpu);
+}
+
+// The one-sided copy of host bytes between `local` and the peer's region
+// (key pinned and checked): a mapped region's memcpy, or CMA.
+uint32_t Qp::remote_copy(uint32_t rkey, uint64_t raddr, void* local, uint64_t len, bool read, std::string* why) {
+  KeyEntry* pin = nullptr;
+  uint32_t right = read ? UFAB_ACCESS_REMOTE_READ : UFAB_ACCESS_REMOTE_WRITE;
+  if (uint32_t s = check_remote_key(rkey, raddr, len, right, peer->seg, peer_ctl->pd.load(std::memory_order_acquire),
+                                    &pin, why)) {
+    return s;
+  }
+  if (pin->flags.load(std::memory_order_relaxed) & kKeyGpu) {
+    // Registered again as GPU memory meanwhile: never copied from here.
+    pin->pins.fetch_sub(1, std::memory_order_release);
+    *why = "rkey " + hex(rkey) + " names GPU memory at the target now";
+    return UFAB_WC_REM_ACCESS_ERR;
+  }
+  int e = 0;
+  const DirectMap* dm = direct(rkey, *pin);
+  if (dm && dm->base && (read || dm->writable)) {
+    unsigned char* r = dm->base + (raddr - dm->addr);
+    if (read) {
+      std::memcpy(local, r, len);
+    } else {
+      std::memcpy(r, local, len);
+    }
+  } else {
+    struct iovec l = {local, len}, r = {reinterpret_cast<void*>(raddr), len};
+    e = cma_all(peer->pid, !read, &l, 1, &r, 1);
+  }
+  pin->pins.fetch_sub(1, std::memory_order_release);
+  if (e == 0) return 0;
+  if (e == ESRCH) {
+    *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
+    return UFAB_WC_RETRY_EXC_ERR;
+  }
+  *why = cma_why(e, !read, peer->pid);
+  return UFAB_WC_REM_OP_ERR;
+}
+
+// Starts the GPU work request at sq_next (everything before it completed).
+// 0, or a status with its words (the remote checks one_sided makes).
+uint32_t Qp::gpu_tx_start(SendWqe& w, std::string* why) {
+  uint32_t op = w.wr.opcode;
+  bool send = op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM;
+  gtx_ = GpuTx{};
+  if (!send) {
+    uint32_t st = peer_ctl->state.load(std::memory_order_acquire);
+    if (peer_ctl->qpn.load(std::memory_order_acquire) != attr.dest_qpn) {
+      *why = "the peer QP " + hex(attr.dest_qpn) + " was destroyed";
+      return UFAB_WC_RETRY_EXC_ERR;
+    }
+    if (st == UFAB_QPS_RESET || st == UFAB_QPS_INIT) return 0xFFFF;  // later
+    if (st == UFAB_QPS_ERR) {
+      *why = "the peer QP " + hex(attr.dest_qpn) + " is in ERROR and answers nothing";
+      return UFAB_WC_RETRY_EXC_ERR;
+    }
+    bool read = op == UFAB_WR_RDMA_READ;
+    uint32_t right = read ? UFAB_ACCESS_REMOTE_READ : UFAB_ACCESS_REMOTE_WRITE;
+    if (!(peer_ctl->access.load(std::memory_order_acquire) & right)) {
+      *why = std::string("the target QP ") + hex(attr.dest_qpn) + " does not allow " +
+             (read ? "REMOTE_READ" : "REMOTE_WRITE") + " (its access_flags)";
+      return UFAB_WC_REM_INV_REQ_ERR;
+    }
+    KeyEntry* pin = nullptr;
+    if (uint32_t s = check_remote_key(w.wr.rkey, w.wr.remote_addr, w.length, right, peer->seg,
+                                      peer_ctl->pd.load(std::memory_order_acquire), &pin, why)) {
+      return s;
+    }
+    gtx_.messages = (pin->flags.load(std::memory_order_relaxed) & kKeyGpu) != 0;
+    pin->pins.fetch_sub(1, std::memory_order_release);
+    gtx_.type = read ? kMsgFragRead : kMsgFragWrite;
+  } else {
+    gtx_.messages = true;
+    gtx_.type = kMsgFragSend;
+  }
+  gtx_.active = true;
+  gtx_.total = w.length;
+  return 0;
+}
+
+bool Qp::gpu_tx_owns(uint32_t seq) const {
+  if (!gtx_.active) return false;
+  for (const TxFrag& f : gtx_.frags) {
+    if (f.sent && f.seq == seq) return true;
+  }
+  return false;
+}
+
+// An ACK through `seq`: the responder is done with those Frag messages.
+void Qp::gpu_tx_ack(uint32_t seq) {
+  if (!gtx_.active || gtx_.type == kMsgFragRead) return;
+  for (TxFrag& f : gtx_.frags) {
+    if (f.sent && seq_le(f.seq, seq)) f.acked = true;
+  }
+}
+
+// kMsgFragReady: part of a READ fragment staged at the responder; read it
+// now (the responder holds that slot until `consumed` passes the message).
+uint32_t Qp::gpu_tx_ready(const MsgHdr& h, std::string* why) {
+  for (TxFrag& f : gtx_.frags) {
+    if (!f.sent || f.seq != h.seq) continue;
+    if (h.imm > f.len || h.len > f.len - h.imm) {
+      *why = "the responder answered a READ fragment with bytes outside it";
+      return UFAB_WC_REM_OP_ERR;
+    }
+    struct iovec l = {reinterpret_cast<void*>(f.laddr + h.imm), h.len}, r = {reinterpret_cast<void*>(h.value), h.len};
+    int e = cma_all(peer->pid, false, &l, 1, &r, 1);
+    if (e == ESRCH) {
+      *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
+      return UFAB_WC_RETRY_EXC_ERR;
+    }
+    if (e) {
+      *why = "reading the responder's staged bytes: " + cma_why(e, false, peer->pid);
+      return UFAB_WC_REM_OP_ERR;
+    }
+    f.pulled += h.len;
+    if (f.pulled == f.len) {
+      f.acked = true;
+      peer_ctl->consumed.store(f.seq + 1, std::memory_order_release);
+    }
+    return 0;
+  }
+  return 0;  // not ours (a READ failed meanwhile): ignored
+}
+
+// One round of the GPU work request: copies that landed, pieces staged
+// ahead, Frag messages sent, finished pieces retired.
+int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  const uint64_t frag = pool ? pool->frag() : dev->gparams.frag;
+  const uint32_t depth = pool ? pool->depth() : dev->gparams.depth;
+  const bool read = gtx_.type == kMsgFragRead;
+  auto failed = [&](uint32_t st, const std::string& m) {
+    *status = st;
+    *why = m;
+    return kGpuFailed;
+  };
+  if (peer_ctl->qpn.load(std::memory_order_acquire) != attr.dest_qpn) {
+    return failed(UFAB_WC_RETRY_EXC_ERR, "the peer QP " + hex(attr.dest_qpn) + " was destroyed");
+  }
+  // Copies that landed.
+  for (TxFrag& f : gtx_.frags) {
+    if (f.ticket < 0) continue;
+    uint32_t s = pool->engine().state(static_cast<uint32_t>(f.ticket));
+    if (s == CopyEngine::kPending) continue;
+    std::string m = s == CopyEngine::kFailed ? pool->engine().failure(static_cast<uint32_t>(f.ticket)) : "";
+    pool->engine().release(static_cast<uint32_t>(f.ticket));
+    f.ticket = -1;
+    if (s == CopyEngine::kFailed) return failed(UFAB_WC_LOC_PROT_ERR, "the GPU copy engine failed: " + m);
+    if (read) {
+      f.done = true;  // placed in GPU memory
+    } else {
+      f.staged = true;
+    }
+  }
+  // One-sided pieces (a host region at the peer) and READ pieces whose
+  // bytes are all here.
+  for (TxFrag& f : gtx_.frags) {
+    if (f.done || f.ticket >= 0) continue;
+    if (!gtx_.messages && !f.acked) {
+      if (!read && !f.staged) continue;
+      uint64_t raddr = w.wr.remote_addr + f.off;
+      if (uint32_t st = remote_copy(w.wr.rkey, raddr, reinterpret_cast<void*>(f.laddr), f.len, read, why)) {
+        *status = st;
+        return kGpuFailed;
+      }
+      f.acked = true;
+      ++stats.tx;
+      if (!read || !f.slot) f.done = true;
+    } else if (f.acked && (!read || !f.slot)) {
+      f.done = true;
+    }
+    if (read && f.acked && f.slot && !f.done) {
+      CopySegment seg{reinterpret_cast<void*>(f.gaddr), reinterpret_cast<const void*>(f.laddr), f.len};
+      auto t = pool->engine().submit(std::span<const CopySegment>(&seg, 1));
+      if (!t) break;  // the engine is full: next round
+      f.ticket = *t;
+    }
+  }
+  // Retire finished pieces, in order.
+  while (!gtx_.frags.empty() && gtx_.frags.front().done) {
+    if (gtx_.frags.front().slot) pool->give(*gtx_.frags.front().slot);
+    gtx_.frags.pop_front();
+  }
+  // Stage more.
+  while (gtx_.frags.size() < depth && gtx_.next_off < gtx_.total) {
+    while (gtx_.sge < w.wr.num_sge && gtx_.sge_off >= w.sge[gtx_.sge].length) {
+      ++gtx_.sge;
+      gtx_.sge_off = 0;
+    }
+    const ufab_sge& s = w.sge[gtx_.sge];
+    uint64_t n = s.length - gtx_.sge_off;
+    if (n > frag) n = frag;
+    if (n > gtx_.total - gtx_.next_off) n = gtx_.total - gtx_.next_off;
+    TxFrag f;
+    f.off = gtx_.next_off;
+    f.len = static_cast<uint32_t>(n);
+    const bool g = dev->gpu_keys[s.lkey & (kMaxMr - 1)].gpu;
+    if (!g) {
+      f.laddr = s.addr + gtx_.sge_off;
+      f.staged = true;
+    } else {
+      if (!pool) return failed(UFAB_WC_LOC_PROT_ERR, "GPU memory without a staging pool");
+      auto slot = pool->take();
+      if (!slot) break;  // all slots taken: next round
+      f.slot = *slot;
+      f.laddr = reinterpret_cast<uint64_t>(pool->slot(*slot));
+      f.gaddr = s.addr + gtx_.sge_off;
+      if (!read) {
+        CopySegment seg{reinterpret_cast<void*>(f.laddr), reinterpret_cast<const void*>(f.gaddr), n};
+        auto t = pool->engine().submit(std::span<const CopySegment>(&seg, 1));
+        if (!t) {
+          pool->give(*slot);
+          break;
+        }
+        f.ticket = *t;
+      }
+    }
+    gtx_.frags.push_back(f);
+    gtx_.next_off += n;
+    gtx_.sge_off += n;
+  }
+  // Frag messages, in order, for pieces whose bytes are ready.
+  if (gtx_.messages) {
+    for (TxFrag& f : gtx_.frags) {
+      if (f.sent) continue;
+      if (!read && !f.staged) break;
+      MsgHdr h = {};
+      h.type = gtx_.type;
+      h.nslots = static_cast<uint8_t>(msg_slots(sizeof(FragBody)));
+      h.seq = next_seq;
+      h.len = f.len;
+      FragBody b = {};
+      b.laddr = f.laddr;
+      b.rkey = w.wr.rkey;
+      if (gtx_.type == kMsgFragSend) {
+        b.off = f.off;
+        h.value = gtx_.total;
+        if (f.off + f.len == gtx_.total) h.flags |= kFlagLast;
+        if (w.wr.opcode == UFAB_WR_SEND_WITH_IMM) {
+          h.flags |= kFlagImm;
+          h.imm = w.wr.imm_data;
+        }
+        if (w.wr.send_flags & UFAB_SEND_SOLICITED) h.flags |= kFlagSolicited;
+      } else {
+        b.raddr = w.wr.remote_addr + f.off;
+      }
+      uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
+      if (tail + h.nslots - out_req_head > kRingSlots) {
+        out_req_head = out_req.idx->head.load(std::memory_order_acquire);
+        if (tail + h.nslots - out_req_head > kRingSlots) {
+          ++stats.stalls;
+          break;
+        }
+      }
+      out_req.put(tail, 0, &h, sizeof h);
+      out_req.put(tail, kHdrSize, &b, sizeof b);
+      out_req.idx->tail.store(tail + h.nslots, std::memory_order_release);
+      f.sent = true;
+      f.seq = next_seq++;
+      f.ring_end = tail + h.nslots;
+      if (f.off == 0) w.seq = f.seq;  // an RNR NAK names the first
+      ++msgs_sent;
+      ++stats.tx;
+      notify_ = true;
+    }
+  }
+  if (gtx_.next_off == gtx_.total && gtx_.frags.empty()) {
+    gtx_ = GpuTx{};
+    return kGpuDone;
+  }
+  return kGpuPending;
+}
+
+// The GPU work request ends (failed, flushed, RNR restart, reset): slots
+// back to the pool, or to the quarantine while the peer may still read
+// one (a Frag message sent and not answered), or as orphans while a copy
+// into one runs.
+void Qp::gpu_tx_clear() {
+  if (!gtx_.active) return;
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  for (TxFrag& f : gtx_.frags) {
+    if (!pool) break;
+    if (!f.slot) {
+      if (f.ticket >= 0) pool->orphan(static_cast<uint32_t>(f.ticket), std::nullopt);
+      continue;
+    }
+    bool peer_may_read = gtx_.messages && gtx_.type != kMsgFragRead && f.sent && !f.acked && peer &&
+                         !peer->dead.load();
+    if (peer_may_read) {
+      peer_ref(peer);
+      std::lock_guard<std::mutex> g(dev->quarantine_mu);
+      dev->quarantine.push_back(Quarantined{*f.slot, f.ticket, peer, out_req.idx, f.ring_end});
+      dev->quarantined.store(static_cast<uint32_t>(dev->quarantine.size()), std::memory_order_release);
+    } else if (f.ticket >= 0) {
+      pool->orphan(static_cast<uint32_t>(f.ticket), f.slot);
+    } else {
+      pool->give(*f.slot);
+    }
+  }
+  gtx_ = GpuTx{};
+}
+
+// --------------------------------------------------------------- responder
+
+bool Qp::recv_is_gpu(const RecvWqe& r) const {
+  if (dev->gpu_regions.load(std::memory_order_relaxed) == 0) return false;
+  for (uint32_t k = 0; k < r.num_sge; ++k) {
+    if (r.sge[k].length && dev->gpu_keys[r.sge[k].lkey & (kMaxMr - 1)].gpu) return true;
+  }
+  return false;
+}
+
+// Reads bytes [pos, pos + sum of local) of the message at `at` into the
+// local iovecs: from the ring (inline SEND), the sender's iovec list
+// (SEND), or laddr (Frag messages). 0 or an errno.
+int Qp::gpu_pull(const MsgHdr& h, uint64_t at, uint64_t laddr, uint64_t pos, struct iovec* local, unsigned long nl) {
+  uint64_t want = 0;
+  for (unsigned long k = 0; k < nl; ++k) want += local[k].iov_len;
+  if (h.type == kMsgSend && (h.flags & kFlagInline)) {
+    uint32_t off = kHdrSize + static_cast<uint32_t>(pos);
+    for (unsigned long k = 0; k < nl; ++k) {
+      in_req.get(at, off, local[k].iov_base, local[k].iov_len);
+      off += static_cast<uint32_t>(local[k].iov_len);
+    }
+    return 0;
+  }
+  struct iovec remote[UFAB_MAX_SGE];
+  unsigned long nr = 0;
+  if (h.type == kMsgSend) {
+    uint64_t skip = pos;
+    for (uint32_t k = 0; k < h.n_iov && k < UFAB_MAX_SGE && want > 0; ++k) {
+      RemoteIov v;
+      in_req.get(at, kHdrSize + k * sizeof(RemoteIov), &v, sizeof v);
+      if (skip >= v.len) {
+        skip -= v.len;
+        continue;
+      }
+      uint64_t n = v.len - skip;
+      if (n > want) n = want;
+      remote[nr++] = {reinterpret_cast<void*>(v.addr + skip), n};
+      skip = 0;
+      want -= n;
+    }
+  } else {
+    remote[nr++] = {reinterpret_cast<void*>(laddr + pos), want};
+  }
+  return cma_all(peer->pid, false, local, nl, remote, nr);
+}
+
+// A message that carries GPU work (a Frag message, or a SEND into a GPU
+// receive), started or resumed at the ring's head. kRxNext: done with it;
+// kRxStall: try again next round (no slot, copies to finish first);
+// kRxRnr: RNR NAK sent; kRxFatal: NAK sent, the QP goes to ERROR;
+// kRxDead: the peer process is gone.
+int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
+  GpuRx& rx = grx_;
+  FragBody b = {};
+  if (h.type != kMsgSend) in_req.get(at, kHdrSize, &b, sizeof b);
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  const uint64_t frag = pool ? pool->frag() : dev->gparams.frag;
+  auto nak = [&](uint32_t st, const std::string& why) {
+    if (!rx.jobs.empty()) return kRxStall;  // answers keep their order: after the copies before
+    dev->log(3, "shm QP " + hex(qpn) + ": refused a request: " + why);
+    rx.partial = false;
+    send_resp(kMsgNak, h.seq, st);
+    return kRxFatal;
+  };
+  const bool resumed = rx.partial && rx.partial_seq == h.seq;
+
+  if (h.type == kMsgFragWrite || h.type == kMsgFragRead) {
+    const bool write = h.type == kMsgFragWrite;
+    const uint32_t right = write ? UFAB_ACCESS_REMOTE_WRITE : UFAB_ACCESS_REMOTE_READ;
+    if (!resumed) {
+      if (!(attr.access_flags & right)) {
+        return nak(UFAB_WC_REM_INV_REQ_ERR, std::string("this QP's access_flags do not allow ") +
+                                                (write ? "REMOTE_WRITE" : "REMOTE_READ"));
+      }
+      rx.partial = true;
+      rx.partial_seq = h.seq;
+      rx.done = 0;
+    }
+    while (rx.done < h.len) {
+      uint64_t n = h.len - rx.done;
+      if (n > frag) n = frag;
+      const uint64_t raddr = b.raddr + rx.done;
+      std::string why;
+      KeyEntry* pin = nullptr;
+      if (check_remote_key(b.rkey, raddr, n, right, dev->seg, pd->id, &pin, &why)) {
+        return nak(UFAB_WC_REM_ACCESS_ERR, why);
+      }
+      const uint32_t index = b.rkey & (kMaxMr - 1);
+      if (!(pin->flags.load(std::memory_order_relaxed) & kKeyGpu) || !pool) {
+        pin->pins.fetch_sub(1, std::memory_order_release);
+        return nak(UFAB_WC_REM_ACCESS_ERR, "rkey " + hex(b.rkey) + " is not GPU memory (registered again?)");
+      }
+      if (!dev->gpu_buffer_ok(index, raddr, &why)) {
+        pin->pins.fetch_sub(1, std::memory_order_release);
+        return nak(UFAB_WC_REM_ACCESS_ERR, "rkey " + hex(b.rkey) + ": " + why);
+      }
+      auto slot = pool->take();
+      if (!slot) {
+        pin->pins.fetch_sub(1, std::memory_order_release);
+        return kRxStall;
+      }
+      uint8_t* sp = pool->slot(*slot);
+      if (write) {
+        struct iovec l = {sp, n};
+        int e = gpu_pull(h, at, b.laddr, rx.done, &l, 1);
+        if (e) {
+          pool->give(*slot);
+          pin->pins.fetch_sub(1, std::memory_order_release);
+          if (e == ESRCH) return kRxDead;
+          return nak(UFAB_WC_REM_OP_ERR, "reading the requester's bytes: " + cma_why(e, false, peer->pid));
+        }
+      }
+      CopySegment seg = write ? CopySegment{reinterpret_cast<void*>(raddr), sp, n}
+                              : CopySegment{sp, reinterpret_cast<const void*>(raddr), n};
+      auto t = pool->engine().submit(std::span<const CopySegment>(&seg, 1));
+      if (!t) {
+        pool->give(*slot);
+        pin->pins.fetch_sub(1, std::memory_order_release);
+        return kRxStall;
+      }
+      RxJob j;
+      j.seq = h.seq;
+      j.ticket = *t;
+      j.slot = *slot;
+      j.pin = pin;
+      j.ready = !write;
+      j.piece_off = static_cast<uint32_t>(rx.done);
+      j.piece_len = static_cast<uint32_t>(n);
+      rx.jobs.push_back(j);
+      rx.done += n;
+    }
+    rx.partial = false;
+    return kRxNext;
+  }
+
+  // A SEND: kMsgSend into a GPU receive, or kMsgFragSend (from GPU memory).
+  const bool frag_send = h.type == kMsgFragSend;
+  const uint64_t msg_off = frag_send ? b.off : 0;
+  const bool last = !frag_send || (h.flags & kFlagLast);
+  if (!resumed) {
+    if (!frag_send || b.off == 0) {
+      // A receive is taken: only with nothing before it in flight, so its
+      // answer (RNR NAK, NAK) and its completion keep their order.
+      if (!rx.jobs.empty()) return kRxStall;
+      if (rq_head == rq_tail) {
+        send_resp(kMsgRnrNak, h.seq, attr.min_rnr_timer);
+        ++stats.rnr_sent;
+        return kRxRnr;
+      }
+      RecvWqe& r = rq[rq_head % rq.size()];
+      const uint64_t total = frag_send ? h.value : h.len;
+      uint64_t room = 0;
+      for (uint32_t k = 0; k < r.num_sge; ++k) room += r.sge[k].length;
+      if (total > room) {
+        ++rq_head;
+        complete_recv(r, UFAB_WC_LOC_LEN_ERR, UFAB_WC_RECV, static_cast<uint32_t>(total), 0, 0,
+                      "a " + std::to_string(total) + "-byte SEND arrived for a receive of " + std::to_string(room) +
+                          " bytes");
+        send_resp(kMsgNak, h.seq, UFAB_WC_REM_INV_REQ_ERR);
+        return kRxFatal;
+      }
+      std::string why;
+      uint32_t st = 0;
+      uint64_t need = total;
+      for (uint32_t k = 0; k < r.num_sge && need > 0 && !st; ++k) {
+        ufab_sge s = r.sge[k];
+        if (s.length > need) s.length = static_cast<uint32_t>(need);
+        st = check_local(s, true, &why);
+        const uint32_t index = s.lkey & (kMaxMr - 1);
+        if (!st && s.length && dev->gpu_keys[index].gpu && !dev->gpu_buffer_ok(index, s.addr, &why)) {
+          st = UFAB_WC_LOC_PROT_ERR;
+          why = "lkey " + hex(s.lkey) + ": " + why;
+        }
+        need -= s.length;
+      }
+      if (st) {
+        ++rq_head;
+        complete_recv(r, st, UFAB_WC_RECV, 0, 0, 0, "the receive's scatter list: " + why);
+        send_resp(kMsgNak, h.seq, UFAB_WC_REM_OP_ERR);
+        return kRxFatal;
+      }
+      rx.recv = r;
+      rx.recv_open = true;
+      rx.recv_total = total;
+      ++rq_head;
+    } else if (!rx.recv_open) {
+      dev->log(1, "shm QP " + hex(qpn) + ": a SEND fragment without its start; the QP goes to ERROR");
+      return kRxFatal;
+    }
+    rx.partial = true;
+    rx.partial_seq = h.seq;
+    rx.done = 0;
+  }
+  const RecvWqe& r = rx.recv;
+  while (rx.done < h.len) {
+    uint64_t n = h.len - rx.done;
+    if (n > frag) n = frag;
+    // Where [msg_off + done, + n) goes: pieces of the receive's SGEs.
+    struct iovec dst[UFAB_MAX_SGE];
+    unsigned long nd = 0;
+    bool any_gpu = false;
+    uint64_t skip = msg_off + rx.done, left = n;
+    for (uint32_t k = 0; k < r.num_sge && left > 0; ++k) {
+      if (skip >= r.sge[k].length) {
+        skip -= r.sge[k].length;
+        continue;
+      }
+      uint64_t m = r.sge[k].length - skip;
+      if (m > left) m = left;
+      dst[nd++] = {reinterpret_cast<void*>(r.sge[k].addr + skip), m};
+      if (dev->gpu_keys[r.sge[k].lkey & (kMaxMr - 1)].gpu) any_gpu = true;
+      skip = 0;
+      left -= m;
+    }
+    if (!any_gpu) {
+      int e = gpu_pull(h, at, b.laddr, rx.done, dst, nd);
+      if (e == ESRCH) return kRxDead;
+      if (e) {
+        if (!rx.jobs.empty()) return kRxStall;
+        rx.recv_open = false;
+        rx.partial = false;
+        complete_recv(r, UFAB_WC_LOC_PROT_ERR, UFAB_WC_RECV, 0, 0, 0,
+                      "reading the sender's data failed: " + cma_why(e, false, peer->pid));
+        send_resp(kMsgNak, h.seq, UFAB_WC_REM_OP_ERR);
+        return kRxFatal;
+      }
+    } else {
+      if (!pool) return kRxFatal;
+      auto slot = pool->take();
+      if (!slot) return kRxStall;
+      uint8_t* sp = pool->slot(*slot);
+      struct iovec l = {sp, n};
+      int e = gpu_pull(h, at, b.laddr, rx.done, &l, 1);
+      if (e) {
+        pool->give(*slot);
+        if (e == ESRCH) return kRxDead;
+        if (!rx.jobs.empty()) return kRxStall;
+        rx.recv_open = false;
+        rx.partial = false;
+        complete_recv(r, UFAB_WC_LOC_PROT_ERR, UFAB_WC_RECV, 0, 0, 0,
+                      "reading the sender's data failed: " + cma_why(e, false, peer->pid));
+        send_resp(kMsgNak, h.seq, UFAB_WC_REM_OP_ERR);
+        return kRxFatal;
+      }
+      CopySegment segs[UFAB_MAX_SGE];
+      uint64_t o = 0;
+      for (unsigned long k = 0; k < nd; ++k) {
+        segs[k] = CopySegment{dst[k].iov_base, sp + o, dst[k].iov_len};
+        o += dst[k].iov_len;
+      }
+      auto t = pool->engine().submit(std::span<const CopySegment>(segs, nd));
+      if (!t) {
+        pool->give(*slot);
+        return kRxStall;
+      }
+      RxJob j;
+      j.seq = h.seq;
+      j.ticket = *t;
+      j.slot = *slot;
+      rx.jobs.push_back(j);
+    }
+    rx.done += n;
+  }
+  rx.partial = false;
+  if (last) {
+    rx.recv_open = false;
+    const uint32_t flags = (h.flags & kFlagImm) ? UFAB_WC_WITH_IMM : 0;
+    if (rx.jobs.empty()) {
+      complete_recv(r, UFAB_WC_SUCCESS, UFAB_WC_RECV, static_cast<uint32_t>(rx.recv_total), h.imm, flags,
+                    std::string());
+    } else {
+      RxJob j;
+      j.seq = h.seq;
+      j.completion = true;
+      j.r = r;
+      j.len = static_cast<uint32_t>(rx.recv_total);
+      j.imm = h.imm;
+      j.flags = flags;
+      rx.jobs.push_back(j);
+    }
+  }
+  return kRxNext;
+}
+
+// Copies that landed, in order: pins dropped, READ fragments answered
+// (their slots held until the requester read them), receive completions
+// made, slots given back. A failed copy NAKs its request.
+void Qp::gpu_rx_drain() {
+  GpuRx& rx = grx_;
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  if (!pool) return;
+  if (!rx.held.empty()) {
+    const uint32_t consumed = ctl->consumed.load(std::memory_order_acquire);
+    while (!rx.held.empty() && seq_lt(rx.held.front().seq, consumed)) {
+      pool->give(rx.held.front().slot);
+      rx.held.pop_front();
+    }
+  }
+  while (!rx.jobs.empty()) {
+    RxJob& j = rx.jobs.front();
+    if (j.ticket >= 0) {
+      uint32_t s = pool->engine().state(static_cast<uint32_t>(j.ticket));
+      if (s == CopyEngine::kPending) return;
+      if (s == CopyEngine::kFailed) {
+        std::string m = pool->engine().failure(static_cast<uint32_t>(j.ticket));
+        dev->log(1, "shm QP " + hex(qpn) + ": the GPU copy engine failed: " + m + "; the QP goes to ERROR");
+        if (!resp_space(1)) return;
+        send_resp(kMsgNak, j.seq, UFAB_WC_REM_OP_ERR);
+        ++stats.naks_sent;
+        enter_error();  // clears the jobs (this one too)
+        return;
+      }
+      pool->engine().release(static_cast<uint32_t>(j.ticket));
+      j.ticket = -1;
+      if (j.pin) {
+        j.pin->pins.fetch_sub(1, std::memory_order_release);
+        j.pin = nullptr;
+      }
+    }
+    if (j.ready) {
+      if (!resp_space(1)) return;
+      MsgHdr h = {};
+      h.type = kMsgFragReady;
+      h.nslots = 1;
+      h.seq = j.seq;
+      h.len = j.piece_len;
+      h.imm = j.piece_off;
+      h.value = reinterpret_cast<uint64_t>(pool->slot(*j.slot));
+      uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
+      out_resp.put(tail, 0, &h, sizeof h);
+      out_resp.idx->tail.store(tail + 1, std::memory_order_release);
+      notify_ = true;
+      rx.held.push_back(GpuRx::Held{j.seq, *j.slot});
+      j.slot.reset();
+    }
+    if (j.completion) complete_recv(j.r, UFAB_WC_SUCCESS, UFAB_WC_RECV, j.len, j.imm, j.flags, std::string());
+    if (j.slot) pool->give(*j.slot);
+    rx.jobs.pop_front();
+  }
+}
+
+// The ACK owed, as far as placement allows: with copies running, through
+// the message before the first of them.
+void Qp::responder_ack() {
+  if (!ack_owed) return;
+  if (grx_.jobs.empty()) {
+    if (send_resp(kMsgAck, ack_seq, 0)) {
+      ack_owed = false;
+      grx_.have_ack = true;
+      grx_.last_ack = ack_seq;
+    }
+    return;
+  }
+  const uint32_t s = grx_.jobs.front().seq - 1;
+  if (!seq_lt(s, ack_seq) && s != ack_seq) return;
+  if (grx_.have_ack && !seq_lt(grx_.last_ack, s)) return;
+  if (send_resp(kMsgAck, s, 0)) {
+    grx_.have_ack = true;
+    grx_.last_ack = s;
+  }
+}
+
+// The QP leaves RTS/RTR (ERROR, RESET, destroy): copies orphaned, pins
+// dropped, waiting receive completions flushed, held slots given back.
+void Qp::gpu_rx_clear(bool complete) {
+  GpuRx& rx = grx_;
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  static const std::string kFlushed = "flushed: the QP is in ERROR";
+  for (RxJob& j : rx.jobs) {
+    if (j.pin) j.pin->pins.fetch_sub(1, std::memory_order_release);
+    if (pool) {
+      if (j.ticket >= 0) {
+        pool->orphan(static_cast<uint32_t>(j.ticket), j.slot);
+      } else if (j.slot) {
+        pool->give(*j.slot);
+      }
+    }
+    if (j.completion && complete) complete_recv(j.r, UFAB_WC_WR_FLUSH_ERR, UFAB_WC_RECV, 0, 0, 0, kFlushed);
+  }
+  if (pool) {
+    for (auto& h : rx.held) pool->give(h.slot);
+  }
+  if (rx.recv_open && complete) complete_recv(rx.recv, UFAB_WC_WR_FLUSH_ERR, UFAB_WC_RECV, 0, 0, 0, kFlushed);
+  rx = GpuRx{};
+}
+
+}  // namespace ufab::shm
