@@ -445,6 +445,15 @@ bool Device::pending_input() const {
   return false;
 }
 
+bool Device::any_gpu_wait() const {
+  uint32_t n = qp_high.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < n; ++i) {
+    Qp* q = qps[i].get();
+    if (q && q->active.load(std::memory_order_relaxed) && q->gpu_wait.load(std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
 bool Device::any_timer() const {
   uint32_t n = qp_high.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < n; ++i) {

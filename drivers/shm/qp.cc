@@ -347,6 +347,7 @@ void Qp::destroy_locked() {
   ctl->qpn.store(0, std::memory_order_release);
   active.store(false);
   timer.store(false);
+  gpu_wait.store(false);
   std::vector<SendWqe>().swap(sq);
   std::vector<RecvWqe>().swap(rq);
   std::vector<unsigned char>().swap(inline_buf);
@@ -1325,7 +1326,8 @@ int Qp::progress_locked() {
     }
   }
   notify_peer();
-  timer.store(rnr_wait || stalled_ || !gpu_idle(), std::memory_order_relaxed);
+  timer.store(rnr_wait || stalled_, std::memory_order_relaxed);
+  gpu_wait.store(!gpu_idle(), std::memory_order_relaxed);
   idle.store(!(ack_owed || sq_next < sq_tail || notify_ || rnr_wait || stalled_ || !gpu_idle()),
              std::memory_order_relaxed);
   return work;

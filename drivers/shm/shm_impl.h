@@ -180,6 +180,7 @@ struct Qp {
   std::mutex mu;
   std::atomic<bool> active{false};  // created and not destroyed (slot reuse)
   std::atomic<bool> timer{false};   // waits for an RNR timer or room in the peer's ring
+  std::atomic<bool> gpu_wait{false};  // copies to or from GPU memory in flight (polled, never slept on)
   // Set by progress_locked when nothing is left for it but new input in
   // the QP's rings, a fatal word or a dead peer, which Device::progress
   // checks without the lock; cleared by every other call that locks it.
@@ -362,6 +363,7 @@ struct Device {
   void handle_dead_peers();
   bool pending_input() const;
   bool any_timer() const;
+  bool any_gpu_wait() const;
   void control_loop();
   void accept_one();
   std::string socket_name(uint32_t a) const;
@@ -380,6 +382,12 @@ template <class Ready>
 void Device::sleep(Clock::time_point until, Ready ready) {
   auto now = Clock::now();
   if (now >= until) return;
+  // Copies between GPU memory and the slots land within microseconds and
+  // wake nobody: a thread waiting on them yields and polls again.
+  if (any_gpu_wait()) {
+    std::this_thread::yield();
+    return;
+  }
   auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - now).count();
   // Timers (RNR waits, a full peer ring) are polled every 200 us; everything
   // else wakes us through the futex.

@@ -9,26 +9,32 @@
 # 16 MiB for each staging parameter set given (device parameters, e.g.
 # "gpu_frag=262144,gpu_depth=8"): bandwidth against fragment size and depth.
 #
-#   tests/gpu/perf_bench.sh UFAB_BINARY [--rounds N] [--json FILE] [--sweep "K=V,K=V K=V,..."]
+#   tests/gpu/perf_bench.sh UFAB_BINARY [--rounds N] [--json FILE] [--sweep "K=V,K=V K=V,..."] [--shm]
+#
+# --shm: the same between two processes on the shared-memory provider
+# (shm:DOMAIN) instead of soft-RoCE over swnic.
 #
 # Prints a table and writes FILE (default docs/bench/gpu_write_bw.json).
 # Each cell is the best of N rounds (default 3), host and GPU alternating.
 set -euo pipefail
 ufab=${1:?usage: $0 UFAB_BINARY [--rounds N] [--json FILE] [--sweep SETS]}
 shift
-rounds=3 json=docs/bench/gpu_write_bw.json sweep=""
+rounds=3 json=docs/bench/gpu_write_bw.json sweep="" shm=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --json) json="$2"; shift 2 ;;
     --sweep) sweep="$2"; shift 2 ;;
-    *) echo "usage: $0 UFAB_BINARY [--rounds N] [--json FILE] [--sweep SETS]" >&2; exit 2 ;;
+    --shm) shm=1; shift ;;
+    *) echo "usage: $0 UFAB_BINARY [--rounds N] [--json FILE] [--sweep SETS] [--shm]" >&2; exit 2 ;;
   esac
 done
 command -v jq >/dev/null || { echo "perf_bench: jq is needed" >&2; exit 1; }
 tmp=$(mktemp -d)
 link=gb$$
 server=
+sdev=("swnic:$link:0" --ip 10.0.0.1) cdev=("swnic:$link:1" --ip 10.0.0.2) transport="soft-RoCE over swnic, two processes"
+if [ "$shm" = 1 ]; then sdev=("shm:$link"); cdev=("shm:$link"); transport="shm provider, two processes"; fi
 cleanup() {
   if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
   rm -rf "$tmp"
@@ -42,7 +48,7 @@ one() {
   # The old logs go first, so the port loop never reads the last run's port.
   rm -f /dev/shm/ufab-swnic-"$link"* "$tmp"/s.* "$tmp"/c.*
   # shellcheck disable=SC2086
-  timeout 300 "$ufab" perf write-bw "swnic:$link:0" --ip 10.0.0.1 -p 0 -s "$size" -n "$iters" --data_validation \
+  timeout 300 "$ufab" perf write-bw "${sdev[@]}" -p 0 -s "$size" -n "$iters" --data_validation \
     --json --timeout 60 $extra >"$tmp/s.out" 2>"$tmp/s.err" &
   server=$!
   for _ in $(seq 400); do
@@ -55,7 +61,7 @@ one() {
     echo "perf_bench: server did not listen: $(tail -n 1 "$tmp/s.err")" >&2; echo err; return
   fi
   # shellcheck disable=SC2086
-  if ! timeout 300 "$ufab" perf write-bw "swnic:$link:1" --ip 10.0.0.2 -p "$port" -s "$size" -n "$iters" \
+  if ! timeout 300 "$ufab" perf write-bw "${cdev[@]}" -p "$port" -s "$size" -n "$iters" \
       --data_validation --json --timeout 60 $extra 127.0.0.1 >"$tmp/c.out" 2>"$tmp/c.err"; then
     echo "perf_bench: client ($size $extra): $(tail -n 1 "$tmp/c.err")" >&2
     wait "$server" || true; server=; echo err; return
@@ -70,7 +76,7 @@ best() { printf "%s\n" "$@" | { grep -v err || true; } | sort -g | tail -n 1; }
 
 declare -A host gpu
 sizes=(65536 262144 1048576 4194304 16777216 67108864)
-echo "write-bw over swnic, GPU buffers (--use_cuda) vs host buffers, best of $rounds, MiB/s"
+echo "write-bw ($transport), GPU buffers (--use_cuda) vs host buffers, best of $rounds, MiB/s"
 printf '%10s %12s %12s %8s\n' bytes host gpu gpu/host
 rows=()
 for size in "${sizes[@]}"; do
@@ -105,6 +111,6 @@ fi
 mkdir -p "$(dirname "$json")"
 jq -n --argjson rows "[$(IFS=,; echo "${rows[*]}")]" --argjson sweep "[$(IFS=,; echo "${sweeps[*]:-}")]" \
   --arg host "$(uname -n)" --arg gpu "$("$ufab" info gpu --json | jq -r '.devices[0].name // "none"')" \
-  '{benchmark: "gpu_write_bw", transport: "soft-RoCE over swnic, two processes", machine: $host, gpu: $gpu,
+  --arg transport "$transport" '{benchmark: "gpu_write_bw", transport: $transport, machine: $host, gpu: $gpu,
     units: "MiB/s (bw_avg, best of rounds)", goal: "gpu/host >= 0.9 from 1 MiB", sizes: $rows, staging_sweep: $sweep}' >"$json"
 echo "wrote $json"
