@@ -33,51 +33,6 @@ bool seq_lt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) < 0; }
 using staging::CopyEngine;
 using staging::CopySegment;
 
-int cma_all(pid_t pid, bool write, struct iovec* local, unsigned long nl, struct iovec* remote, unsigned long nr) {
-  // Moves everything, across partial transfers; 0 or an errno.
-  auto advance = [](struct iovec*& v, unsigned long& n, size_t bytes) {
-    while (bytes > 0 && n > 0) {
-      if (bytes >= v->iov_len) {
-        bytes -= v->iov_len;
-        ++v;
-        --n;
-      } else {
-        v->iov_base = static_cast<char*>(v->iov_base) + bytes;
-        v->iov_len -= bytes;
-        bytes = 0;
-      }
-    }
-    while (n > 0 && v->iov_len == 0) {
-      ++v;
-      --n;
-    }
-  };
-  advance(local, nl, 0);
-  advance(remote, nr, 0);
-  while (nl > 0 && nr > 0) {
-    ssize_t n = write ? ::process_vm_writev(pid, local, nl, remote, nr, 0)
-                      : ::process_vm_readv(pid, local, nl, remote, nr, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EFAULT;
-    advance(local, nl, static_cast<size_t>(n));
-    advance(remote, nr, static_cast<size_t>(n));
-  }
-  return 0;
-}
-
-std::string cma_why(int e, bool write, pid_t pid) {
-  std::string what = std::string(write ? "process_vm_writev" : "process_vm_readv") + " to pid " + std::to_string(pid) +
-                     " failed: " + std::strerror(e);
-  if (e == EPERM) {
-    what += "; the kernel refused cross-process copies (CMA needs ptrace access: same uid, Yama ptrace_scope 0, no "
-            "seccomp filter); use soft-RoCE (a swnic device) between these processes";
-  }
-  return what;
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------ device
@@ -193,7 +148,7 @@ uint32_t Qp::remote_copy(uint32_t rkey, uint64_t raddr, void* local, uint64_t le
     }
   } else {
     struct iovec l = {local, len}, r = {reinterpret_cast<void*>(raddr), len};
-    e = cma_all(peer->pid, !read, &l, 1, &r, 1);
+    e = cma(peer->pid, !read, &l, 1, &r, 1);
   }
   pin->pins.fetch_sub(1, std::memory_order_release);
   if (e == 0) return 0;
@@ -201,7 +156,7 @@ uint32_t Qp::remote_copy(uint32_t rkey, uint64_t raddr, void* local, uint64_t le
     *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
     return UFAB_WC_RETRY_EXC_ERR;
   }
-  *why = cma_why(e, !read, peer->pid);
+  *why = cma_words(e, !read, peer->pid);
   return UFAB_WC_REM_OP_ERR;
 }
 
@@ -272,13 +227,13 @@ uint32_t Qp::gpu_tx_ready(const MsgHdr& h, std::string* why) {
       return UFAB_WC_REM_OP_ERR;
     }
     struct iovec l = {reinterpret_cast<void*>(f.laddr + h.imm), h.len}, r = {reinterpret_cast<void*>(h.value), h.len};
-    int e = cma_all(peer->pid, false, &l, 1, &r, 1);
+    int e = cma(peer->pid, false, &l, 1, &r, 1);
     if (e == ESRCH) {
       *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
       return UFAB_WC_RETRY_EXC_ERR;
     }
     if (e) {
-      *why = "reading the responder's staged bytes: " + cma_why(e, false, peer->pid);
+      *why = "reading the responder's staged bytes: " + cma_words(e, false, peer->pid);
       return UFAB_WC_REM_OP_ERR;
     }
     f.pulled += h.len;
@@ -513,7 +468,7 @@ int Qp::gpu_pull(const MsgHdr& h, uint64_t at, uint64_t laddr, uint64_t pos, str
   } else {
     remote[nr++] = {reinterpret_cast<void*>(laddr + pos), want};
   }
-  return cma_all(peer->pid, false, local, nl, remote, nr);
+  return cma(peer->pid, false, local, nl, remote, nr);
 }
 
 // A message that carries GPU work (a Frag message, or a SEND into a GPU
@@ -579,7 +534,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
           pool->give(*slot);
           pin->pins.fetch_sub(1, std::memory_order_release);
           if (e == ESRCH) return kRxDead;
-          return nak(UFAB_WC_REM_OP_ERR, "reading the requester's bytes: " + cma_why(e, false, peer->pid));
+          return nak(UFAB_WC_REM_OP_ERR, "reading the requester's bytes: " + cma_words(e, false, peer->pid));
         }
       }
       CopySegment seg = write ? CopySegment{reinterpret_cast<void*>(raddr), sp, n}
@@ -692,7 +647,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
         rx.recv_open = false;
         rx.partial = false;
         complete_recv(r, UFAB_WC_LOC_PROT_ERR, UFAB_WC_RECV, 0, 0, 0,
-                      "reading the sender's data failed: " + cma_why(e, false, peer->pid));
+                      "reading the sender's data failed: " + cma_words(e, false, peer->pid));
         send_resp(kMsgNak, h.seq, UFAB_WC_REM_OP_ERR);
         return kRxFatal;
       }
@@ -710,7 +665,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
         rx.recv_open = false;
         rx.partial = false;
         complete_recv(r, UFAB_WC_LOC_PROT_ERR, UFAB_WC_RECV, 0, 0, 0,
-                      "reading the sender's data failed: " + cma_why(e, false, peer->pid));
+                      "reading the sender's data failed: " + cma_words(e, false, peer->pid));
         send_resp(kMsgNak, h.seq, UFAB_WC_REM_OP_ERR);
         return kRxFatal;
       }

@@ -90,8 +90,10 @@ constexpr Transition kTransitions[] = {
     {UFAB_QPS_RTS, UFAB_QPS_RTS, 0, UFAB_QP_ACCESS_FLAGS | UFAB_QP_MIN_RNR_TIMER},
 };
 
+}  // namespace
+
 // Moves n bytes of an iovec pair forward after a partial transfer.
-void advance(struct iovec*& v, unsigned long& n, size_t bytes) {
+static void advance(struct iovec*& v, unsigned long& n, size_t bytes) {
   while (bytes > 0 && n > 0) {
     if (bytes >= v->iov_len) {
       bytes -= v->iov_len;
@@ -140,8 +142,6 @@ std::string cma_words(int e, bool write, pid_t pid) {
   }
   return what;
 }
-
-}  // namespace
 
 // ------------------------------------------------------------ completions
 

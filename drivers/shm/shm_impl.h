@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <chrono>
@@ -376,6 +377,10 @@ struct Device {
 };
 
 int futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_us);
+// process_vm_readv/writev (CMA) with the peer `pid` until everything moved
+// (the iovecs are advanced); 0 or an errno, and what that errno means here.
+int cma(pid_t pid, bool write, struct iovec* local, unsigned long nl, struct iovec* remote, unsigned long nr);
+std::string cma_words(int e, bool write, pid_t pid);
 void futex_wake(std::atomic<uint32_t>* word);
 
 template <class Ready>
