@@ -63,14 +63,18 @@ jq -n --arg cmd "$cmdline" --arg date "$(date -u +%FT%TZ)" --arg commit "$commit
                  tcp: "pml ob1, btl tcp,self over two kernel-driven e1000e, one network namespace each"},
     runs: $runs}' >"$out.json"
 
-# The table: per size, each transport's best (lowest latency, highest
-# bandwidth) of its runs, and the ratio.
+# The table: per size and transport, the median of the runs (and their
+# range); then ufab's median over tcp's.
 echo
-printf '%-9s %-5s %14s %14s   %s\n' bytes stack "latency[us]" "bw[MiB/s]" "(every run: latency / bandwidth)"
+printf '%-9s %-5s %26s %26s\n' bytes stack "latency[us] median (range)" "bw[MiB/s] median (range)"
 jq -r '.runs | map(.transport as $t | .results[] | . + {transport: $t}) | group_by(.size)[] |
-  group_by(.transport)[] | "\(.[0].size) \(.[0].transport) \(map(.latency_usec) | min) \(map(.bw_mib_s) | max) \(map("\(.latency_usec)/\(.bw_mib_s)") | join(" "))"' \
-  "$out.json" | while read -r size t lat bw all; do
-  printf '%-9s %-5s %14.1f %14.2f   %s\n' "$size" "$t" "$lat" "$bw" "$all"
-done
+  group_by(.transport)[] | [.[0].size, .[0].transport,
+    (map(.latency_usec) | sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end),
+    (map(.latency_usec) | min), (map(.latency_usec) | max),
+    (map(.bw_mib_s) | sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end),
+    (map(.bw_mib_s) | min), (map(.bw_mib_s) | max)] | @tsv' "$out.json" |
+  while IFS=$'\t' read -r size t lm l0 l1 bm b0 b1; do
+    printf '%-9s %-5s %10.1f (%6.0f..%6.0f) %10.2f (%5.2f..%5.2f)\n' "$size" "$t" "$lm" "$l0" "$l1" "$bm" "$b0" "$b1"
+  done
 say "written: $out.json ($((SECONDS - t_start)) s)"
 [ "$rc" -eq 0 ]

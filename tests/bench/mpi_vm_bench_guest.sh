@@ -50,8 +50,10 @@ for b in 0000:00:04.0 0000:00:05.0; do
     ip -n "$ns" addr add "10.99.$n.2/24" dev mgp && ip -n "$ns" link set mgp up &&
     ip -n "$ns" route add 10.99.0.0/16 via "10.99.$n.1" || die "management veth of $ns"
 done
-# The kernel NICs see each other across the hub (and only there).
-timeout 20 ip netns exec fab_a ping -c 1 -W 10 10.0.2.2 >/dev/null || die "fab_a cannot ping 10.0.2.2 across the hub"
+# The kernel NICs see each other across the hub, and only there (no ping
+# here: a TCP connection refused by 10.0.2.2 is an answer from fab_b).
+msg=$(ip netns exec fab_a timeout 20 bash -c 'exec 3<>/dev/tcp/10.0.2.2/9' 2>&1)
+grep -q "refused" <<<"$msg" || die "fab_a cannot reach 10.0.2.2 across the hub: $msg"
 say "$(nproc) vCPU; ufab on 00:02.0 (10.0.0.1), 00:03.0 (10.0.0.2); kernel e1000e 00:04.0 in fab_a (10.0.2.1), 00:05.0 in fab_b (10.0.2.2)"
 
 cat >"$w/rank.sh" <<'EOS'
@@ -80,6 +82,11 @@ for ((rep = 1; rep <= repeat; rep++)); do
   for t in $transports; do
     rm -f "$w/out.json"
     t0=$SECONDS
+    # A look at who runs during the 8-byte part (first repetition): the
+    # busiest threads of the guest, 8 s into the run.
+    if [ "$rep" = 1 ]; then
+      (sleep 8; top -H -b -n 1 -w 120 2>/dev/null | sed -n '7,16p' | sed "s/^/bench: top ($t): /") &
+    fi
     case $t in
       ufab) run_ufab >"$w/run.out" 2>&1 ;;
       tcp)

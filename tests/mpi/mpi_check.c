@@ -210,7 +210,7 @@ static void bench(const char* json) {
       }
       fprintf(f, "{\"benchmark\":\"mpi_pingpong\",\"results\":[");
       for (int k = 0; k < nsizes; ++k) {
-        fprintf(f, "%s{\"size\":%zu,\"latency_usec\":%.3f,\"bw_mib_s\":%.1f}", k ? "," : "", sizes[k], lat[k], bw[k]);
+        fprintf(f, "%s{\"size\":%zu,\"latency_usec\":%.3f,\"bw_mib_s\":%.3f}", k ? "," : "", sizes[k], lat[k], bw[k]);
       }
       fprintf(f, "]}\n");
       fclose(f);

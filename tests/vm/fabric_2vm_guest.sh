@@ -118,7 +118,8 @@ if [ "$rc" -eq 0 ] && grep -q "mpi_check: [0-9]* checks passed on 2 ranks" "$w/c
 else
   fail "mpi_check across two VMs (rc $rc)"; show "$w/check.out"
 fi
-hosts=$(grep -o "^\[vm-[ab]:[0-9]*\] mtl:ofi:provider: $nic1" "$w/check.out" | cut -c2-5 | sort -u | tr '\n' ' ')
+# "[vm-a:00207] .../mtl_ofi_component.c:365: mtl:ofi:provider: 0000:00:02.0"
+hosts=$(grep "^\[vm-[ab]:[0-9]*\] .*mtl:ofi:provider: $nic1\$" "$w/check.out" | cut -c2-5 | sort -u | tr '\n' ' ')
 if [ "$hosts" = "vm-a vm-b " ] && stats_ok "$w/check.out"; then
   pass "mpi_check: one rank per VM on its NIC's ufab domain, both NICs sent and received ($(grep -h '^libufab-fi: stats' "$w/check.out" | sed 's/^libufab-fi: stats //' | tr '\n' ';'))"
 else

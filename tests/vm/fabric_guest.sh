@@ -192,7 +192,7 @@ EOS
 
   cp "$dir/hpccinf.txt" "$w/hpccinf.txt"
   t0=$SECONDS
-  (cd "$w" && mpi 420 hpcc) >"$w/hpcc.out" 2>&1
+  (cd "$w" && mpi 600 hpcc) >"$w/hpcc.out" 2>&1
   rc=$?
   out=$w/hpccoutf.txt
   if [ "$rc" -eq 0 ] && [ -f "$out" ] && grep -q "End of HPC Challenge tests" "$out" &&

@@ -59,7 +59,7 @@ for v in FAB_CASES FAB_PP_ITERS; do
 done
 # Two vCPUs: one per rank (each polls its NIC). --timeout: every step in
 # the guest is bounded (150 s per fi_pingpong side, 240 s mpi_check,
-# 420 s hpcc).
+# 600 s hpcc).
 tests/vm/run-vm --timeout 1200 --mem 2048 --smp 2 --nic e1000e --nic e1000e "${envs[@]}" \
   -- tests/vm/fabric_guest.sh 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
