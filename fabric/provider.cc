@@ -180,7 +180,21 @@ void shutdown_devices() {
   shm_shutdown_all();
   std::lock_guard<std::mutex> lk(g_dev_mu);
   if (g_devices == nullptr) return;
+  const bool stats = env_true("FI_UFAB_STATS");
   for (Dev* d : g_devices->devs) {
+    ufab_device_stats st{};
+    if (stats && ufab_device_query_stats(d->dev, &st) == 0) {
+      // One line per device, for tests that must see the traffic on the
+      // device (not through some other path).
+      std::fprintf(stderr,
+                   "libufab-fi: stats %s: tx_frames %llu rx_frames %llu rx_roce %llu tx_data_packets %llu "
+                   "rx_data_packets %llu retransmits %llu\n",
+                   d->name.c_str(), static_cast<unsigned long long>(st.tx_frames),
+                   static_cast<unsigned long long>(st.rx_frames), static_cast<unsigned long long>(st.rx_roce),
+                   static_cast<unsigned long long>(st.tx_data_packets),
+                   static_cast<unsigned long long>(st.rx_data_packets),
+                   static_cast<unsigned long long>(st.retransmits));
+    }
     if (d->cm != nullptr) {
       d->stop = true;
       if (d->cm_thread.joinable()) d->cm_thread.join();

@@ -67,6 +67,12 @@ out=$(FI_UFAB_DEVICES="" timeout 30 fi_info -p ufab 2>&1)
 if grep -q "FI_ENODATA\|No data available\|fi_getinfo: -61" <<<"$out"; then pass "fi_info: no devices configured, none listed"; else fail "fi_info without FI_UFAB_DEVICES: $out"; fi
 out=$(FI_UFAB_DEVICES="swnic:$link:0@not-an-ip" timeout 30 fi_info -p ufab 2>&1)
 if grep -q "not an IPv4 address" <<<"$out"; then pass "fi_info: a bad address is named"; else fail "fi_info with a bad address: $out"; fi
+out=$(FI_UFAB_STATS=1 FI_UFAB_DEVICES="swnic:$link:0@10.0.0.1" timeout 30 fi_info -p ufab 2>&1 >/dev/null)
+if grep -q "^libufab-fi: stats swnic:$link:0: tx_frames [0-9]* rx_frames [0-9]* rx_roce [0-9]* .*retransmits [0-9]*$" <<<"$out"; then
+  pass "FI_UFAB_STATS=1: the device's counters at exit"
+else
+  fail "FI_UFAB_STATS=1 printed no counters line: $out"
+fi
 rm -f "/dev/shm/ufab-swnic-$link"
 
 # 2. fi_pingpong, server and client.

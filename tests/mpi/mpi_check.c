@@ -6,9 +6,15 @@
  * --bench it measures instead: ping-pong latency (half a round trip) and
  * bandwidth (a window of nonblocking sends, one reply) between ranks 0 and
  * 1, and rank 0 prints a table and, with --json FILE, writes it.
+ * --sizes A,B,... measures those sizes (at most 16, each 1 B to 4 MiB);
+ * --lat-iters N sets the round trips per latency measurement below 64 KiB
+ * (default 2000; a tenth of it from 64 KiB), --bw-windows N the windows of
+ * 16 sends per bandwidth measurement below 64 KiB (default 200; a quarter
+ * of it from 64 KiB, a twentieth from 1 MiB): fewer for slow transports
+ * (TCG).
  *
  *   mpirun -np 2 mpi_check [--iters N]
- *   mpirun -np 2 mpi_check --bench [--json FILE]
+ *   mpirun -np 2 mpi_check --bench [--json FILE] [--sizes A,B,...] [--lat-iters N] [--bw-windows N]
  *
  * Exit status 0 when every check passed (rank 0 prints "mpi_check: N
  * checks passed"), 1 with the first difference printed otherwise. */
@@ -135,9 +141,28 @@ static void collectives(void) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+static size_t bench_sizes[16] = {8, 64, 1024, 4096, 65536, 1 << 20, 4 << 20};
+static int bench_nsizes = 7, lat_iters = 2000, bw_windows = 200;
+
+/* "A,B,..." into bench_sizes; 0 when the list is not 1 to 16 sizes of
+ * 1 B to 4 MiB. */
+static int parse_sizes(const char* list) {
+  int n = 0;
+  const char* p = list;
+  while (*p) {
+    char* end = NULL;
+    unsigned long v = strtoul(p, &end, 10);
+    if (end == p || v < 1 || v > (4u << 20) || n == 16 || (*end != ',' && *end != '\0')) return 0;
+    bench_sizes[n++] = v;
+    p = *end == ',' ? end + 1 : end;
+  }
+  bench_nsizes = n;
+  return n > 0;
+}
+
 static void bench(const char* json) {
-  static const size_t sizes[] = {8, 64, 1024, 4096, 65536, 1 << 20, 4 << 20};
-  const int nsizes = (int)(sizeof sizes / sizeof sizes[0]);
+  const size_t* sizes = bench_sizes;
+  const int nsizes = bench_nsizes;
   double lat[16], bw[16];
   uint8_t* buf = malloc(4u << 20);
   if (!buf) MPI_Abort(MPI_COMM_WORLD, 1);
@@ -145,7 +170,7 @@ static void bench(const char* json) {
   const int peer = 1 - rank;
   for (int k = 0; k < nsizes; ++k) {
     size_t size = sizes[k];
-    int iters = size >= 65536 ? 200 : 2000, warm = iters / 10;
+    int iters = size >= 65536 ? (lat_iters + 9) / 10 : lat_iters, warm = (iters + 9) / 10;
     double t0 = 0;
     for (int i = 0; i < iters + warm; ++i) {
       if (i == warm) t0 = MPI_Wtime();
@@ -161,7 +186,7 @@ static void bench(const char* json) {
     /* Bandwidth: windows of 16 nonblocking sends, a 1-byte reply each. */
     enum { kWindow = 16 };
     MPI_Request rq[kWindow];
-    int windows = size >= (1u << 20) ? 10 : size >= 65536 ? 50 : 200;
+    int windows = size >= (1u << 20) ? (bw_windows + 19) / 20 : size >= 65536 ? (bw_windows + 3) / 4 : bw_windows;
     for (int w = 0; w < windows + 2; ++w) {
       if (w == 2) t0 = MPI_Wtime();
       for (int j = 0; j < kWindow; ++j) {
@@ -185,7 +210,7 @@ static void bench(const char* json) {
       }
       fprintf(f, "{\"benchmark\":\"mpi_pingpong\",\"results\":[");
       for (int k = 0; k < nsizes; ++k) {
-        fprintf(f, "%s{\"size\":%zu,\"latency_usec\":%.3f,\"bw_mib_s\":%.1f}", k ? "," : "", sizes[k], lat[k], bw[k]);
+        fprintf(f, "%s{\"size\":%zu,\"latency_usec\":%.3f,\"bw_mib_s\":%.3f}", k ? "," : "", sizes[k], lat[k], bw[k]);
       }
       fprintf(f, "]}\n");
       fclose(f);
@@ -204,8 +229,13 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    else if (!strcmp(argv[i], "--sizes") && i + 1 < argc && parse_sizes(argv[i + 1])) ++i;
+    else if (!strcmp(argv[i], "--lat-iters") && i + 1 < argc && atoi(argv[i + 1]) > 0) lat_iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--bw-windows") && i + 1 < argc && atoi(argv[i + 1]) > 0) bw_windows = atoi(argv[++i]);
     else {
-      if (rank == 0) fprintf(stderr, "usage: mpi_check [--iters N] | --bench [--json FILE]\n");
+      if (rank == 0)
+        fprintf(stderr, "usage: mpi_check [--iters N] | --bench [--json FILE] [--sizes A,B,... (1..4194304, at most 16)] "
+                        "[--lat-iters N] [--bw-windows N]\n");
       MPI_Finalize();
       return 2;
     }

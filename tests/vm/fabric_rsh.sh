@@ -1,0 +1,10 @@
+#!/bin/bash
+# Open MPI's rsh agent between the VMs of tests/vm/suites/fabric.sh:
+# `fabric_rsh.sh HOST COMMAND...` runs COMMAND on HOST through
+# tests/vm/fabric_rshd.py (port FAB_RSH_PORT, 2222), as ssh would: the words
+# joined by spaces, parsed by the remote shell; its output comes back here.
+host=${1:?usage: fabric_rsh.sh HOST COMMAND...}
+shift
+exec 3<>"/dev/tcp/$host/${FAB_RSH_PORT:-2222}" || exit 255
+printf '%s\n' "$*" >&3
+cat <&3
