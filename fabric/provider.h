@@ -298,6 +298,7 @@ struct Ep {
   void* shm_link = nullptr;    // shm devices: the connection's socket
   sockaddr_in local{}, peer{};
   OpList ops;  // dom->mu: in flight
+  uint32_t quiet_posts = 0;  // sends posted without a completion wanted (every 32nd empties the send CQ)
   uint32_t max_inline = 0;
   uint32_t max_sge = 0;
 };
@@ -307,6 +308,7 @@ void handle_wc(Domain* dom, UCq* u, const ufab_wc& wc, const char* detail);
 // Polls one ufab CQ into its libfabric queue; returns completions taken.
 int poll_ucq(Domain* dom, UCq* u);
 int poll_ucq_locked(Domain* dom, UCq* u);  // dom->mu held
+constexpr int kPollBatch = 32;             // work completions per ufab_cq_poll
 
 // The libfabric errno for a work completion status.
 int wc_status_to_fi(uint32_t status);

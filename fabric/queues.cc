@@ -101,8 +101,8 @@ void handle_wc(Domain* dom, UCq* u, const ufab_wc& wc, const char* detail) {
 }
 
 int poll_ucq_locked(Domain* dom, UCq* u) {
-  ufab_wc wc[32];
-  int n = ufab_cq_poll(u->ucq, wc, 32);
+  ufab_wc wc[kPollBatch];
+  int n = ufab_cq_poll(u->ucq, wc, kPollBatch);
   if (n <= 0) return 0;
   for (int i = 0; i < n; i++)
     handle_wc(dom, u, wc[i], wc[i].status != UFAB_WC_SUCCESS ? ufab_cq_wc_detail(u->ucq, &wc[i]) : nullptr);
@@ -138,7 +138,7 @@ ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
 }
 
 // Manual progress: a read drives the device through its own ufab CQ and,
-// when that found work (or every 64th read that found none), takes in the
+// when that found work (or every 64th read that found none), empties the
 // domain's other ufab CQs too. An application that never reads a CQ its
 // operations complete into (fi_inject, selective completion: fi_pingpong
 // reads only its receive CQ) would otherwise let that ufab CQ fill up,
@@ -153,7 +153,9 @@ ssize_t cq_readfrom(fid_cq* c, void* buf, size_t count, fi_addr_t* src) {
     n = poll_ucq_locked(cq->dom, &cq->u);
     if (n > 0 || (++cq->idle_reads & 63) == 0)
       for (UCq* u : cq->dom->ucqs)
-        if (u != &cq->u) poll_ucq_locked(cq->dom, u);
+        if (u != &cq->u)
+          while (poll_ucq_locked(cq->dom, u) == kPollBatch) {
+          }
   }
   if (n == 0) return -FI_EAGAIN;
   return cq_take(cq, buf, count, src);
