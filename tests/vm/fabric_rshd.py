@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A remote shell for Open MPI's rsh launcher between the two VMs of
 tests/vm/suites/fabric.sh (the guests have no sshd). Listens on ADDR:PORT;
-each connection sends one line, a shell command as ssh would pass it, which
+each connection sends one line, the base64 of a shell command as ssh would
+pass it (so a command may span lines), which
 runs under `bash -c` with its stdout and stderr going back over the
 connection; the connection closes when the command ends, and the command is
 killed when the other side closes first. tests/vm/fabric_rsh.sh is the
@@ -10,6 +11,7 @@ runs whatever it is sent.
 
   fabric_rshd.py ADDR PORT SECONDS   (serves for at most SECONDS)
 """
+import base64
 import os
 import selectors
 import signal
@@ -28,7 +30,7 @@ def serve(conn):
             if not chunk:
                 return
             line += chunk
-        cmd = line.decode().rstrip("\n")
+        cmd = base64.b64decode(line.strip()).decode()
         proc = subprocess.Popen(["bash", "-c", cmd], stdin=subprocess.DEVNULL, stdout=conn.fileno(),
                                 stderr=conn.fileno(), start_new_session=True)
         # The other side closing (the launcher gave up) ends the command.
