@@ -248,7 +248,8 @@ inline constexpr uint32_t kMaxTxFrame = 1522;
 
 // MTU (device parameter mtu=, docs/drivers/e1000e.md "Jumbo frames").
 // 1500 keeps LPE clear and the limits above. Up to 9000 (the 82574L's
-// jumbo frames reach 9 KB, datasheet 1.3 "Features", "Jumbo frames"):
+// jumbo frames reach 9 KB, datasheet chapter 1 feature list; Linux's
+// e1000e lets an 82574 take frames up to 9234 bytes):
 // LPE set, receive buffers of ceil((MTU + 18) / 1 KiB) KiB through FLXBUF,
 // TX frames up to MTU + 22 bytes (header, VLAN tag, and the 4 bytes the
 // 1500 limit of 1522 also leaves).

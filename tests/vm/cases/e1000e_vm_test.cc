@@ -239,7 +239,7 @@ TEST_F(E1000eSmoke, BadRequestsFailWithAReason) {
   ASSERT_TRUE(a.nic);
   ufab_buf* b = nullptr;
   ASSERT_EQ(a.pool->alloc(&b, 1), 1u);
-  b->len = 1600;  // no jumbo frames
+  b->len = 1600;  // over 1522: no jumbo frames at the default MTU
   EXPECT_EQ(a.nic->tx_burst(0, &b, 1), -EINVAL);
   a.pool->free(&b, 1);
   auto bad = a.nic->setup_rx_queue(2, 256, *a.pool);
