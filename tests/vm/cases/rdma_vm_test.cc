@@ -311,7 +311,7 @@ TEST_F(RdmaVm, WriteBothWays) {
       auto w = wr(seed, WrOpcode::kRdmaWrite, &sge);
       w.remote_addr = to.addr(layout_.dst());
       w.rkey = to.mr->rkey();
-      const uint64_t tx_before = from.dev->stats().tx_frames;
+      const auto before = from.dev->stats();
       auto posted = from.qp->post_send(w);
       ASSERT_TRUE(posted) << posted.error().message();
       auto wcs = wait_for(from, 1);
@@ -321,14 +321,18 @@ TEST_F(RdmaVm, WriteBothWays) {
       EXPECT_EQ(wcs[0].opcode, WcOpcode::kRdmaWrite);
       expect_data(to, size, seed, what);
       if (size == 1ull << 20) {
-        // One packet per path MTU of payload (256 at 4096, 1024 at 1024),
-        // plus a few retransmissions at most.
+        // One packet per path MTU of payload (256 at 4096, 1024 at 1024);
+        // without retransmissions (a lossy swnic run has them) no more
+        // than that and a few ACKs of the other direction.
+        const auto after = from.dev->stats();
         const uint64_t packets = size / path_mtu_;
-        const uint64_t sent = from.dev->stats().tx_frames - tx_before;
+        const uint64_t sent = after.tx_frames - before.tx_frames;
         std::printf("  %s: %llu frames at path MTU %u\n", what.c_str(), static_cast<unsigned long long>(sent),
                     path_mtu_);
         EXPECT_GE(sent, packets);
-        EXPECT_LE(sent, packets + packets / 8);
+        if (after.retransmits == before.retransmits) {
+          EXPECT_LE(sent, packets + 16);
+        }
       }
     }
     // Full packets went out as gathered frames, the NIC reading the payload
