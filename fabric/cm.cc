@@ -16,8 +16,10 @@ namespace ufab_fi {
 namespace {
 
 std::mutex g_cm_mu;
-std::unordered_map<ufab_cm_listener*, Pep*> g_listeners;
-std::unordered_set<Ep*> g_live_eps;
+// Never destroyed (as shm_cm.cc's g_shm): the CM threads may look at them
+// until libfabric's destructor calls the provider's cleanup.
+std::unordered_map<ufab_cm_listener*, Pep*>& g_listeners = *new std::unordered_map<ufab_cm_listener*, Pep*>;
+std::unordered_set<Ep*>& g_live_eps = *new std::unordered_set<Ep*>;
 
 sockaddr_in sin_of(uint32_t ip, uint16_t port) {
   sockaddr_in s{};

@@ -131,6 +131,14 @@ ssize_t post_send(Ep* ep, const Post& p) {
     ep->dom->put_op(op);
     return ufab_err(rc);
   }
+  // Every send has a work completion; those nobody asked for (fi_inject,
+  // selective completion) are taken in here too, or an application that
+  // never reads that CQ would fill it up (its QP then goes to ERROR).
+  if (!want_cq && (++ep->quiet_posts & 31) == 0) {
+    std::lock_guard<std::mutex> lk(ep->dom->mu);
+    while (poll_ucq_locked(ep->dom, ep->tx_u) == kPollBatch) {
+    }
+  }
   return 0;
 }
 

@@ -574,13 +574,10 @@ Op* Domain::get_op() {
 }
 void Domain::put_op(Op* o) { free_ops.push_back(o); }
 
-void Domain::progress_all() {
-  std::vector<UCq*> us;
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    us.assign(ucqs.begin(), ucqs.end());
-  }
-  for (UCq* u : us) poll_ucq(this, u);
+void Domain::progress_all(UCq* except) {
+  std::lock_guard<std::mutex> lk(mu);
+  for (UCq* u : ucqs)
+    if (u != except) poll_ucq_locked(this, u);
 }
 
 namespace {

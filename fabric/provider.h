@@ -113,6 +113,48 @@ struct Op {
   Cntr* cntr = nullptr;
   void* buf = nullptr;  // receive: the first buffer (source address for DGRAM)
   uint64_t len = 0;
+  Op* prev = nullptr;  // its endpoint's OpList
+  Op* next = nullptr;
+};
+
+// An endpoint's operations in flight: an intrusive list (no allocation
+// per operation), used as the set it replaced (insert, erase, iterate).
+class OpList {
+ public:
+  void insert(Op* o) {
+    o->prev = nullptr;
+    o->next = head_;
+    if (head_ != nullptr) head_->prev = o;
+    head_ = o;
+  }
+  void erase(Op* o) {
+    if (o->prev != nullptr) o->prev->next = o->next; else if (head_ == o) head_ = o->next; else return;
+    if (o->next != nullptr) o->next->prev = o->prev;
+    o->prev = o->next = nullptr;
+  }
+  void clear() {
+    for (Op* o = head_; o != nullptr;) {
+      Op* n = o->next;
+      o->prev = o->next = nullptr;
+      o = n;
+    }
+    head_ = nullptr;
+  }
+  bool empty() const { return head_ == nullptr; }
+  struct iterator {
+    Op* o;
+    Op* operator*() const { return o; }
+    iterator& operator++() {
+      o = o->next;
+      return *this;
+    }
+    bool operator!=(const iterator& b) const { return o != b.o; }
+  };
+  iterator begin() const { return {head_}; }
+  iterator end() const { return {nullptr}; }
+
+ private:
+  Op* head_ = nullptr;
 };
 
 // A registered range of CUDA memory (FI_HMEM_CUDA), so an inject from it
@@ -138,8 +180,9 @@ struct Domain {
   bool touches_cuda(const void* addr, uint64_t len);
   Op* get_op();       // mu held
   void put_op(Op*);   // mu held
-  // Polls every ufab CQ of the domain once (counters' progress).
-  void progress_all();
+  // Polls every ufab CQ of the domain once (counters' progress), but
+  // `except`.
+  void progress_all(UCq* except = nullptr);
 };
 
 struct Mr {
@@ -170,6 +213,8 @@ struct Cq {
   fi_cq_format format = FI_CQ_FORMAT_CONTEXT;
   fi_wait_obj wait_obj = FI_WAIT_NONE;
   std::deque<CqEntry> q;   // dom->mu
+  std::atomic<size_t> qlen{0};  // q.size(), read without the lock (an empty CQ is polled without it)
+  uint32_t idle_reads = 0;      // reads that found nothing (every 64th drives the domain's other CQs)
   std::string last_err;    // err_data handed out by readerr
   std::atomic<int> refs{0};
   std::atomic<bool> signaled{false};
@@ -273,7 +318,8 @@ struct Ep {
   ConnReq* connreq = nullptr;  // passive side until accepted
   void* shm_link = nullptr;    // shm devices: the connection's socket
   sockaddr_in local{}, peer{};
-  std::unordered_set<Op*> ops;  // dom->mu: in flight
+  OpList ops;  // dom->mu: in flight
+  uint32_t quiet_posts = 0;  // sends posted without a completion wanted (every 32nd empties the send CQ)
   uint32_t max_inline = 0;
   uint32_t max_sge = 0;
   int hmem_p2p = FI_HMEM_P2P_ENABLED;  // FI_OPT_FI_HMEM_P2P (never P2P: staged copies)
@@ -283,6 +329,8 @@ struct Ep {
 void handle_wc(Domain* dom, UCq* u, const ufab_wc& wc, const char* detail);
 // Polls one ufab CQ into its libfabric queue; returns completions taken.
 int poll_ucq(Domain* dom, UCq* u);
+int poll_ucq_locked(Domain* dom, UCq* u);  // dom->mu held
+constexpr int kPollBatch = 32;             // work completions per ufab_cq_poll
 
 // The libfabric errno for a work completion status.
 int wc_status_to_fi(uint32_t status);

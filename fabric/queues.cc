@@ -95,18 +95,23 @@ void handle_wc(Domain* dom, UCq* u, const ufab_wc& wc, const char* detail) {
       e.e.len = 0;
     }
     cq->q.push_back(std::move(e));
+    cq->qlen.store(cq->q.size(), std::memory_order_release);
   }
   dom->put_op(op);
 }
 
-int poll_ucq(Domain* dom, UCq* u) {
-  ufab_wc wc[32];
-  std::lock_guard<std::mutex> lk(dom->mu);
-  int n = ufab_cq_poll(u->ucq, wc, 32);
+int poll_ucq_locked(Domain* dom, UCq* u) {
+  ufab_wc wc[kPollBatch];
+  int n = ufab_cq_poll(u->ucq, wc, kPollBatch);
   if (n <= 0) return 0;
   for (int i = 0; i < n; i++)
     handle_wc(dom, u, wc[i], wc[i].status != UFAB_WC_SUCCESS ? ufab_cq_wc_detail(u->ucq, &wc[i]) : nullptr);
   return n;
+}
+
+int poll_ucq(Domain* dom, UCq* u) {
+  std::lock_guard<std::mutex> lk(dom->mu);
+  return poll_ucq_locked(dom, u);
 }
 
 // ---------------------------------------------------------------------- CQ
@@ -114,6 +119,7 @@ int poll_ucq(Domain* dom, UCq* u) {
 namespace {
 
 ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
+  if (cq->qlen.load(std::memory_order_acquire) == 0) return -FI_EAGAIN;
   std::lock_guard<std::mutex> lk(cq->dom->mu);
   if (cq->q.empty()) return -FI_EAGAIN;
   if (cq->q.front().is_err) return -FI_EAVAIL;
@@ -127,14 +133,31 @@ ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
     cq->q.pop_front();
     n++;
   }
+  cq->qlen.store(cq->q.size(), std::memory_order_release);
   return static_cast<ssize_t>(n);
 }
 
+// Manual progress: a read drives the device through its own ufab CQ and,
+// when that found work (or every 64th read that found none), empties the
+// domain's other ufab CQs too. An application that never reads a CQ its
+// operations complete into (fi_inject, selective completion: fi_pingpong
+// reads only its receive CQ) would otherwise let that ufab CQ fill up,
+// and a full ufab CQ sends its QP to ERROR.
 ssize_t cq_readfrom(fid_cq* c, void* buf, size_t count, fi_addr_t* src) {
   auto* cq = reinterpret_cast<Cq*>(c);
   ssize_t r = cq_take(cq, buf, count, src);
   if (r != -FI_EAGAIN) return r;
-  if (poll_ucq(cq->dom, &cq->u) == 0) return -FI_EAGAIN;
+  int n;
+  {
+    std::lock_guard<std::mutex> lk(cq->dom->mu);
+    n = poll_ucq_locked(cq->dom, &cq->u);
+    if (n > 0 || (++cq->idle_reads & 63) == 0)
+      for (UCq* u : cq->dom->ucqs)
+        if (u != &cq->u)
+          while (poll_ucq_locked(cq->dom, u) == kPollBatch) {
+          }
+  }
+  if (n == 0) return -FI_EAGAIN;
   return cq_take(cq, buf, count, src);
 }
 
@@ -169,6 +192,7 @@ ssize_t cq_readerr(fid_cq* c, fi_cq_err_entry* buf, uint64_t flags) {
     buf->err_data_size = cq->last_err.size() + 1;
   }
   cq->q.pop_front();
+  cq->qlen.store(cq->q.size(), std::memory_order_release);
   return 1;
 }
 

@@ -74,8 +74,11 @@ struct ShmCm {
   std::atomic<uint16_t> next_port{1};
 };
 
+// Never destroyed: libfabric calls the provider's cleanup (which stops the
+// threads through this map) from its own destructor, after this library's
+// static objects are gone.
 std::mutex g_shm_mu;
-std::unordered_map<Dev*, ShmCm*> g_shm;
+std::unordered_map<Dev*, ShmCm*>& g_shm = *new std::unordered_map<Dev*, ShmCm*>;
 
 std::string sock_name(Dev* d, uint32_t ip, uint16_t port) {
   // The domain is the device name after "shm:".
@@ -431,29 +434,10 @@ int shm_connect(Ep* ep, const sockaddr_in& dest, const void* param, size_t len) 
   sockaddr_un a;
   socklen_t alen = fill_addr(&a, sock_name(ep->dom->dev, ntohl(dest.sin_addr.s_addr), ntohs(dest.sin_port)));
   ep->peer = dest;
-  // A refusal while the name is bound is taken as a listener that cannot
-  // take the connection yet: try again, 10 ms apart, up to 2 s. Whether
-  // anyone has the name, binding it says: if we can, nobody listens (the
-  // name is given back at once).
-  int rc = -1;
-  for (int tries = 0; tries < 200; tries++) {
-    rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), alen);
-    if (rc == 0 || (errno != ECONNREFUSED && errno != EAGAIN)) break;
-    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bool nobody = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), alen) == 0;
-    if (probe >= 0) ::close(probe);
-    if (nobody) {
-      errno = ECONNREFUSED;
-      break;
-    }
-    if (std::getenv("FI_UFAB_SHM_TRACE") != nullptr)
-      std::fprintf(stderr, "shm_cm[%d]: connect try %d refused by a bound name\n", getpid(), tries);
-    ::usleep(10000);
-    // A socket whose connect failed is not reused.
-    ::close(fd);
-    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return neg(errno);
-  }
+  // Refused: nobody listens on that name (a listening socket takes
+  // connections into its backlog without its owner's help, and a blocking
+  // connect waits while the backlog is full).
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), alen);
   if (rc != 0) {
     // Nobody listens there: as a REJ "invalid service id" from a CM.
     if (std::getenv("FI_UFAB_SHM_TRACE") != nullptr)

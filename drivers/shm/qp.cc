@@ -368,6 +368,13 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
   if (to == UFAB_QPS_RESET || to == UFAB_QPS_ERR) {
     if (given) return fail(EINVAL, "to " + std::string(state_name(to)) + ": only the state may be given, not " + mask_names(given));
     if (to == UFAB_QPS_ERR) {
+      // The responses already in the ring are taken in first, as a NIC
+      // that handles them as they arrive would have: work the peer
+      // acknowledged before this moment completes as done, not flushed
+      // (the peer may acknowledge, then leave at once).
+      if ((from == UFAB_QPS_RTS || from == UFAB_QPS_RTR) &&
+          in_resp.idx->tail.load(std::memory_order_acquire) != in_resp.idx->head.load(std::memory_order_relaxed))
+        requester_responses();
       enter_error();
     } else {
       reset_locked();
