@@ -19,6 +19,15 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
       1, std::min({info.max_rx_queues, info.max_tx_queues, options.max_queues, uint16_t{64}}));
   uint32_t ring = std::clamp<uint32_t>(options.ring_size, info.min_ring_size ? info.min_ring_size : 1,
                                        info.max_ring_size ? info.max_ring_size : options.ring_size);
+  // A NIC with a jumbo MTU (e1000e's mtu=9000, say) needs buffers that
+  // hold its largest frame: the MTU plus the Ethernet header, a VLAN tag and
+  // slack, in whole KiB (what e1000e's receive buffers come in), after the
+  // pool's 128 bytes of headroom. At 1500 the given size stays.
+  uint32_t buffer_size = options.buffer_size;
+  if (info.mtu > 1500) {
+    constexpr uint32_t kHeadroom = 128;  // dma::BufferPool::create's default
+    buffer_size = std::max(buffer_size, kHeadroom + (info.mtu + 22 + 1023) / 1024 * 1024);
+  }
   NicLinks out;
   for (uint16_t q = 0; q < queues; ++q) {
     std::unique_ptr<NicLink> link(new NicLink());
@@ -28,9 +37,9 @@ Result<NicLinks> open_nic_links(std::unique_ptr<core::Nic> owned, const NicLinkO
     // full, frames committed but not yet taken, and the one being built.
     // Apart, so a TX buffer not free is one the NIC may still read
     // (quiesce_tx).
-    auto pool = nic->create_pool(ring * 2, options.buffer_size);
+    auto pool = nic->create_pool(ring * 2, buffer_size);
     if (!pool) return std::unexpected(pool.error().context("frame buffers for " + nic->name()));
-    auto tx_pool = nic->create_pool(ring * 2 + 1, options.buffer_size);
+    auto tx_pool = nic->create_pool(ring * 2 + 1, buffer_size);
     if (!tx_pool) return std::unexpected(tx_pool.error().context("frame buffers for " + nic->name()));
     link->pool_ = *pool;
     link->tx_pool_ = *tx_pool;

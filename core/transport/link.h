@@ -96,7 +96,7 @@ class Link {
 
 struct NicLinkOptions {
   uint32_t ring_size = 512;     // RX and TX ring entries
-  uint32_t buffer_size = 2048;  // bytes per frame buffer (RoCE frames at path MTU 1024 fit)
+  uint32_t buffer_size = 2048;  // bytes per frame buffer (RoCE frames at path MTU 1024 fit); raised for a jumbo MTU
   uint16_t max_queues = 64;     // queue pairs to use at most (the NIC's count when fewer)
   bool nic_steering = true;     // false: leave frames in queue 0 and steer in software
   bool gather = true;           // false: never use the NIC's gather transmit (copy every payload)

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
@@ -154,8 +155,14 @@ class E1000e {
   bool eeprom_word(uint32_t word, uint16_t* value);
   CounterSnapshot read_counters() const;
 
+  int parse_mtu();
+  bool jumbo() const { return mtu_ > kDefaultMtu; }
+  // Bytes the device may write into one receive buffer: the largest frame
+  // without LPE, the FLXBUF size with it.
+  uint32_t rx_room_needed() const { return jumbo() ? jumbo_rx_buffer_kib(mtu_) * 1024 : kMaxRxFrame; }
   uint32_t rctl_value() const {
     uint32_t v = kRctlEn | kRctlBam | kRctlSecrc;
+    if (jumbo()) v |= kRctlLpe | rctl_flxbuf(jumbo_rx_buffer_kib(mtu_));
     if (promiscuous_) v |= kRctlUpe | kRctlMpe;
     return v;
   }
@@ -199,6 +206,8 @@ class E1000e {
   std::string mac_source_;
   bool started_ = false;
   bool promiscuous_ = false;
+  uint32_t mtu_ = kDefaultMtu;               // device parameter mtu=
+  uint32_t max_tx_frame_ = kMaxTxFrame;      // max_tx_frame(mtu_)
   bool irq_vectors_ = false;  // MSI-X vectors 0 and 1 enabled through the host
   int irq_fd_[kQueueCount] = {-1, -1};  // vector q serves RX queue q
 
@@ -242,9 +251,31 @@ int E1000e::open(const ufab_host_ops* ops, ufab_host* host, E1000e** out) {
   dev->icr_ = dev->reg(kIcr);
   dev->ics_ = dev->reg(kIcs);
 
+  if (int rc = dev->parse_mtu(); rc < 0) return rc;
   if (int rc = ops->enable_bus_master(host); rc < 0) return dev->host_failed(rc, "enabling bus mastering");
   if (int rc = dev->bring_up(); rc < 0) return rc;
   *out = dev.release();
+  return 0;
+}
+
+// Device parameter mtu=N (bytes of IP packet, as a netdev's MTU): 1500 by
+// default; up to kMaxMtu turns on long packets (regs.h). A larger MTU is
+// the user's statement that every station on the segment takes such
+// frames: soft-RoCE derives its path MTU from it (4096 from 4176 up) and
+// offers that in its CM requests, as Linux rxe does from its netdev.
+int E1000e::parse_mtu() {
+  const char* s = ops_->param ? ops_->param(host_, "mtu") : nullptr;
+  if (s == nullptr) return 0;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long v = std::strtoul(s, &end, 10);
+  if (*s == '\0' || *s == '-' || *end != '\0' || errno != 0 || v < kDefaultMtu || v > kMaxMtu) {
+    return fail(EINVAL, std::string("parameter mtu=") + s + ": give the link MTU in bytes, " +
+                            std::to_string(kDefaultMtu) + " (the default, no jumbo frames) to " +
+                            std::to_string(kMaxMtu) + " (the 82574L's 9 KB jumbo frames); e.g. mtu=9000");
+  }
+  mtu_ = static_cast<uint32_t>(v);
+  max_tx_frame_ = max_tx_frame(mtu_);
   return 0;
 }
 
@@ -426,8 +457,8 @@ int E1000e::info(ufab_dev_info* out) {
   out->max_tx_queues = kQueueCount;
   out->min_ring_size = kMinRing;
   out->max_ring_size = kMaxRing;
-  out->mtu = 1500;
-  out->max_mtu = 1500;
+  out->mtu = mtu_;
+  out->max_mtu = kMaxMtu;
   out->caps = UFAB_DEV_CAP_RX_IRQ;
   std::snprintf(out->model, sizeof out->model, "82574L (e1000e)");
   return 0;
@@ -534,11 +565,12 @@ int E1000e::rx_queue_setup(uint16_t queue, const ufab_queue_conf* conf) {
   }
   for (int i = 0; i < got; ++i) {
     ufab_buf* b = q.slots[i];
-    if (b->offset >= b->capacity || b->capacity - b->offset < kMaxRxFrame) {
+    const uint32_t room = rx_room_needed();
+    if (b->offset >= b->capacity || b->capacity - b->offset < room) {
       std::string m = "RX buffers have " + std::to_string(b->capacity) + " bytes with " + std::to_string(b->offset) +
-                      " bytes of headroom, leaving less than the " + std::to_string(kMaxRxFrame) +
-                      " bytes the 82574L may write per frame; create the pool with buffer_size >= headroom + " +
-                      std::to_string(kMaxRxFrame);
+                      " bytes of headroom, leaving less than the " + std::to_string(room) +
+                      " bytes the 82574L may write per buffer at MTU " + std::to_string(mtu_) +
+                      "; create the pool with buffer_size >= headroom + " + std::to_string(room);
       ops_->buf_free(host_, q.slots, static_cast<uint32_t>(got));
       free_queue_memory(q.block);
       return fail(EINVAL, m);
@@ -860,38 +892,6 @@ void E1000e::ring_tx(TxQueue& q, uint32_t tail, uint32_t frames, uint64_t bytes)
   q.count.bytes += bytes;
 }
 
-int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
-  TxQueue* qp = nullptr;
-  if (int rc = running_tx(queue, "tx_burst", &qp); rc < 0) return rc;
-  TxQueue& q = *qp;
-  reclaim_tx(q);
-  uint32_t room = q.ring.free_after(q.ring.distance(q.clean, q.tail));
-  uint32_t k = n < room ? n : room;
-  uint32_t t = q.tail;
-  uint64_t bytes = 0;
-  uint32_t i = 0;
-  for (; i < k; ++i) {
-    ufab_buf* b = bufs[i];
-    if (b->len < kMinTxFrame || b->len > kMaxTxFrame || b->offset > b->capacity || b->len > b->capacity - b->offset)
-      break;
-    tx_fill(&q.desc[t], b->base_iova + b->offset, b->len);
-    q.slots[t] = b;
-    t = q.ring.next(t);
-    bytes += b->len;
-  }
-  if (i == 0) {
-    if (k == 0) return 0;  // ring full
-    ++q.count.rejected;
-    ufab_buf* b = bufs[0];
-    return fail(EINVAL, "tx_burst: frame of " + std::to_string(b->len) + " bytes at offset " +
-                            std::to_string(b->offset) + " in a " + std::to_string(b->capacity) +
-                            "-byte buffer; the 82574L sends one-buffer frames of " + std::to_string(kMinTxFrame) +
-                            ".." + std::to_string(kMaxTxFrame) + " bytes (no jumbo frames)");
-  }
-  ring_tx(q, t, i, bytes);
-  return static_cast<int>(i);
-}
-
 // A descriptor's buffer never crosses a 4 KiB page of IOVA space: the
 // pages behind a mapped range need not be contiguous in memory, and QEMU's
 // e1000e maps each descriptor's buffer as one piece (pci_dma_map), dropping
@@ -931,6 +931,50 @@ uint32_t E1000e::fill_gathered(TxQueue& q, uint32_t at, const ufab_tx_frame& f) 
   return at;
 }
 
+int E1000e::tx_burst(uint16_t queue, ufab_buf** bufs, uint16_t n) {
+  TxQueue* qp = nullptr;
+  if (int rc = running_tx(queue, "tx_burst", &qp); rc < 0) return rc;
+  TxQueue& q = *qp;
+  reclaim_tx(q);
+  uint32_t room = q.ring.free_after(q.ring.distance(q.clean, q.tail));
+  uint32_t t = q.tail;
+  uint64_t bytes = 0;
+  uint32_t i = 0;
+  bool invalid = false;
+  for (; i < n; ++i) {
+    ufab_buf* b = bufs[i];
+    if (b->len < kMinTxFrame || b->len > max_tx_frame_ || b->offset > b->capacity ||
+        b->len > b->capacity - b->offset) {
+      invalid = true;
+      break;
+    }
+    // A frame up to 1522 bytes in a pool buffer of 2 KiB never crosses a
+    // page and takes one descriptor; a jumbo frame may take a few.
+    ufab_tx_frame f{};
+    f.buf = b;
+    f.nsegs = 1;
+    f.len = b->len;
+    f.segs[0] = {b->base + b->offset, b->base_iova + b->offset, b->len, 0};
+    uint32_t need = descriptors_for(f);
+    if (need > room) break;
+    t = fill_gathered(q, t, f);
+    room -= need;
+    bytes += b->len;
+  }
+  if (i == 0) {
+    if (!invalid) return 0;  // nothing asked, or the ring is full
+    ++q.count.rejected;
+    ufab_buf* b = bufs[0];
+    return fail(EINVAL, "tx_burst: frame of " + std::to_string(b->len) + " bytes at offset " +
+                            std::to_string(b->offset) + " in a " + std::to_string(b->capacity) +
+                            "-byte buffer; at MTU " + std::to_string(mtu_) + " the 82574L sends frames of " +
+                            std::to_string(kMinTxFrame) + ".." + std::to_string(max_tx_frame_) +
+                            " bytes (device parameter mtu= raises the limit, up to " + std::to_string(kMaxMtu) + ")");
+  }
+  ring_tx(q, t, i, bytes);
+  return static_cast<int>(i);
+}
+
 // Gather transmit (ABI 1.3): a frame takes nsegs descriptors and is taken
 // whole or not at all; the call stops at the first frame the ring has no
 // room for (0 when that is the first) or that is invalid (an error when
@@ -947,7 +991,7 @@ int E1000e::tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_
   sdk::TxFrameCheck check;
   for (; i < n; ++i) {
     const ufab_tx_frame& f = frames[i];
-    check = sdk::check_tx_frame(f, kMinTxFrame, kMaxTxFrame);
+    check = sdk::check_tx_frame(f, kMinTxFrame, max_tx_frame_);
     if (check.fault != sdk::TxFrameFault::kNone) break;
     uint32_t need = descriptors_for(f);
     if (need > room) break;
@@ -957,7 +1001,7 @@ int E1000e::tx_burst_gather(uint16_t queue, const ufab_tx_frame* frames, uint16_
   }
   if (i == 0 && n > 0 && check.fault != sdk::TxFrameFault::kNone) {
     ++q.count.rejected;
-    return fail(EINVAL, "tx_burst_gather: frame 0 " + sdk::describe(check, frames[0], kMinTxFrame, kMaxTxFrame));
+    return fail(EINVAL, "tx_burst_gather: frame 0 " + sdk::describe(check, frames[0], kMinTxFrame, max_tx_frame_));
   }
   if (i == 0) return 0;  // nothing asked, or no room for the first frame's descriptors
   ring_tx(q, t, i, bytes);

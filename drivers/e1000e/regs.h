@@ -94,11 +94,22 @@ inline constexpr uint32_t kRctl = 0x00100;
 inline constexpr uint32_t kRctlEn = 1u << 1;
 inline constexpr uint32_t kRctlUpe = 1u << 3;     // unicast promiscuous
 inline constexpr uint32_t kRctlMpe = 1u << 4;     // multicast promiscuous
-inline constexpr uint32_t kRctlLpe = 1u << 5;     // long packets (> 1522 bytes): not used
+// LPE: long packet enable. Clear, the device drops frames over 1522 bytes
+// (1518 + a VLAN tag); set, it takes longer ones, spreading a frame over
+// as many receive buffers as it needs (EOP on the last). QEMU
+// (e1000x_is_oversized): with LPE it accepts frames up to 16 KiB - 4.
+inline constexpr uint32_t kRctlLpe = 1u << 5;
 inline constexpr uint32_t kRctlLbmMac = 1u << 6;  // LBM = 01: MAC loopback
 inline constexpr uint32_t kRctlBam = 1u << 15;    // accept broadcast
 // BSIZE (17:16) = 00 with BSEX (25) = 0: 2048-byte buffers.
 inline constexpr uint32_t kRctlSecrc = 1u << 26;  // strip the Ethernet CRC
+// FLXBUF (30:27): a receive buffer size in KiB (1..15) that overrides
+// BSIZE/BSEX when not 0 (10.2.5.1; QEMU e1000e_parse_rxbufsize takes it
+// for legacy descriptors too). Jumbo mode uses it: ceil(frame / 1 KiB)
+// KiB buffers, where BSIZE/BSEX would offer only 4, 8 or 16 KiB.
+inline constexpr uint32_t kRctlFlxbufShift = 27;
+inline constexpr uint32_t kRctlFlxbufMax = 15;
+constexpr uint32_t rctl_flxbuf(uint32_t kib) { return (kib & 0xFu) << kRctlFlxbufShift; }
 
 // 10.2.5.x Receive Filter Control (RFCTL, 0x05008): EXTEN (bit 15) selects
 // extended descriptors; clear for the legacy format this driver uses.
@@ -234,6 +245,20 @@ inline constexpr uint32_t kRxBufferBytes = 2048;  // RCTL.BSIZE
 // 1518 + a VLAN tag.
 inline constexpr uint32_t kMaxRxFrame = 1522;
 inline constexpr uint32_t kMaxTxFrame = 1522;
+
+// MTU (device parameter mtu=, docs/drivers/e1000e.md "Jumbo frames").
+// 1500 keeps LPE clear and the limits above. Up to 9000 (the 82574L's
+// jumbo frames reach 9 KB, datasheet chapter 1 feature list; Linux's
+// e1000e lets an 82574 take frames up to 9234 bytes):
+// LPE set, receive buffers of ceil((MTU + 18) / 1 KiB) KiB through FLXBUF,
+// TX frames up to MTU + 22 bytes (header, VLAN tag, and the 4 bytes the
+// 1500 limit of 1522 also leaves).
+inline constexpr uint32_t kDefaultMtu = 1500;
+inline constexpr uint32_t kMaxMtu = 9000;
+constexpr uint32_t jumbo_rx_buffer_kib(uint32_t mtu) { return (mtu + 18 + 1023) / 1024; }
+constexpr uint32_t max_tx_frame(uint32_t mtu) { return mtu + 22; }
+static_assert(max_tx_frame(kDefaultMtu) == kMaxTxFrame);
+static_assert(jumbo_rx_buffer_kib(kMaxMtu) <= kRctlFlxbufMax);
 inline constexpr uint32_t kMinTxFrame = 14;  // an Ethernet header; PSP pads to 60
 
 }  // namespace ufab::e1000e

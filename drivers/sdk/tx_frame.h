@@ -66,7 +66,7 @@ inline std::string describe(const TxFrameCheck& c, const ufab_tx_frame& f, uint3
              " segments add up to " + std::to_string(c.sum) + "; set len to the sum of the segments' lengths";
     case TxFrameFault::kFrameLength:
       return "is " + std::to_string(f.len) + " bytes; this device sends frames of " + std::to_string(min_len) +
-             ".." + std::to_string(max_len) + " bytes (no jumbo frames)";
+             ".." + std::to_string(max_len) + " bytes at its MTU";
   }
   return "is invalid";
 }

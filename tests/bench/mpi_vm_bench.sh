@@ -16,7 +16,8 @@
 # Environment: BENCH_OUT (docs/bench/mpi_vm), BENCH_SIZES (8,65536,1048576),
 # BENCH_LAT_ITERS (500 round trips below 64 KiB, a tenth from 64 KiB),
 # BENCH_BW_WINDOWS (40 windows of 16 sends below 64 KiB, 10 from 64 KiB,
-# 2 from 1 MiB), BENCH_REPEAT (2), BENCH_TRANSPORTS ("ufab tcp"),
+# 2 from 1 MiB), BENCH_REPEAT (2), BENCH_TRANSPORTS ("ufab tcp"; ufab9k
+# is ufab with FI_UFAB_PARAMS=mtu=9000: jumbo frames, path MTU 4096),
 # BENCH_SMP (2: one vCPU per rank).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -60,6 +61,7 @@ jq -n --arg cmd "$cmdline" --arg date "$(date -u +%FT%TZ)" --arg commit "$commit
     host: {kernel: $host, cpus: $cpus, load_before: $load_before, load_after: $load_after},
     qemu: $qemu, accel: "tcg", guest_kernel: $guest, vm_smp: $smp, nic: "e1000e", open_mpi: $ompi, libfabric: $fabric,
     transports: {ufab: "pml cm, mtl ofi, ufab;ofi_rxm over two vfio-bound e1000e (soft-RoCE)",
+                 ufab9k: "the same, FI_UFAB_PARAMS=mtu=9000 (e1000e jumbo frames, path MTU 4096)",
                  tcp: "pml ob1, btl tcp,self over two kernel-driven e1000e, one network namespace each"},
     runs: $runs}' >"$out.json"
 

@@ -5,6 +5,8 @@
 #   ufab  NIC 1 and NIC 2 (00:02.0, 00:03.0) bound to vfio-pci, driven by
 #         ufab's soft-RoCE (10.0.0.1, 10.0.0.2); Open MPI's pml cm, mtl ofi,
 #         "ufab;ofi_rxm" (docs/fabric.md)
+#   ufab9k the same with FI_UFAB_PARAMS=mtu=9000: both e1000e at MTU 9000
+#         (jumbo frames, docs/drivers/e1000e.md), soft-RoCE at path MTU 4096
 #   tcp   NIC 3 and NIC 4 (00:04.0, 00:05.0) with the kernel's e1000e
 #         driver, each in its own network namespace (fab_a: 10.0.2.1,
 #         fab_b: 10.0.2.2), so their traffic crosses the hub; Open MPI's
@@ -16,7 +18,8 @@
 # (mpi_check's JSON plus "transport" and "rep").
 # Environment: UFAB_BIN, BENCH_DIR (prov/libufab-fi.so, mpi_check),
 # BENCH_SIZES (8,65536,1048576), BENCH_LAT_ITERS (500), BENCH_BW_WINDOWS
-# (40), BENCH_REPEAT (2), BENCH_TRANSPORTS ("ufab tcp").
+# (40), BENCH_REPEAT (2), BENCH_TRANSPORTS ("ufab tcp"; any of ufab,
+# ufab9k, tcp).
 set -uo pipefail
 ufab=${UFAB_BIN:?set UFAB_BIN}
 dir=${BENCH_DIR:?set BENCH_DIR}
@@ -65,9 +68,10 @@ EOS
 chmod +x "$w/rank.sh"
 args=(--bench --sizes "$sizes" --lat-iters "$lat_iters" --bw-windows "$bw_windows" --json "$w/out.json")
 
+# $1: device parameters for every ufab device (FI_UFAB_PARAMS), may be empty.
 run_ufab() {
-  FI_PROVIDER_PATH=$dir/prov FI_PROVIDER="ufab;ofi_rxm" FI_UFAB_STATS=1 \
-    timeout -k 10 600 mpirun --oversubscribe -np 2 -x FI_PROVIDER_PATH -x FI_PROVIDER -x FI_UFAB_STATS \
+  FI_PROVIDER_PATH=$dir/prov FI_PROVIDER="ufab;ofi_rxm" FI_UFAB_STATS=1 FI_UFAB_PARAMS=${1:-} \
+    timeout -k 10 600 mpirun --oversubscribe -np 2 -x FI_PROVIDER_PATH -x FI_PROVIDER -x FI_UFAB_STATS -x FI_UFAB_PARAMS \
     --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "ufab;ofi_rxm" --mca btl self \
     "$w/rank.sh" "$dir/mpi_check" "${args[@]}"
 }
@@ -88,13 +92,14 @@ for ((rep = 1; rep <= repeat; rep++)); do
       (sleep 8; top -H -b -n 1 -w 120 2>/dev/null | sed -n '7,16p' | sed "s/^/bench: top ($t): /") &
     fi
     case $t in
-      ufab) run_ufab >"$w/run.out" 2>&1 ;;
+      ufab) run_ufab "" >"$w/run.out" 2>&1 ;;
+      ufab9k) run_ufab mtu=9000 >"$w/run.out" 2>&1 ;;
       tcp)
         tx0=$(ip netns exec fab_a sh -c 'cat /sys/class/net/e*/statistics/tx_packets')
         run_tcp >"$w/run.out" 2>&1
         tx1=$(ip netns exec fab_a sh -c 'cat /sys/class/net/e*/statistics/tx_packets')
         ;;
-      *) die "unknown transport $t (ufab, tcp)" ;;
+      *) die "unknown transport $t (ufab, ufab9k, tcp)" ;;
     esac
     rc=$?
     if [ "$rc" -ne 0 ] || [ ! -s "$w/out.json" ]; then
@@ -104,7 +109,7 @@ for ((rep = 1; rep <= repeat; rep++)); do
     fi
     extra=
     case $t in
-      ufab) extra=$(grep -h '^libufab-fi: stats' "$w/run.out" | sed 's/^libufab-fi: stats //' | tr '\n' ';') ;;
+      ufab | ufab9k) extra=$(grep -h '^libufab-fi: stats' "$w/run.out" | sed 's/^libufab-fi: stats //' | tr '\n' ';') ;;
       tcp) extra="fab_a's e1000e sent $((tx1 - tx0)) frames" ;;
     esac
     say "run $rep $t ($((SECONDS - t0)) s): $(tr -d '\n' <"$w/out.json"); $extra"

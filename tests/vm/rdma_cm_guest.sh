@@ -16,6 +16,13 @@
 #   client    `ufab rping -c` against kernel `rping -s -v`, -C COUNT, at
 #             every size of UFAB_CM_SIZES
 #   server    kernel `rping -c -v -V` against `ufab rping -s`, the same
+#   jumbo     kernel `rping -c -v -V` against `ufab rping -s --param
+#             mtu=9000` at -S 65535: ufab's e1000e takes jumbo frames and its
+#             active MTU is 4096, the kernel's rxe0 sits on a 1500-MTU
+#             netdev (1024); the REQ offers 1024 and ufab takes the smaller,
+#             so both QPs use 1024 (a mismatch would fail: FIRST/MIDDLE
+#             packets must carry exactly the path MTU, and the server READs
+#             64 packets and WRITEs them back)
 #   reject    `ufab rping -c` to a port where nothing listens on rxe0 gets
 #             the kernel's REJ: exits non-zero, says "rejected"; and a
 #             kernel `rping -c` to a port `ufab rping -s` does not listen on
@@ -53,14 +60,14 @@
 # that put CM MADs on the hub (the host's wire checks expect them).
 #
 # Environment: UFAB_BIN (the ufab binary, required), UFAB_CM_CASES (default
-# "kernel client server reject ucmatose loss"), UFAB_CM_COUNT (default 10),
+# "kernel client server jumbo reject ucmatose loss"), UFAB_CM_COUNT (default 10),
 # UFAB_CM_SIZES (default "64 65535"), UFAB_CM_LOSS_COUNT (default 50),
 # UFAB_CM_LOSS_SIZE (default 4096).
 set -uo pipefail
 ufab=${UFAB_BIN:?set UFAB_BIN to the ufab binary}
 ufab_bdf=${UFAB_VM_NIC1_BDF:-0000:00:02.0}
 kern_bdf=${UFAB_VM_NIC2_BDF:-0000:00:03.0}
-cases=${UFAB_CM_CASES:-kernel client server reject ucmatose loss}
+cases=${UFAB_CM_CASES:-kernel client server jumbo reject ucmatose loss}
 count=${UFAB_CM_COUNT:-10}
 sizes=${UFAB_CM_SIZES:-64 65535}
 loss_count=${UFAB_CM_LOSS_COUNT:-50}
@@ -390,6 +397,14 @@ case_server() {
   for s in $sizes; do rping_ufab_server "$s" "$count"; done
 }
 
+case_jumbo() {
+  local saved=("${ufab_rping[@]}")
+  [ "$have_rping" = 1 ] || { fail "jumbo: no 'ufab rping' command in $ufab"; return; }
+  ufab_rping+=(--param mtu=9000)
+  rping_ufab_server 65535 "$count" "ufab at mtu=9000 (active MTU 4096), kernel rxe0 at 1500 (1024): "
+  ufab_rping=("${saved[@]}")
+}
+
 case_reject() {
   if [ "$have_rping" = 1 ] || [ "$have_cmatose" = 1 ]; then wire_cases+=(reject); fi
   if [ "$have_rping" = 1 ]; then reject_rping; else fail "REJ cases with rping: no 'ufab rping' command in $ufab"; fi
@@ -589,8 +604,8 @@ case_loss() {
 
 for c in $cases; do
   case $c in
-    kernel|client|server|reject|ucmatose|loss) "case_$c" ;;
-    *) fail "UFAB_CM_CASES: unknown case '$c' (kernel client server reject ucmatose loss)" ;;
+    kernel|client|server|jumbo|reject|ucmatose|loss) "case_$c" ;;
+    *) fail "UFAB_CM_CASES: unknown case '$c' (kernel client server jumbo reject ucmatose loss)" ;;
   esac
 done
 

@@ -6,7 +6,9 @@
 # stays with the kernel, carries 10.0.0.1/24 and rxe0.
 # tests/vm/rdma_cm_guest.sh runs the cases (see there): the kernel's tools
 # against themselves over rxe loopback; ufab rping -c against rping -s and
-# rping -c against ufab rping -s at -S 64 and 65535 with validation; a REJ
+# rping -c against ufab rping -s at -S 64 and 65535 with validation; rping
+# -c against ufab rping -s --param mtu=9000 (e1000e jumbo frames, active
+# MTU 4096) settling on the kernel's 1024; a REJ
 # each way when nothing listens on the port; ucmatose against
 # `ufab cmatose` both ways (SKIP where ufab has no cmatose); 2% loss on rxe0's netdev
 # (netem) with rping -C 50 both ways.

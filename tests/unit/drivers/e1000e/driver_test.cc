@@ -33,7 +33,9 @@ struct FakePool {
 
   FakePool(uint32_t count, uint32_t size, uint32_t head) : buffer_size(size), headroom(head), bufs(count) {
     for (auto& b : bufs) {
-      uint8_t* m = static_cast<uint8_t*>(std::aligned_alloc(64, size));
+      // Page-aligned like dma::BufferPool's region, so a 2 KiB buffer
+      // never crosses a 4 KiB page (a jumbo one does).
+      uint8_t* m = static_cast<uint8_t*>(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096));
       memory.push_back(m);
       b = ufab_buf{m, reinterpret_cast<uint64_t>(m), size, head, 0, 0, 0, handle()};
       free_list.push_back(&b);
@@ -58,6 +60,7 @@ struct FakeHost {
   uint32_t irq_enables = 0, irq_disables = 0;
   uint32_t buf_alloc_calls = 0, buf_free_calls = 0;
   int fail_map = 0;
+  std::map<std::string, std::string> params;  // ops->param answers from here
 
   ufab_host* handle() { return reinterpret_cast<ufab_host*>(this); }
   static FakeHost& from(ufab_host* h) { return *reinterpret_cast<FakeHost*>(h); }
@@ -89,7 +92,11 @@ const ufab_host_ops kOps = {
     .log = [](ufab_host* h, int, const char* m) { FakeHost::from(h).logs.push_back(m); },
     .set_error = [](ufab_host* h, const char* m) { FakeHost::from(h).error = m; },
     .name = [](ufab_host*) { return "fake0"; },
-    .param = [](ufab_host*, const char*) -> const char* { return nullptr; },
+    .param = [](ufab_host* h, const char* key) -> const char* {
+      const auto& p = FakeHost::from(h).params;
+      auto it = p.find(key);
+      return it == p.end() ? nullptr : it->second.c_str();
+    },
     .map_bar =
         [](ufab_host* h, uint32_t index, volatile void** base, uint64_t* size) {
           FakeHost& f = FakeHost::from(h);
@@ -295,6 +302,82 @@ TEST_F(E1000eTest, InfoReportsMacAndLimits) {
   EXPECT_EQ(info.mtu, 1500u);
   EXPECT_TRUE(info.caps & UFAB_DEV_CAP_RX_IRQ);
   EXPECT_STREQ(info.model, "82574L (e1000e)");
+}
+
+// mtu= (docs/drivers/e1000e.md "Jumbo frames"): LPE and FLXBUF in RCTL,
+// receive buffers that hold FLXBUF KiB, TX frames up to the MTU + 22, a
+// jumbo buffer crossing pages split into one descriptor per page piece.
+TEST_F(E1000eTest, MtuParameterEnablesJumboFrames) {
+  host_.params["mtu"] = "9000";
+  open();
+  ufab_dev_info info{};
+  ASSERT_EQ(drv_->info(dev_, &info), 0);
+  EXPECT_EQ(info.mtu, 9000u);
+  EXPECT_EQ(info.max_mtu, 9000u);
+  // 2 KiB buffers cannot take 9 KiB receive buffers.
+  ufab_queue_conf r{64, rx_pool_.handle()};
+  EXPECT_EQ(drv_->rx_queue_setup(dev_, 0, &r), -EINVAL);
+  EXPECT_NE(host_.error.find("9216 bytes the 82574L may write per buffer at MTU 9000"), std::string::npos)
+      << host_.error;
+  FakePool big(100, 128 + 9216, 128);
+  FakePool big_tx(10, 128 + 9216, 128);
+  r.pool = big.handle();
+  ASSERT_EQ(drv_->rx_queue_setup(dev_, 0, &r), 0) << host_.error;
+  ufab_queue_conf t{64, nullptr};
+  ASSERT_EQ(drv_->tx_queue_setup(dev_, 0, &t), 0) << host_.error;
+  ASSERT_EQ(drv_->start(dev_), 0) << host_.error;
+  EXPECT_EQ(host_.reg(kRctl), kRctlEn | kRctlBam | kRctlSecrc | kRctlLpe | 9u << kRctlFlxbufShift);
+
+  // A 9014-byte frame 128 bytes into a page-aligned buffer: 3968 + 4096 +
+  // 950 bytes, three descriptors, the command on the last only.
+  ufab_buf* b = nullptr;
+  ASSERT_EQ(kOps.buf_alloc(host_.handle(), big_tx.handle(), &b, 1), 1);
+  for (uint32_t i = 0; i < 9014; ++i) b->base[b->offset + i] = static_cast<uint8_t>(i * 7);
+  b->len = 9014;
+  ASSERT_EQ(drv_->tx_burst(dev_, 0, &b, 1), 1) << host_.error;
+  EXPECT_EQ(host_.reg(kTdt), 3u);
+  TxDesc* d = tx_ring();
+  EXPECT_EQ(d[0].addr, b->base_iova + 128);
+  EXPECT_EQ(d[0].lower, 3968u);
+  EXPECT_EQ(d[1].addr, b->base_iova + 4096);
+  EXPECT_EQ(d[1].lower, 4096u);
+  EXPECT_EQ(d[2].addr, b->base_iova + 8192);
+  EXPECT_EQ(d[2].lower, tx_lower(950));
+  auto sent = device_transmit();
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_EQ(sent[0].size(), 9014u);
+  for (uint32_t i = 0; i < 9014; ++i) ASSERT_EQ(sent[0][i], static_cast<uint8_t>(i * 7)) << i;
+  ASSERT_EQ(drv_->tx_burst(dev_, 0, &b, 0), 0);  // reclaims
+  EXPECT_EQ(big_tx.out.size(), 0u);
+  // MTU + 22 is the limit.
+  ASSERT_EQ(kOps.buf_alloc(host_.handle(), big_tx.handle(), &b, 1), 1);
+  b->len = 9023;
+  EXPECT_EQ(drv_->tx_burst(dev_, 0, &b, 1), -EINVAL);
+  EXPECT_NE(host_.error.find("14..9022"), std::string::npos) << host_.error;
+  kOps.buf_free(host_.handle(), &b, 1);
+  // A received jumbo frame comes up whole.
+  std::vector<uint8_t> frame(9000, 0x5A);
+  device_receive(frame);
+  ufab_buf* got[4];
+  ASSERT_EQ(drv_->rx_burst(dev_, 0, got, 4), 1);
+  EXPECT_EQ(got[0]->len, 9000u);
+  kOps.buf_free(host_.handle(), got, 1);
+  drv_->close(dev_);
+  dev_ = nullptr;
+}
+
+TEST_F(E1000eTest, MtuParameterOutOfRangeFailsOpen) {
+  for (const char* bad : {"9001", "1499", "0", "9000x", "-9000", ""}) {
+    host_.params["mtu"] = bad;
+    host_.error.clear();
+    EXPECT_EQ(drv_->open(&kOps, host_.handle(), &dev_), -EINVAL) << "mtu=" << bad;
+    EXPECT_NE(host_.error.find("parameter mtu="), std::string::npos) << host_.error;
+    EXPECT_NE(host_.error.find("1500"), std::string::npos) << host_.error;
+  }
+  dev_ = nullptr;
+  host_.params["mtu"] = "1500";
+  setup();
+  EXPECT_EQ(host_.reg(kRctl), kRctlEn | kRctlBam | kRctlSecrc) << "1500: long packets stay off";
 }
 
 TEST_F(E1000eTest, NoValidMacFailsOpenWithAnExplanation) {
