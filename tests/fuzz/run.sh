@@ -128,7 +128,7 @@ for t in "${targets[@]}"; do
       extra_libs="-lrt -ldl -lpthread" \
       fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root"/lib/builtins_static.cc \
         "$root"/core/provider/{c_api,providers,registries,softroce}.cc "$root"/drivers/builtin_providers.cc \
-        "$root"/drivers/shm/{device,provider,qp}.cc \
+        "$root"/drivers/shm/{device,gpu,provider,qp}.cc \
         "$root"/core/transport/{completion_queue,context,gpu_staging,lane,link,qp_transition,queue_pair,requester,responder,verbs}.cc \
         "$root"/core/staging/*.cc \
         "$root"/core/rdma/{memory,durable}.cc "$root"/core/roce/{builder,gid,headers,icrc,opcodes,parser}.cc \
