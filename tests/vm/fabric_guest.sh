@@ -93,6 +93,9 @@ show() { for f in "$@"; do echo "--- ${f##*/}"; tail -n 25 "$f" 2>/dev/null | cu
 has() { [[ " $cases " == *" $1 "* ]]; }
 
 exec 3>&1 # the suite's output, for hang reports from redirected cases
+# Kernel errors (hung tasks, RCU stalls) onto the console, which run-vm
+# prints when the VM has to be killed.
+dmesg -n 4 2>/dev/null
 export FI_PROVIDER_PATH=$dir/prov FI_UFAB_STATS=1
 export HOME=$w OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
