@@ -51,7 +51,8 @@ finish() {
   [ "$failed" -eq 0 ]
   exit
 }
-# bounded LIMIT OUT COMMAND...: runs COMMAND (output to OUT) for at most
+# bounded LIMIT OUT COMMAND...: runs COMMAND (output to the file OUT, or
+# where it goes when OUT is "-") for at most
 # LIMIT seconds. A command still running then is reported (every process
 # of its tree: state, kernel wait channel, each thread's user stack from
 # gdb), killed, and returns 124. A CI run once hung here past every
@@ -59,7 +60,7 @@ finish() {
 bounded() {
   local limit=$1 out=$2 pid end
   shift 2
-  "$@" >"$out" 2>&1 &
+  if [ "$out" = - ]; then "$@" & else "$@" >"$out" 2>&1 & fi
   pid=$!
   end=$((SECONDS + limit))
   while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 0.2; done
@@ -209,7 +210,7 @@ EOS
   mpi() { # LIMIT PROGRAM ARGS...: two ranks over ufab;ofi_rxm
     local limit=$1
     shift
-    bounded "$limit" /dev/stdout mpirun --oversubscribe -np 2 -x FI_PROVIDER_PATH -x FI_PROVIDER -x FI_UFAB_STATS \
+    bounded "$limit" - mpirun --oversubscribe -np 2 -x FI_PROVIDER_PATH -x FI_PROVIDER -x FI_UFAB_STATS \
       -x UFAB_VM_NIC1_BDF -x UFAB_VM_NIC2_BDF \
       --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "ufab;ofi_rxm" --mca btl self \
       --mca mtl_base_verbose 100 "$w/rank.sh" "$@"
