@@ -22,6 +22,7 @@
 
 #include "core/gpu/cuda.h"
 #include "core/gpu/region.h"
+#include "core/staging/fake_engine.h"
 #include "drivers/shm/shm_impl.h"
 
 namespace ufab::shm {
@@ -78,7 +79,16 @@ staging::Pool* Device::staging_for(int ordinal) {
 
 bool Device::gpu_buffer_ok(uint32_t index, uint64_t addr, std::string* why) const {
   const GpuKey& k = gpu_keys[index];
-  if (gparams.fake) return true;  // made-up ids: host memory standing for GPU memory
+  if (gparams.fake) {
+    // Made-up ids: host memory standing for GPU memory; a test marks a
+    // range freed (staging::fake_free) to stand for cuMemFree.
+    if (!staging::fake_freed(addr)) return true;
+    *why = "the GPU memory under key index " + std::to_string(index) + " (fake buffer id " +
+           std::to_string(k.buffer_id) +
+           ") was freed; the region no longer names it (deregister it before freeing the memory, and register the "
+           "new allocation)";
+    return false;
+  }
   uint64_t now = 0;
   if (const gpu::Driver* d = gpu::Driver::if_loaded()) {
     auto info = d->pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
