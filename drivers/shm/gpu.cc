@@ -187,9 +187,11 @@ bool Qp::gpu_tx_may_join(const SendWqe& w) const {
   staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
   const uint32_t depth = pool ? pool->depth() : dev->gparams.depth;
   if (gtxq_.size() >= 2 * size_t{depth}) return false;
-  size_t frags = 0;
-  for (const GpuTx& t : gtxq_) frags += t.frags.size();
-  return frags < depth;
+  size_t staged = 0;
+  for (const GpuTx& t : gtxq_) {
+    for (const TxFrag& f : t.frags) staged += f.released ? 0 : 1;
+  }
+  return staged < depth;
 }
 
 // Starts the GPU work request at sq_next: queued in gtxq_ (a failure
@@ -337,6 +339,23 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
       f.staged = true;
     }
   }
+  // Frag messages whose bytes the responder has read (QpCtl::pulled, in
+  // order): their slots go back now, before the ACK (which waits for the
+  // bytes to land in the responder's GPU), and they leave the budget.
+  if (t.messages && !read) {
+    const uint32_t pulled = ctl->pulled.load(std::memory_order_acquire);
+    for (TxFrag& f : t.frags) {
+      if (f.released) continue;
+      if (!f.sent || !seq_lt(f.seq, pulled)) break;
+      f.released = true;
+      if (f.slot) {
+        pool->give(*f.slot);
+        f.slot.reset();
+      }
+      ++*budget;
+      ++gtx_work_;
+    }
+  }
   // One-sided pieces (a host region at the peer) and READ pieces whose
   // bytes are all here.
   for (TxFrag& f : t.frags) {
@@ -365,8 +384,8 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
   // Retire finished pieces, in order.
   while (!t.frags.empty() && t.frags.front().done) {
     if (t.frags.front().slot) pool->give(*t.frags.front().slot);
+    if (!t.frags.front().released) ++*budget;
     t.frags.pop_front();
-    ++*budget;
   }
   // Stage more.
   while (may_stage && *budget > 0 && t.next_off < t.total) {
@@ -501,7 +520,9 @@ int Qp::gpu_tx_run() {
   staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
   const uint32_t depth = pool ? pool->depth() : dev->gparams.depth;
   size_t inflight = 0;
-  for (const GpuTx& t : gtxq_) inflight += t.frags.size();
+  for (const GpuTx& t : gtxq_) {
+    for (const TxFrag& f : t.frags) inflight += f.released ? 0 : 1;
+  }
   uint32_t budget = inflight < depth ? depth - static_cast<uint32_t>(inflight) : 0;
   bool may_stage = true, may_send = !rnr_wait;
   for (GpuTx& t : gtxq_) {
@@ -728,6 +749,8 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
       rx.done += n;
     }
     rx.partial = false;
+    // The requester's slot is read: it may have it back before the ACK.
+    if (write) peer_ctl->pulled.store(h.seq + 1, std::memory_order_release);
     return kRxNext;
   }
 
@@ -860,6 +883,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
     rx.done += n;
   }
   rx.partial = false;
+  if (frag_send) peer_ctl->pulled.store(h.seq + 1, std::memory_order_release);
   if (last) {
     rx.recv_open = false;
     const uint32_t flags = (h.flags & kFlagImm) ? UFAB_WC_WITH_IMM : 0;

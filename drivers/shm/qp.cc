@@ -337,6 +337,7 @@ void Qp::reset_locked() {
   ctl->producer.store(0);
   ctl->fatal.store(0);
   ctl->consumed.store(0);
+  ctl->pulled.store(0);
   ctl->access.store(0);
   ctl->req.head.store(ctl->req.tail.load());
   ctl->resp.head.store(ctl->resp.tail.load());

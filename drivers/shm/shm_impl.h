@@ -109,6 +109,7 @@ struct TxFrag {
   uint64_t ring_end = 0;  // the peer's request ring index past this message
   uint32_t pulled = 0;    // READ: bytes read from the responder's slots
   bool acked = false;     // the responder is done with it
+  bool released = false;  // out of the gpu_depth budget: read by the peer (QpCtl::pulled), or retired
   bool done = false;
 };
 struct GpuTx {
