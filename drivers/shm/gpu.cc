@@ -172,16 +172,16 @@ uint32_t Qp::remote_copy(uint32_t rkey, uint64_t raddr, void* local, uint64_t le
 
 // Whether the GPU work request `w` at sq_next may start now: with nothing
 // in flight, or behind GPU work requests only, of its kind (all Frag
-// messages or all one-sided; no READ), the last one staged whole, with a
-// piece of the gpu_depth budget free and fewer than 2 * gpu_depth in
-// flight. A READ waits for everything before it and holds back everything
-// after it.
+// messages or all one-sided; READs only behind READs, so a READ never
+// overtakes a WRITE's copies into the same GPU memory at the responder,
+// nor a WRITE a READ's), the last one staged whole, with a piece of the
+// gpu_depth budget free and fewer than 2 * gpu_depth in flight.
 bool Qp::gpu_tx_may_join(const SendWqe& w) const {
   if (sq_head == sq_next) return true;
   if (gtxq_.empty() || gtxq_.size() != sq_next - sq_head) return false;  // other work in flight
-  if (w.wr.opcode == UFAB_WR_RDMA_READ) return false;
   const GpuTx& last = gtxq_.back();
-  if (last.type == kMsgFragRead || last.fail || !last.staged_all()) return false;
+  if ((w.wr.opcode == UFAB_WR_RDMA_READ) != (last.type == kMsgFragRead)) return false;
+  if (last.fail || !last.staged_all()) return false;
   const bool send = w.wr.opcode == UFAB_WR_SEND || w.wr.opcode == UFAB_WR_SEND_WITH_IMM;
   if ((send || remote_gpu(w)) != last.messages) return false;
   staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);

@@ -90,10 +90,10 @@ struct GpuKey {
 };
 
 // A requester's GPU work request in flight. Several may be in flight per
-// QP (docs/gpu.md, "shm"): consecutive GPU WRITEs, WRITE_WITH_IMMs and
-// SENDs of the same kind (all Frag messages, or all one-sided), while
-// nothing else is; a READ, and any work request that is not GPU work,
-// starts once everything before it completed. Pieces of at most gpu_frag
+// QP (docs/gpu.md, "shm"): consecutive GPU work requests of one kind (all
+// Frag messages or all one-sided; READs only behind READs), while nothing
+// else is; any other work request behind them starts once everything
+// before it completed. Pieces of at most gpu_frag
 // bytes, each inside one SGE, staged gpu_depth ahead over all of the QP's
 // GPU work requests together; completed in order.
 struct TxFrag {

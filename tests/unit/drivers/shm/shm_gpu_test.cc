@@ -545,11 +545,23 @@ ConnOptions stream_conn() {
 
 // Every WR of the plan posted back to back; every completion in order and
 // successful; both processes' buffers byte for byte.
-bool run_stream(const char* name, uint32_t seed, size_t n, bool large, std::vector<const char*> params) {
+bool run_stream(const char* name, uint32_t seed, size_t n, bool large, std::vector<const char*> params,
+                bool read_runs = false) {
   params.push_back(nullptr);
   g_open_params = params.data();
   g_open_progress_thread = true;
-  const auto plan = stream_plan(seed, n, large);
+  auto plan = stream_plan(seed, n, large);
+  if (read_runs) {
+    // Runs of 8 READs, then 4 WRITEs, ...: laid out again for the new targets.
+    uint64_t cursor[2][2] = {{kSrcArea, kSrcArea}, {kSrcArea, kSrcArea}};
+    for (size_t k = 0; k < plan.size(); ++k) {
+      SWr& w = plan[k];
+      w.op = k % 12 < 8 ? UFAB_WR_RDMA_READ : UFAB_WR_RDMA_WRITE;
+      uint64_t& c = cursor[w.op == UFAB_WR_RDMA_READ][w.dst_gpu];
+      w.dst_off = c + k % 61;
+      c = w.dst_off + w.len;
+    }
+  }
   for (const SWr& w : plan) {
     if (w.dst_off + w.len > kSBuf) {
       std::fprintf(stderr, "the plan does not fit its buffers\n");
@@ -616,6 +628,18 @@ TEST(ShmGpu, FakeEngineStreamRandomOrderSmallPool) {
                          {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=4", "gpu_slots=8", "gpu_fake_order=random",
                           "gpu_fake_delay_us=30"}));
   EXPECT_TRUE(run_stream("gpustrone", 13, 32, false, {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=1"}));
+}
+
+// READs back to back (several in flight), then WRITEs behind them and
+// READs behind those: every byte, every completion in order.
+TEST(ShmGpu, FakeEngineStreamOfReads) {
+  g_backend = Backend::kFake;
+  EXPECT_TRUE(run_stream("gpustrread", 17, 48, false, {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=8"},
+                         /*read_runs=*/true));
+  EXPECT_TRUE(run_stream("gpustrreadr", 19, 48, false,
+                         {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=4", "gpu_slots=8", "gpu_fake_order=random",
+                          "gpu_fake_delay_us=30"},
+                         /*read_runs=*/true));
 }
 
 // A GPU buffer freed in the middle of a stream (staging::fake_free stands
