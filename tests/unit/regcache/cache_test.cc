@@ -511,7 +511,11 @@ TEST(RegCache, InvalidationRacingHitsNeverHitsGoneMemoryNorDropsAHeldOne) {
         if (e == nullptr) continue;
         hits_seen++;
         if (!f.live(Cache::handle(e))) taken_away++;
-        if (i % 7 == 0) std::this_thread::yield();  // hold it across an invalidation now and then
+        // Hold it a while (across an invalidation, now and then), looking.
+        for (int k = 0; k < 64; ++k) {
+          if (!f.live(Cache::handle(e))) taken_away++;
+        }
+        if (i % 7 == 0) std::this_thread::yield();
         if (!f.live(Cache::handle(e))) taken_away++;
         c.release(e);
       }
