@@ -1,7 +1,12 @@
 #include "core/regcache/cache.h"
 
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
+#include <thread>
 
 #include "core/regcache/unmap_monitor.h"
 
@@ -33,6 +38,33 @@ constexpr uint64_t hits_of(uint64_t s) { return (s & kHitMask) >> kHitShift; }
 
 constexpr size_t kChunk = 64;  // pool entries allocated at once
 
+// The process's membarrier(2), registered once: whether threads may park.
+bool membarrier_ready() {
+  static const bool ok = ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  return ok;
+}
+
+std::atomic<uint64_t> next_uid{1};
+
+}  // namespace
+
+struct Cache::Parking {
+  std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null, anyone may take it
+  std::atomic<uint64_t> hits{0};        // hits through the parked hold; written by its thread only
+  std::thread::id owner;
+};
+
+namespace {
+
+// Each thread's parkings of the caches it used lately, by cache uid (a
+// uid is never reused, so a dead cache's slot is never followed).
+struct ParkingSlot {
+  uint64_t uid = 0;
+  Cache::Parking* parking = nullptr;
+};
+constexpr size_t kParkingSlots = 8;
+thread_local ParkingSlot tl_parkings[kParkingSlots];
+
 }  // namespace
 
 struct Cache::Entry {
@@ -52,7 +84,11 @@ struct Cache::Entry {
   }
 };
 
-Cache::Cache(Registrar registrar, Options options) : reg_(std::move(registrar)), options_(options) {
+Cache::Cache(Registrar registrar, Options options)
+    : reg_(std::move(registrar)),
+      options_(options),
+      uid_(next_uid.fetch_add(1, std::memory_order_relaxed)),
+      park_ok_(membarrier_ready()) {
   // Twice the entries kept, a power of two from 64 to 64 Ki slots.
   uint64_t want = std::min<uint64_t>(std::max<uint64_t>(2ull * options_.max_entries, 64), 65536);
   slot_count_ = std::bit_ceil(want);
@@ -89,14 +125,38 @@ Cache::~Cache() {
 
 void* Cache::handle(const Entry* e) { return e->handle; }
 
-bool Cache::events_pending() const {
+[[gnu::always_inline]] inline bool Cache::events_pending() const {
   return monitor_ != nullptr && monitor_->sequence() != seen_seq_.load(std::memory_order_acquire);
+}
+
+[[gnu::always_inline]] inline Cache::Parking* Cache::my_parking() const {
+  const ParkingSlot& slot = tl_parkings[uid_ % kParkingSlots];
+  return slot.uid == uid_ ? slot.parking : nullptr;
 }
 
 Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
   // Unmappings not yet taken: the slow path takes them first.
   if (events_pending()) return nullptr;
   const uint64_t a = reinterpret_cast<uintptr_t>(addr);
+  if (Parking* pk = my_parking()) {
+    // The entry this thread parked: its key cannot change while it is
+    // parked (held); the exchange makes the hold this caller's, unless the
+    // mutex holder took it back meanwhile.
+    Entry* p = pk->parked.load(std::memory_order_relaxed);
+    if (p != nullptr && p->addr.load(std::memory_order_relaxed) == a &&
+        p->length.load(std::memory_order_relaxed) == length &&
+        p->access.load(std::memory_order_relaxed) == access &&
+        p->gpu_buffer.load(std::memory_order_relaxed) == gpu_buffer) {
+      p = pk->parked.exchange(nullptr, std::memory_order_acq_rel);
+      if (p != nullptr) {
+        if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
+          pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+          return p;
+        }
+        release_hold(p);  // it died while parked
+      }
+    }
+  }
   Entry* e = slots_[slot_of(a, length, access)].load(std::memory_order_acquire);
   if (e == nullptr) return nullptr;
   uint64_t s = e->state.load(std::memory_order_acquire);
@@ -120,6 +180,25 @@ Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, u
 }
 
 void Cache::release(Entry* e) {
+  // Parked: this thread keeps the hold for its next hit. Not a dead entry
+  // (its last release deregisters it), not while over the bounds (the
+  // release may let one go), not where the thread's place is taken.
+  if (Parking* pk = my_parking();
+      pk != nullptr && pk->parked.load(std::memory_order_relaxed) == nullptr &&
+      !over_bound_.load(std::memory_order_relaxed) && (e->state.load(std::memory_order_relaxed) & kDead) == 0) {
+    pk->parked.store(e, std::memory_order_release);
+    // Dying meanwhile? The killer marks it dead, runs membarrier, then
+    // looks at the parked holds: either it sees this one, or this load
+    // sees dead (then whoever takes the hold back gives it up).
+    if ((e->state.load(std::memory_order_acquire) & kDead) != 0) {
+      if (Entry* back = pk->parked.exchange(nullptr, std::memory_order_acq_rel)) release_hold(back);
+    }
+    return;
+  }
+  release_hold(e);
+}
+
+void Cache::release_hold(Entry* e) {
   const uint64_t old = e->state.fetch_sub(kRefOne, std::memory_order_acq_rel);
   if (refs_of(old) != 1) return;  // others still hold it
   if ((old & kDead) == 0 && !over_bound_.load(std::memory_order_relaxed)) return;
@@ -135,6 +214,50 @@ void Cache::release_slow(Entry* e, uint64_t old_state) {
     return;
   }
   evict_locked();  // over the bounds, and one more entry is free to go
+}
+
+void Cache::release_locked(Entry* e) {
+  const uint64_t old = e->state.fetch_sub(kRefOne, std::memory_order_acq_rel);
+  if (refs_of(old) == 1 && (old & kDead) != 0) destroy_locked(e);
+}
+
+void Cache::unpark_locked(bool after_kill) {
+  if (parkings_.empty()) return;
+  if (after_kill) {
+    if (!killed_) return;
+    killed_ = false;
+    bool any = false;
+    for (auto& pk : parkings_) any = any || pk->parked.load(std::memory_order_relaxed) != nullptr;
+    if (!any) return;
+    // Every thread passes a full barrier: a release that parked a dying
+    // entry before it is visible below; one after it sees the entry dead.
+    (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  }
+  for (auto& pk : parkings_) {
+    Entry* p = pk->parked.load(std::memory_order_acquire);
+    if (p == nullptr) continue;
+    if (after_kill && (p->state.load(std::memory_order_acquire) & kDead) == 0) continue;
+    if (Entry* taken = pk->parked.exchange(nullptr, std::memory_order_acq_rel)) {
+      // Parked means used lately: a second chance for CLOCK.
+      if (!after_kill) taken->state.fetch_or(kReferenced, std::memory_order_relaxed);
+      release_locked(taken);
+    }
+  }
+}
+
+void Cache::park_here_locked() {
+  if (!park_ok_ || my_parking() != nullptr) return;
+  const std::thread::id me = std::this_thread::get_id();
+  Parking* mine = nullptr;
+  for (auto& pk : parkings_) {
+    if (pk->owner == me) mine = pk.get();
+  }
+  if (mine == nullptr) {
+    parkings_.push_back(std::make_unique<Parking>());
+    mine = parkings_.back().get();
+    mine->owner = me;
+  }
+  tl_parkings[uid_ % kParkingSlots] = ParkingSlot{uid_, mine};
 }
 
 Cache::Entry* Cache::new_entry_locked() {
@@ -173,8 +296,13 @@ void Cache::unpublish_locked(Entry* e) {
 void Cache::drop_locked(Entry* e) {
   unpublish_locked(e);
   const uint64_t old = e->state.fetch_or(kDead, std::memory_order_acq_rel);
-  if ((old & kDead) == 0 && refs_of(old) == 0) destroy_locked(e);
-  // Else held: its last release sees it dead and deregisters it.
+  if ((old & kDead) == 0 && refs_of(old) == 0) {
+    destroy_locked(e);
+    return;
+  }
+  // Else held: its last release sees it dead and deregisters it; a parked
+  // hold is taken back by unpark_locked(true).
+  killed_ = true;
 }
 
 void Cache::invalidate_locked(uint64_t start, uint64_t end) {
@@ -205,6 +333,7 @@ void Cache::drain_events_locked() {
     }
     invalidate_locked(r.start, r.end);
   }
+  unpark_locked(true);
   // Published after the entries are dead: a hit that sees `now` finds
   // them dead.
   seen_seq_.store(now, std::memory_order_release);
@@ -217,6 +346,11 @@ void Cache::evict_locked() {
   // is cleared), one that was not is evicted. Two passes at most: after
   // the first every released entry has its bit clear, unless a hit sets
   // it again meanwhile.
+  if (!over()) {
+    over_bound_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  unpark_locked(false);  // parked holds do not keep entries
   const size_t n = all_.size();
   for (size_t step = 0; step < 2 * n && over(); ++step) {
     Entry* e = all_[clock_hand_];
@@ -262,6 +396,7 @@ Result<Cache::Entry*> Cache::hold_locked(Entry* e) {
 Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t access, std::optional<uint64_t> gpu_buffer) {
   std::lock_guard lock(mu_);
   drain_events_locked();
+  park_here_locked();  // this thread's place for the entry it releases last
   Key key{reinterpret_cast<uintptr_t>(addr), length, access};
   if (auto it = map_.find(key); it != map_.end()) {
     Entry* e = it->second;
@@ -272,6 +407,7 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
     if (valid) return hold_locked(e);
     stats_.invalidations++;
     drop_locked(e);
+    unpark_locked(true);
   }
   stats_.misses++;
   const bool gpu = gpu_buffer.has_value();
@@ -304,24 +440,45 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
   return e;
 }
 
+namespace {
+
+// Holders of `e` other than parked holds (which are the cache's, not an
+// application's). A snapshot: threads hit and release meanwhile.
+uint64_t holders(const Cache::Entry* e, uint64_t refs, const std::vector<const Cache::Entry*>& parked) {
+  uint64_t n = 0;
+  for (const Cache::Entry* p : parked) n += p == e;
+  return refs > n ? refs - n : 0;
+}
+
+}  // namespace
+
 Stats Cache::stats() const {
   std::lock_guard lock(mu_);
   Stats s = stats_;
   s.hits = retired_hits_;
   s.held = 0;
+  std::vector<const Entry*> parked;
+  for (const auto& pk : parkings_) {
+    s.hits += pk->hits.load(std::memory_order_relaxed);
+    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+  }
   for (const Entry* e : all_) {
     if (!e->live) continue;
     const uint64_t st = e->state.load(std::memory_order_acquire);
     s.hits += hits_of(st);
-    if (refs_of(st) != 0) s.held++;
+    if (holders(e, refs_of(st), parked) != 0) s.held++;
   }
   return s;
 }
 
 bool Cache::busy() const {
   std::lock_guard lock(mu_);
+  std::vector<const Entry*> parked;
+  for (const auto& pk : parkings_) {
+    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+  }
   for (const Entry* e : all_) {
-    if (e->live && refs_of(e->state.load(std::memory_order_acquire)) != 0) return true;
+    if (e->live && holders(e, refs_of(e->state.load(std::memory_order_acquire)), parked) != 0) return true;
   }
   return false;
 }

@@ -20,9 +20,16 @@
 // "referenced" bit, a dead bit and a generation); a release is one atomic
 // decrement. Entries live in a pool for the life of the cache (a stale
 // pointer always points at an Entry), and the generation, bumped each time
-// an entry is reused, makes a hit on a reused entry fail. The mutex is
-// taken for misses, invalidation, eviction, the last release of a dead
-// entry, and stats. docs/gpu.md ("Registration cache").
+// an entry is reused, makes a hit on a reused entry fail.
+// Cheaper still, each thread parks the last entry it released, keeping
+// that hold: its next hit of the same range takes it back with one atomic
+// exchange, and the release parks it again with a plain store. The mutex
+// holder takes parked holds back whenever it evicts, and after it kills
+// entries (unmapped memory, a stale GPU buffer): then a process-wide
+// memory barrier (membarrier(2)) first, so a release that parks a dying
+// entry sees it dying and does not keep it. Without membarrier nothing is
+// parked. The mutex is taken for misses, invalidation, eviction, the last
+// release of a dead entry, and stats. docs/gpu.md ("Registration cache").
 #pragma once
 
 #include <atomic>
@@ -111,6 +118,7 @@ class Cache {
   const std::string& host_watch() const { return host_watch_; }
 
   static constexpr uint64_t kMaxHolds = (1u << 20) - 1;  // of one entry at once
+  struct Parking;  // a thread's parked hold (cache.cc)
 
  private:
   struct Key {
@@ -131,7 +139,14 @@ class Cache {
     return static_cast<size_t>(h >> slot_shift_);
   }
   bool events_pending() const;
+  Parking* my_parking() const;
+  void release_hold(Entry* e);  // gives back one hold through the state word
   void release_slow(Entry* e, uint64_t old_state);
+  void release_locked(Entry* e);
+  // Takes parked holds back: all of them (before evicting), or, after
+  // entries were killed, those of dead entries (behind a membarrier).
+  void unpark_locked(bool after_kill);
+  void park_here_locked();
   void drain_events_locked();
   void invalidate_locked(uint64_t start, uint64_t end);
   void unpublish_locked(Entry* e);  // out of the map and the slot table
@@ -152,6 +167,8 @@ class Cache {
   int slot_shift_ = 0;
   std::atomic<uint64_t> seen_seq_{0};
   std::atomic<bool> over_bound_{false};
+  uint64_t uid_ = 0;       // this cache among all of the process's, for the threads' parking lookup
+  bool park_ok_ = false;   // membarrier is there: threads park released entries
   // Under mu_:
   mutable std::mutex mu_;
   std::unordered_map<Key, Entry*, KeyHash> map_;
@@ -159,6 +176,8 @@ class Cache {
   std::vector<Entry*> all_;                       // every pool entry, in order: the CLOCK ring
   std::vector<Entry*> free_;
   size_t clock_hand_ = 0;
+  std::vector<std::unique_ptr<Parking>> parkings_;  // one per thread that missed here; kept for the cache's life
+  bool killed_ = false;                             // entries died since the last unpark_locked(true)
   uint64_t retired_hits_ = 0;  // hits of entries since destroyed, and hits folded out of state words
   Stats stats_;                // hits and held are counted from the entries in stats()
 };
