@@ -48,10 +48,19 @@ std::atomic<uint64_t> next_uid{1};
 
 }  // namespace
 
+// A thread's parked hold. Its thread parks and takes back with plain
+// stores; the mutex holder takes it back with a compare-and-swap, between
+// two increments of `epoch` (odd while it does) and behind a membarrier,
+// so that a thread taking its hold at the same moment sees the epoch move
+// (then it asks, under the mutex, whether its entry was taken: `stolen`).
 struct Cache::Parking {
-  std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null, anyone may take it
+  std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null
+  std::atomic<uint64_t> epoch{0};       // odd while the mutex holder takes parked holds back
   std::atomic<uint64_t> hits{0};        // hits through the parked hold; written by its thread only
   std::thread::id owner;
+  // Under the mutex: the last entry taken back, and the epoch (odd) then.
+  Entry* stolen = nullptr;
+  uint64_t stolen_epoch = 0;
 };
 
 namespace {
@@ -140,14 +149,19 @@ Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, u
   const uint64_t a = reinterpret_cast<uintptr_t>(addr);
   if (Parking* pk = my_parking()) {
     // The entry this thread parked: its key cannot change while it is
-    // parked (held); the exchange makes the hold this caller's, unless the
-    // mutex holder took it back meanwhile.
-    Entry* p = pk->parked.load(std::memory_order_relaxed);
-    if (p != nullptr && p->addr.load(std::memory_order_relaxed) == a &&
+    // parked (held). Taken back with a plain store; the mutex holder bumps
+    // the epoch and runs membarrier before it looks, so either it sees
+    // the store (and leaves the hold alone) or the epoch read after the
+    // store has moved (and the mutex says who has the hold).
+    const uint64_t epoch = pk->epoch.load(std::memory_order_acquire);
+    Entry* p = pk->parked.load(std::memory_order_acquire);
+    if ((epoch & 1) == 0 && p != nullptr && p->addr.load(std::memory_order_relaxed) == a &&
         p->length.load(std::memory_order_relaxed) == length &&
         p->access.load(std::memory_order_relaxed) == access &&
         p->gpu_buffer.load(std::memory_order_relaxed) == gpu_buffer) {
-      p = pk->parked.exchange(nullptr, std::memory_order_acq_rel);
+      pk->parked.store(nullptr, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
+      if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, p, epoch)) p = nullptr;
       if (p != nullptr) {
         if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
           pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -187,12 +201,11 @@ void Cache::release(Entry* e) {
       pk != nullptr && pk->parked.load(std::memory_order_relaxed) == nullptr &&
       !over_bound_.load(std::memory_order_relaxed) && (e->state.load(std::memory_order_relaxed) & kDead) == 0) {
     pk->parked.store(e, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
     // Dying meanwhile? The killer marks it dead, runs membarrier, then
     // looks at the parked holds: either it sees this one, or this load
-    // sees dead (then whoever takes the hold back gives it up).
-    if ((e->state.load(std::memory_order_acquire) & kDead) != 0) {
-      if (Entry* back = pk->parked.exchange(nullptr, std::memory_order_acq_rel)) release_hold(back);
-    }
+    // sees dead (then the hold is given up here, unless it was taken).
+    if ((e->state.load(std::memory_order_acquire) & kDead) != 0) unpark_dead(pk, e);
     return;
   }
   release_hold(e);
@@ -221,27 +234,43 @@ void Cache::release_locked(Entry* e) {
   if (refs_of(old) == 1 && (old & kDead) != 0) destroy_locked(e);
 }
 
-void Cache::unpark_locked(bool after_kill) {
+bool Cache::parked_taken_back(Parking* pk, Entry* p, uint64_t epoch) {
+  std::lock_guard lock(mu_);
+  return pk->stolen == p && pk->stolen_epoch > epoch;
+}
+
+void Cache::unpark_dead(Parking* pk, Entry* e) {
+  std::lock_guard lock(mu_);
+  Entry* expected = e;
+  if (pk->parked.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
+    stats_.unparked++;
+    release_locked(e);
+  }
+}
+
+void Cache::unpark_locked(bool only_dead) {
   if (parkings_.empty()) return;
-  if (after_kill) {
+  if (only_dead) {
     if (!killed_) return;
     killed_ = false;
-    bool any = false;
-    for (auto& pk : parkings_) any = any || pk->parked.load(std::memory_order_relaxed) != nullptr;
-    if (!any) return;
-    // Every thread passes a full barrier: a release that parked a dying
-    // entry before it is visible below; one after it sees the entry dead.
-    (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
   }
+  for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_acq_rel);  // odd
+  // Every thread passes a full barrier: a thread's store (parking an
+  // entry, or taking its parked one) from before it is seen below; one
+  // after it sees the odd epoch, or the entry dead.
+  (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
   for (auto& pk : parkings_) {
     Entry* p = pk->parked.load(std::memory_order_acquire);
-    if (p == nullptr) continue;
-    if (after_kill && (p->state.load(std::memory_order_acquire) & kDead) == 0) continue;
-    if (Entry* taken = pk->parked.exchange(nullptr, std::memory_order_acq_rel)) {
+    if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
+        pk->parked.compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
+      pk->stolen = p;
+      pk->stolen_epoch = pk->epoch.load(std::memory_order_relaxed);
+      stats_.unparked++;
       // Parked means used lately: a second chance for CLOCK.
-      if (!after_kill) taken->state.fetch_or(kReferenced, std::memory_order_relaxed);
-      release_locked(taken);
+      if (!only_dead) p->state.fetch_or(kReferenced, std::memory_order_relaxed);
+      release_locked(p);
     }
+    pk->epoch.fetch_add(1, std::memory_order_release);  // even again
   }
 }
 
@@ -350,7 +379,22 @@ void Cache::evict_locked() {
     over_bound_.store(false, std::memory_order_relaxed);
     return;
   }
-  unpark_locked(false);  // parked holds do not keep entries
+  clock_locked();
+  if (over()) {
+    // Parked holds do not keep entries: taken back (a membarrier), then
+    // the hand goes round again.
+    bool parked = false;
+    for (auto& pk : parkings_) parked = parked || pk->parked.load(std::memory_order_relaxed) != nullptr;
+    if (parked) {
+      unpark_locked(false);
+      clock_locked();
+    }
+  }
+  over_bound_.store(over(), std::memory_order_relaxed);
+}
+
+void Cache::clock_locked() {
+  auto over = [this] { return stats_.entries > options_.max_entries || stats_.bytes > options_.max_bytes; };
   const size_t n = all_.size();
   for (size_t step = 0; step < 2 * n && over(); ++step) {
     Entry* e = all_[clock_hand_];
@@ -368,7 +412,6 @@ void Cache::evict_locked() {
     unpublish_locked(e);
     destroy_locked(e);
   }
-  over_bound_.store(over(), std::memory_order_relaxed);
 }
 
 Result<Cache::Entry*> Cache::hold_locked(Entry* e) {

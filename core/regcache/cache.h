@@ -22,13 +22,14 @@
 // pointer always points at an Entry), and the generation, bumped each time
 // an entry is reused, makes a hit on a reused entry fail.
 // Cheaper still, each thread parks the last entry it released, keeping
-// that hold: its next hit of the same range takes it back with one atomic
-// exchange, and the release parks it again with a plain store. The mutex
-// holder takes parked holds back whenever it evicts, and after it kills
-// entries (unmapped memory, a stale GPU buffer): then a process-wide
-// memory barrier (membarrier(2)) first, so a release that parks a dying
-// entry sees it dying and does not keep it. Without membarrier nothing is
-// parked. The mutex is taken for misses, invalidation, eviction, the last
+// that hold: its next hit of the same range takes it back, and the release
+// parks it again, with plain loads and stores (no atomic read-modify-write
+// at all). The mutex holder takes parked holds back when it must evict and
+// the hand found nothing else, and after it kills entries (unmapped
+// memory, a stale GPU buffer), behind a process-wide memory barrier
+// (membarrier(2)): a thread parking a dying entry, or taking its parked
+// one, at that moment sees it (Parking in cache.cc). Without membarrier
+// nothing is parked. The mutex is taken for misses, invalidation, eviction, the last
 // release of a dead entry, and stats. docs/gpu.md ("Registration cache").
 #pragma once
 
@@ -77,7 +78,8 @@ struct Stats {
   uint64_t invalidations = 0;  // entries dropped because their memory went away (unmapped, GPU buffer freed)
   uint64_t entries = 0;        // registered now
   uint64_t bytes = 0;          // bytes those cover
-  uint64_t held = 0;           // entries acquired and not released
+  uint64_t held = 0;           // entries acquired and not released (a thread's parked hold is not one)
+  uint64_t unparked = 0;       // parked holds the cache took back (to evict, or their entry died)
 };
 
 class Cache {
@@ -143,10 +145,13 @@ class Cache {
   void release_hold(Entry* e);  // gives back one hold through the state word
   void release_slow(Entry* e, uint64_t old_state);
   void release_locked(Entry* e);
-  // Takes parked holds back: all of them (before evicting), or, after
-  // entries were killed, those of dead entries (behind a membarrier).
-  void unpark_locked(bool after_kill);
+  // Takes parked holds back (behind a membarrier): all of them (to evict),
+  // or, after entries were killed, those of dead entries.
+  void unpark_locked(bool only_dead);
+  bool parked_taken_back(Parking* pk, Entry* p, uint64_t epoch);  // takes the mutex
+  void unpark_dead(Parking* pk, Entry* e);                          // takes the mutex
   void park_here_locked();
+  void clock_locked();  // one CLOCK sweep (two passes at most) while over the bounds
   void drain_events_locked();
   void invalidate_locked(uint64_t start, uint64_t end);
   void unpublish_locked(Entry* e);  // out of the map and the slot table

@@ -484,6 +484,9 @@ TEST(RegCache, ThreadsHitAndReleaseWhileEntriesAreEvicted) {
   EXPECT_GT(s.hits, 0u);
   EXPECT_GT(s.evictions, 0u);
   EXPECT_EQ(s.held, 0u);
+  std::printf("%llu acquires, %llu hits, %llu evictions, %llu parked holds taken back\n",
+              (unsigned long long)acquires.load(), (unsigned long long)s.hits, (unsigned long long)s.evictions,
+              (unsigned long long)s.unparked);
   EXPECT_LE(s.entries, o.max_entries);
   EXPECT_EQ(f.regs.load() - f.deregs.load(), s.entries);
   made->reset();
@@ -543,8 +546,10 @@ TEST(RegCache, InvalidationRacingHitsNeverHitsGoneMemoryNorDropsAHeldOne) {
   EXPECT_GE(s.invalidations, 1u);
   EXPECT_EQ(s.held, 0u);
   EXPECT_GT(hits_seen.load(), 0u);
-  std::printf("%llu rounds of invalidation, %llu acquires by the hitters, %llu invalidations\n",
-              (unsigned long long)rounds, (unsigned long long)hits_seen.load(), (unsigned long long)s.invalidations);
+  std::printf("%llu rounds of invalidation, %llu acquires by the hitters, %llu invalidations, %llu parked holds "
+              "taken back\n",
+              (unsigned long long)rounds, (unsigned long long)hits_seen.load(), (unsigned long long)s.invalidations,
+              (unsigned long long)s.unparked);
   EXPECT_EQ(f.regs.load() - f.deregs.load(), s.entries);
   made->reset();
   EXPECT_EQ(f.regs.load(), f.deregs.load());
