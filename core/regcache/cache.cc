@@ -11,6 +11,13 @@
 #include "core/regcache/unmap_monitor.h"
 
 namespace ufab::regcache {
+
+#ifdef UFAB_REGCACHE_TEST_HOOKS
+namespace test_hooks {
+void (*between_look_and_take)() = nullptr;
+}
+#endif
+
 namespace {
 
 // An entry's state word:
@@ -159,6 +166,9 @@ Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, u
         p->length.load(std::memory_order_relaxed) == length &&
         p->access.load(std::memory_order_relaxed) == access &&
         p->gpu_buffer.load(std::memory_order_relaxed) == gpu_buffer) {
+#ifdef UFAB_REGCACHE_TEST_HOOKS
+      if (test_hooks::between_look_and_take != nullptr) test_hooks::between_look_and_take();
+#endif
       pk->parked.store(nullptr, std::memory_order_relaxed);
       std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
       if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, p, epoch)) p = nullptr;

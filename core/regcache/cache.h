@@ -187,4 +187,13 @@ class Cache {
   Stats stats_;                // hits and held are counted from the entries in stats()
 };
 
+#ifdef UFAB_REGCACHE_TEST_HOOKS
+// Built only into //core/regcache:regcache_test_hooks (tests): called by a
+// hit between seeing its thread's parked entry and taking it back, so a
+// test can have the mutex holder take it back right then.
+namespace test_hooks {
+extern void (*between_look_and_take)();
+}
+#endif
+
 }  // namespace ufab::regcache

@@ -557,4 +557,70 @@ TEST(RegCache, InvalidationRacingHitsNeverHitsGoneMemoryNorDropsAHeldOne) {
   munmap(p, 2 * kMiB);
 }
 
+// The race the parking protocol exists for, made to happen: a thread sees
+// its parked entry and, before it takes it back, the mutex holder takes it
+// back (to evict; another entry goes, this one stays cached, unheld). The
+// thread must notice (the epoch moved, and its entry is the one taken)
+// and hold it anew, not use a hold it no longer has.
+std::atomic<int> hook_phase{0};  // 1: the hitter is in the hook; 2: the evictor is done
+void wait_in_hook() {
+  if (hook_phase.load() != 0) return;  // once
+  hook_phase.store(1);
+  for (int i = 0; i < 2000000 && hook_phase.load() != 2; ++i) std::this_thread::yield();
+}
+
+TEST(RegCache, ParkedEntryTakenBackWhileItsThreadTakesItIsHeldAnew) {
+  ThreadSafeFake f;
+  Options o;
+  o.max_entries = 2;
+  auto made = Cache::create(f.registrar(), o);
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  char* p = map_anon(3 * 4096);
+  hook_phase.store(0);
+  // This thread parks q (the first entry of the pool, so the hand evicts
+  // it first), the hitter parks its own.
+  Cache::Entry* q = get(c, p + 4096, 4096);
+  ASSERT_NE(q, nullptr);
+  c.release(q);
+  Cache::Entry* got = nullptr;
+  uint64_t held_then = 0;
+  bool got_live = false;
+  std::thread hitter([&] {
+    Cache::Entry* e = get(c, p, 4096);
+    if (e == nullptr) return;
+    c.release(e);  // parked
+    ufab::regcache::test_hooks::between_look_and_take = wait_in_hook;
+    got = get(c, p, 4096);  // sees its parked entry; the cache takes it back meanwhile
+    ufab::regcache::test_hooks::between_look_and_take = nullptr;
+    if (got != nullptr) {
+      got_live = f.live(Cache::handle(got));
+      held_then = c.stats().held;
+      c.release(got);
+    }
+  });
+  for (int i = 0; i < 2000000 && hook_phase.load() != 1; ++i) std::this_thread::yield();
+  ASSERT_EQ(hook_phase.load(), 1) << "the hitter never reached its parked entry";
+  // A miss over the bound with both other entries parked: the cache takes
+  // both back and evicts q.
+  auto r = c.acquire(p + 2 * 4096, 4096, 7, std::nullopt);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(c.stats().unparked, 2u);
+  EXPECT_EQ(c.stats().evictions, 1u);
+  hook_phase.store(2);
+  hitter.join();
+  ASSERT_NE(got, nullptr);
+  EXPECT_TRUE(got_live);
+  EXPECT_EQ(held_then, 2u) << "the hitter's entry is held without a reference (and could be evicted under it)";
+  EXPECT_EQ(f.regs.load(), 3u);  // p, q, r: p's entry stayed
+  c.release(*r);
+  auto s = c.stats();
+  EXPECT_EQ(s.held, 0u);
+  made->reset();
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+  munmap(p, 3 * 4096);
+}
+
 }  // namespace
