@@ -2,7 +2,9 @@
 // goal: at most 0.01), through the C API on a soft-RoCE device over the
 // software NIC: per size, the median of 5 runs of N x (ufab_mr_reg +
 // ufab_mr_dereg) against N x (ufab_mr_cache_reg + ufab_mr_cache_release)
-// of the same range (after one warm-up registration), in ns per pair.
+// of the same range (after one warm-up registration), in ns per pair;
+// "host/8": eight 4 KiB ranges in turn, so that no hit is of the entry
+// the thread released last.
 // Host memory always; GPU device memory too where a GPU is present, with
 // what a GPU hit asks CUDA, timed alone: the buffer id query a hit makes
 // (cuPointerGetAttributes of one attribute), the full pointer attributes a
@@ -88,24 +90,29 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::vector<CudaQuery> queries;
   bool failed = false;
-  auto measure = [&](const char* memory, void* p, uint64_t n) {
+  // `ranges` > 1: pair i uses the (i % ranges)-th of that many adjacent
+  // ranges of n bytes, so no pair repeats the one before it.
+  auto measure = [&](const char* memory, void* base, uint64_t n, int ranges = 1) {
+    auto at = [&](int i) { return static_cast<char*>(base) + static_cast<uint64_t>(i % ranges) * n; };
     int it = n >= (64u << 20) ? std::max(1, iters / 10) : iters;
     double unc = median_of_5([&] {
       auto t0 = Clock::now();
       for (int i = 0; i < it; ++i) {
         ufab_mr* mr = nullptr;
-        if (ufab_mr_reg(pd, p, n, access, &mr) != 0 || ufab_mr_dereg(mr) != 0) failed = true;
+        if (ufab_mr_reg(pd, at(i), n, access, &mr) != 0 || ufab_mr_dereg(mr) != 0) failed = true;
       }
       return ns_per(Clock::now() - t0, it);
     });
-    ufab_mr* warm = nullptr;
-    if (ufab_mr_cache_reg(cache, p, n, access, &warm) != 0) failed = true;
-    ufab_mr_cache_release(cache, warm);
+    for (int r = 0; r < ranges; ++r) {
+      ufab_mr* warm = nullptr;
+      if (ufab_mr_cache_reg(cache, at(r), n, access, &warm) != 0) failed = true;
+      ufab_mr_cache_release(cache, warm);
+    }
     double cached = median_of_5([&] {
       auto t0 = Clock::now();
       for (int i = 0; i < it; ++i) {
         ufab_mr* mr = nullptr;
-        if (ufab_mr_cache_reg(cache, p, n, access, &mr) != 0) failed = true;
+        if (ufab_mr_cache_reg(cache, at(i), n, access, &mr) != 0) failed = true;
         ufab_mr_cache_release(cache, mr);
       }
       return ns_per(Clock::now() - t0, it);
@@ -117,6 +124,15 @@ int main(int argc, char** argv) {
     std::memset(p, 1, n);
     measure("host", p, n);
     munmap(p, n);
+  }
+  {
+    // Eight buffers in turn: a hit is never of the entry this thread
+    // parked last (the compare-and-swap and decrement path).
+    const uint64_t n = 4096;
+    void* p = mmap(nullptr, 8 * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::memset(p, 1, 8 * n);
+    measure("host/8", p, n, 8);
+    munmap(p, 8 * n);
   }
   std::string gpu_note = ufab::gpu::unavailable_reason();
   if (gpu_note.empty()) {
