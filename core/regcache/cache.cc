@@ -259,11 +259,11 @@ void Cache::unpark_dead(Parking* pk, Entry* e) {
 }
 
 void Cache::unpark_locked(bool only_dead) {
-  if (parkings_.empty()) return;
   if (only_dead) {
-    if (!killed_) return;
+    if (!killed_) return;  // no held entry died: none can be parked dead
     killed_ = false;
   }
+  if (parkings_.empty()) return;
   for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_acq_rel);  // odd
   // Every thread passes a full barrier: a thread's store (parking an
   // entry, or taking its parked one) from before it is seen below; one
