@@ -104,7 +104,7 @@ Cache::Cache(Registrar registrar, Options options)
     : reg_(std::move(registrar)),
       options_(options),
       uid_(next_uid.fetch_add(1, std::memory_order_relaxed)),
-      park_ok_(membarrier_ready()) {
+      park_ok_(options.park_released && membarrier_ready()) {
   // Twice the entries kept, a power of two from 64 to 64 Ki slots.
   uint64_t want = std::min<uint64_t>(std::max<uint64_t>(2ull * options_.max_entries, 64), 65536);
   slot_count_ = std::bit_ceil(want);
@@ -209,7 +209,8 @@ void Cache::release(Entry* e) {
   // release may let one go), not where the thread's place is taken.
   if (Parking* pk = my_parking();
       pk != nullptr && pk->parked.load(std::memory_order_relaxed) == nullptr &&
-      !over_bound_.load(std::memory_order_relaxed) && (e->state.load(std::memory_order_relaxed) & kDead) == 0) {
+      !over_bound_.load(std::memory_order_relaxed) && park_ok_.load(std::memory_order_relaxed) &&
+      (e->state.load(std::memory_order_relaxed) & kDead) == 0) {
     pk->parked.store(e, std::memory_order_release);
     std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
     // Dying meanwhile? The killer marks it dead, runs membarrier, then
@@ -268,7 +269,14 @@ void Cache::unpark_locked(bool only_dead) {
   // Every thread passes a full barrier: a thread's store (parking an
   // entry, or taking its parked one) from before it is seen below; one
   // after it sees the odd epoch, or the entry dead.
-  (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  if (::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+    // Registered at start, so this cannot fail; if it did, taking holds
+    // back would be unsafe: none is taken (their threads give them back
+    // on their next hit) and nothing is parked from now on.
+    park_ok_.store(false, std::memory_order_relaxed);
+    for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_release);  // even again
+    return;
+  }
   for (auto& pk : parkings_) {
     Entry* p = pk->parked.load(std::memory_order_acquire);
     if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
@@ -285,7 +293,7 @@ void Cache::unpark_locked(bool only_dead) {
 }
 
 void Cache::park_here_locked() {
-  if (!park_ok_ || my_parking() != nullptr) return;
+  if (!park_ok_.load(std::memory_order_relaxed) || my_parking() != nullptr) return;
   const std::thread::id me = std::this_thread::get_id();
   Parking* mine = nullptr;
   for (auto& pk : parkings_) {

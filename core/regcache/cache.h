@@ -68,6 +68,10 @@ struct Options {
   // not cached at all (every acquire registers), for tests and for
   // processes that cannot have userfaultfd.
   bool watch_host = true;
+  // Let each thread park the entry it released last (needs membarrier(2);
+  // without it nothing is parked anyway). false: every hit is the
+  // compare-and-swap path, for tests and comparisons.
+  bool park_released = true;
 };
 
 struct Stats {
@@ -173,7 +177,7 @@ class Cache {
   std::atomic<uint64_t> seen_seq_{0};
   std::atomic<bool> over_bound_{false};
   uint64_t uid_ = 0;       // this cache among all of the process's, for the threads' parking lookup
-  bool park_ok_ = false;   // membarrier is there: threads park released entries
+  std::atomic<bool> park_ok_{false};  // membarrier is there: threads park released entries
   // Under mu_:
   mutable std::mutex mu_;
   std::unordered_map<Key, Entry*, KeyHash> map_;

@@ -441,9 +441,12 @@ Cache::Entry* get(Cache& c, void* p, uint64_t n) {
   return r ? *r : nullptr;
 }
 
-TEST(RegCache, ThreadsHitAndReleaseWhileEntriesAreEvicted) {
+class RegCacheThreads : public ::testing::TestWithParam<bool> {};  // parking on, off
+
+TEST_P(RegCacheThreads, HitAndReleaseWhileEntriesAreEvicted) {
   ThreadSafeFake f;
   Options o;
+  o.park_released = GetParam();
   o.max_entries = 6;  // 16 ranges: evictions all the time
   auto made = Cache::create(f.registrar(), o);
   ASSERT_TRUE(made);
@@ -495,9 +498,11 @@ TEST(RegCache, ThreadsHitAndReleaseWhileEntriesAreEvicted) {
   munmap(p, kRanges * 4096);
 }
 
-TEST(RegCache, InvalidationRacingHitsNeverHitsGoneMemoryNorDropsAHeldOne) {
+TEST_P(RegCacheThreads, InvalidationRacingHitsNeverHitsGoneMemoryNorDropsAHeldOne) {
   ThreadSafeFake f;
-  auto made = Cache::create(f.registrar(), Options{});
+  Options o;
+  o.park_released = GetParam();
+  auto made = Cache::create(f.registrar(), o);
   ASSERT_TRUE(made);
   Cache& c = **made;
   NEED_MONITOR(&c);
@@ -556,6 +561,9 @@ TEST(RegCache, InvalidationRacingHitsNeverHitsGoneMemoryNorDropsAHeldOne) {
   EXPECT_EQ(f.bad.load(), 0u);
   munmap(p, 2 * kMiB);
 }
+
+INSTANTIATE_TEST_SUITE_P(Parking, RegCacheThreads, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "parked" : "cas_only"; });
 
 // The race the parking protocol exists for, made to happen: a thread sees
 // its parked entry and, before it takes it back, the mutex holder takes it
