@@ -29,8 +29,9 @@
 // memory, a stale GPU buffer), behind a process-wide memory barrier
 // (membarrier(2)): a thread parking a dying entry, or taking its parked
 // one, at that moment sees it (Parking in cache.cc). Without membarrier
-// nothing is parked. The mutex is taken for misses, invalidation, eviction, the last
-// release of a dead entry, and stats. docs/gpu.md ("Registration cache").
+// nothing is parked. The mutex is taken for misses, invalidation,
+// eviction, the last release of a dead entry, and stats.
+// docs/gpu.md ("Registration cache").
 #pragma once
 
 #include <atomic>
@@ -113,8 +114,9 @@ class Cache {
   // that buffer hits.
   Entry* acquire_hit(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer = 0);
   // Gives back one hold (lock-free unless it is the last hold of a dead
-  // entry, or the cache is over its bounds). Each release matches one
-  // acquire.
+  // entry, or the cache is over its bounds), from any thread; the calling
+  // thread may park it (keep it for its next hit). Each release matches
+  // one acquire.
   void release(Entry* e);
   static void* handle(const Entry* e);
 
