@@ -36,10 +36,10 @@ if [ "$bazel_rc" -ne 0 ] && [ "$unit_fail" -eq 0 ]; then unit_fail=1; fi  # buil
 record unit "$unit_pass" "$unit_fail"
 echo "unit: $unit_pass passed, $unit_fail failed"
 
-echo "== threads under ThreadSanitizer (bazel test --config=tsan: the lanes stress test, the connection manager, the stream engine)"
+echo "== threads under ThreadSanitizer (bazel test --config=tsan: the lanes stress test, the connection manager, the stream engine, the registration cache)"
 # --symlink_prefix=/: no bazel-bin/bazel-testlogs links to the TSan build,
 # which the sections below would otherwise pick up.
-tsan_targets=(//tests/unit/provider:lanes_stress_test //tests/unit/cm:cm_test //tests/unit/stream:engine_test)
+tsan_targets=(//tests/unit/provider:lanes_stress_test //tests/unit/cm:cm_test //tests/unit/stream:engine_test //tests/unit/regcache:cache_test)
 bazel test --config=tsan --symlink_prefix=/ --test_env=TSAN_OPTIONS=halt_on_error=1 "${tsan_targets[@]}" 2>&1 |
   grep -v '^INFO: \|^Loading\|^Analyzing' | sed -n '/FAIL\|Executed\|ERROR\|PASSED\|passed/p'
 tsan_rc=${PIPESTATUS[0]}

@@ -436,11 +436,12 @@ int ufab_mr_dereg(struct ufab_mr* mr);
 /* A registration cache on a protection domain: ufab_mr_cache_reg of a
  * range registered before (same address, length and access) returns the
  * same region without registering again. Regions stay registered after
- * their release until evicted (least recently used, beyond max_entries or
- * max_bytes) or until their memory goes away: host memory is watched for
- * munmap/madvise/mremap through userfaultfd (memory it cannot watch, such
- * as a file mapping, is registered and deregistered each time); GPU memory
- * is checked against its CUDA buffer id on every hit. docs/gpu.md. */
+ * their release until evicted (CLOCK, close to least recently used,
+ * beyond max_entries or max_bytes) or until their memory goes away: host
+ * memory is watched for munmap/madvise/mremap through userfaultfd (memory
+ * it cannot watch, such as a file mapping, is registered and deregistered
+ * each time); GPU memory is checked against its CUDA buffer id on every
+ * hit. Thread-safe; a hit and a release take no lock. docs/gpu.md. */
 struct ufab_mr_cache;
 struct ufab_mr_cache_attr {
   uint32_t size;        /* sizeof(struct ufab_mr_cache_attr) */
@@ -458,8 +459,9 @@ int ufab_mr_cache_create(struct ufab_pd* pd, const struct ufab_mr_cache_attr* at
 /* -EBUSY while regions from it are held (not released). */
 int ufab_mr_cache_destroy(struct ufab_mr_cache* cache);
 /* A region for exactly [addr, addr + length) with `access`, held until
- * ufab_mr_cache_release; the same ufab_mr may be handed to several
- * holders. ufab_mr_lkey/rkey give its keys. */
+ * ufab_mr_cache_release (once per ufab_mr_cache_reg, from any thread);
+ * the same ufab_mr may be handed to several holders. ufab_mr_lkey/rkey
+ * give its keys. */
 int ufab_mr_cache_reg(struct ufab_mr_cache* cache, void* addr, uint64_t length, uint32_t access,
                       struct ufab_mr** out);
 int ufab_mr_cache_release(struct ufab_mr_cache* cache, struct ufab_mr* mr);

@@ -51,6 +51,7 @@ const Driver* Driver::if_loaded() { return nullptr; }
 Result<int> Driver::device_count() const { return fail(ENOTSUP, kNotBuilt); }
 Result<DeviceInfo> Driver::device(int) const { return fail(ENOTSUP, kNotBuilt); }
 Result<PointerInfo> Driver::pointer_info(const void*) const { return fail(ENOTSUP, kNotBuilt); }
+Result<uint64_t> Driver::buffer_id(const void*) const { return fail(ENOTSUP, kNotBuilt); }
 Status Driver::probe_stream_memops(int) const { return fail(ENOTSUP, kNotBuilt); }
 std::string Driver::error_text(int r) const { return "CUresult " + std::to_string(r); }
 
@@ -360,6 +361,18 @@ Result<PointerInfo> Driver::pointer_info(const void* p) const {
     info.range_size = size;
   }
   return info;
+}
+
+Result<uint64_t> Driver::buffer_id(const void* p) const {
+  CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_BUFFER_ID;
+  unsigned long long id = 0;
+  void* data[] = {&id};
+  CUresult r = api_->cuPointerGetAttributes(1, &attr, data, reinterpret_cast<CUdeviceptr>(p));
+  if (r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuPointerGetAttributes(" + hex(reinterpret_cast<uintptr_t>(p)) +
+                                  ", buffer id): " + error_text(r));
+  }
+  return static_cast<uint64_t>(id);
 }
 
 Status Driver::probe_stream_memops(int ordinal) const {

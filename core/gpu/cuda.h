@@ -182,6 +182,11 @@ class Driver {
   // cuPointerGetAttributes: type, managed, ordinal, buffer id, range.
   // Never fails for a host pointer CUDA does not know (kNotCuda).
   Result<PointerInfo> pointer_info(const void* p) const;
+  // The CUDA buffer id at `p` alone (cuPointerGetAttributes of that one
+  // attribute, nothing else asked of the driver): 0 for memory CUDA does
+  // not know. For checks that an allocation is still the one seen before
+  // (a registration cache hit, a key's memory still there).
+  Result<uint64_t> buffer_id(const void* p) const;
   // Whether the stream memory operations work on this GPU: a stream writes
   // a 32-bit value into pinned host memory (cuStreamWriteValue32) and waits
   // for a value there (cuStreamWaitValue32), and the host sees both.

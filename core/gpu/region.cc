@@ -12,9 +12,11 @@ std::string range(const void* addr, uint64_t length) {
 }  // namespace
 
 Result<RegionMemory> classify_region(const PointerInfo& info, const void* addr, uint64_t length, bool told_cuda) {
-  const std::string what = "memory " + range(addr, length);
+  // Built only for an error: this runs on every registration in a process
+  // with CUDA loaded.
+  auto what = [&] { return "memory " + range(addr, length); };
   if (info.managed) {
-    return fail(EOPNOTSUPP, what + " is CUDA managed (unified) memory, whose pages migrate between the host and "
+    return fail(EOPNOTSUPP, what() + " is CUDA managed (unified) memory, whose pages migrate between the host and "
                                    "the GPU while a transfer could be reading them; ufab does not register it: "
                                    "allocate with cudaMalloc (device) or cudaMallocHost (pinned host) instead");
   }
@@ -22,23 +24,23 @@ Result<RegionMemory> classify_region(const PointerInfo& info, const void* addr, 
     case MemoryType::kNotCuda:
     case MemoryType::kHost:
       if (told_cuda) {
-        return fail(EINVAL, what + " was registered as CUDA memory (UFAB_MEM_CUDA) but is " +
+        return fail(EINVAL, what() + " was registered as CUDA memory (UFAB_MEM_CUDA) but is " +
                                 (info.type == MemoryType::kHost ? "CUDA pinned host memory" : "not CUDA memory") +
                                 ": register it as host memory (UFAB_MEM_HOST)");
       }
       return RegionMemory{};
     case MemoryType::kArray:
-      return fail(EINVAL, what + " is a CUDA array, which has no linear addresses to transfer: use memory from "
+      return fail(EINVAL, what() + " is a CUDA array, which has no linear addresses to transfer: use memory from "
                                  "cudaMalloc");
     case MemoryType::kDevice: break;
   }
   const uint64_t start = reinterpret_cast<uintptr_t>(addr);
   if (info.buffer_id == 0 || info.range_size == 0) {
-    return fail(EINVAL, what + ": CUDA reports device memory without an allocation (buffer id " +
+    return fail(EINVAL, what() + ": CUDA reports device memory without an allocation (buffer id " +
                             std::to_string(info.buffer_id) + ", size " + std::to_string(info.range_size) + ")");
   }
   if (start < info.range_start || length > info.range_size || start - info.range_start > info.range_size - length) {
-    return fail(EINVAL, what + " is GPU memory but runs past its allocation [" + hex(info.range_start) + ", +" +
+    return fail(EINVAL, what() + " is GPU memory but runs past its allocation [" + hex(info.range_start) + ", +" +
                             std::to_string(info.range_size) +
                             "): a region lies inside one allocation (register each allocation as its own region)");
   }

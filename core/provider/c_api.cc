@@ -293,6 +293,9 @@ int ufab_mr_cache_create(ufab_pd* pd, const ufab_mr_cache_attr* attr, ufab_mr_ca
     mr->cache = nullptr;
     (void)ufab_mr_dereg(mr);
   };
+  // The entry is kept in the region once, before any thread can hit it:
+  // a hit writes nothing to the region, a release reads it.
+  r.bind = [](void* handle, void* entry) { static_cast<ufab_mr*>(handle)->entry = entry; };
   auto cache = ufab::regcache::Cache::create(std::move(r), options);
   if (!cache) {
     delete c;
@@ -318,24 +321,36 @@ int ufab_mr_cache_destroy(ufab_mr_cache* c) {
 
 int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
   UFAB_REQUIRE(c != nullptr && out != nullptr, "cache and out are required");
-  if (auto* hit = c->cache->acquire_host_hit(addr, length, access)) {
-    auto* mr = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
-    mr->entry = hit;
-    *out = mr;
+  // Host memory first, without asking CUDA anything (cache.h says why).
+  if (auto* hit = c->cache->acquire_hit(addr, length, access)) {
+    *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
     return 0;
   }
-  // GPU memory is cached under its buffer id (and refused when managed).
   std::optional<uint64_t> gpu_buffer;
   if (addr != nullptr && length > 0) {
+    // GPU memory hits on its buffer id: one cuPointerGetAttributes of one
+    // attribute. An entry of that id was classified when it was
+    // registered, and the id names that one allocation for the life of
+    // the process.
+    if (const ufab::gpu::Driver* d = ufab::gpu::Driver::if_loaded()) {
+      auto id = d->buffer_id(addr);
+      if (id && *id != 0) {
+        if (auto* hit = c->cache->acquire_hit(addr, length, access, *id)) {
+          *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
+          return 0;
+        }
+      }
+    }
+    // A miss (or a hit the first look gave up on): what the memory is, in
+    // full. GPU memory is cached under its buffer id (and refused when
+    // managed).
     auto region = ufab::gpu::detect_region(addr, length, false);
     if (!region) return error(region.error().code(), "ufab_mr_cache_reg: " + region.error().message());
     if (region->device) gpu_buffer = region->buffer_id;
   }
   auto e = c->cache->acquire(addr, length, access, gpu_buffer);
-  if (!e) return error(e.error().code(), e.error().message());
-  auto* mr = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(*e));
-  mr->entry = *e;
-  *out = mr;
+  if (!e) return error(e.error().code(), "ufab_mr_cache_reg: " + e.error().message());
+  *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(*e));
   return 0;
 }
 

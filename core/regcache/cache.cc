@@ -1,35 +1,116 @@
 #include "core/regcache/cache.h"
 
-#include <vector>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <thread>
 
 #include "core/regcache/unmap_monitor.h"
 
 namespace ufab::regcache {
 
-struct Cache::Entry {
-  Key key;
-  void* handle = nullptr;
-  uint64_t gpu_buffer = 0;  // 0: host memory
-  uint32_t refs = 0;
-  bool cached = true;   // in map_ (false: dropped or never cacheable; deregistered at last release)
-  bool in_lru = false;
-  Entry* lru_prev = nullptr;
-  Entry* lru_next = nullptr;
-};
+#ifdef UFAB_REGCACHE_TEST_HOOKS
+namespace test_hooks {
+void (*between_look_and_take)() = nullptr;
+}
+#endif
 
-void Cache::lru_unlink(Entry* e) {
-  (e->lru_prev ? e->lru_prev->lru_next : lru_head_) = e->lru_next;
-  (e->lru_next ? e->lru_next->lru_prev : lru_tail_) = e->lru_prev;
-  e->lru_prev = e->lru_next = nullptr;
-  e->in_lru = false;
+namespace {
+
+// An entry's state word:
+//   bits  0-19  holders (refs)
+//   bits 20-39  hits since they were last folded into the cache's count
+//   bit  40     referenced (CLOCK): set by every hit, cleared by the hand
+//   bit  41     dead: no hit may hold it any more; the party that sees it
+//               dead with no holders (the one that killed it, or its last
+//               releaser) deregisters it
+//   bits 42-63  generation, bumped each time the pool entry is reused
+// Only holders, hits and referenced change without the mutex (a hit's
+// compare-and-swap, a release's decrement); dead and the generation
+// change only under it.
+constexpr uint64_t kRefOne = 1;
+constexpr uint64_t kRefMask = (1ull << 20) - 1;
+constexpr int kHitShift = 20;
+constexpr uint64_t kHitOne = 1ull << kHitShift;
+constexpr uint64_t kHitMask = ((1ull << 20) - 1) << kHitShift;
+constexpr uint64_t kReferenced = 1ull << 40;
+constexpr uint64_t kDead = 1ull << 41;
+constexpr uint64_t kGenOne = 1ull << 42;
+
+constexpr uint64_t refs_of(uint64_t s) { return s & kRefMask; }
+constexpr uint64_t hits_of(uint64_t s) { return (s & kHitMask) >> kHitShift; }
+
+constexpr size_t kChunk = 64;  // pool entries allocated at once
+
+// The process's membarrier(2), registered once: whether threads may park.
+bool membarrier_ready() {
+  static const bool ok = ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  return ok;
 }
 
-void Cache::lru_push_back(Entry* e) {
-  e->lru_prev = lru_tail_;
-  e->lru_next = nullptr;
-  (lru_tail_ ? lru_tail_->lru_next : lru_head_) = e;
-  lru_tail_ = e;
-  e->in_lru = true;
+std::atomic<uint64_t> next_uid{1};
+
+}  // namespace
+
+// A thread's parked hold. Its thread parks and takes back with plain
+// stores; the mutex holder takes it back with a compare-and-swap, between
+// two increments of `epoch` (odd while it does) and behind a membarrier,
+// so that a thread taking its hold at the same moment sees the epoch move
+// (then it asks, under the mutex, whether its entry was taken: `stolen`).
+struct Cache::Parking {
+  std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null
+  std::atomic<uint64_t> epoch{0};       // odd while the mutex holder takes parked holds back
+  std::atomic<uint64_t> hits{0};        // hits through the parked hold; written by its thread only
+  std::thread::id owner;
+  // Under the mutex: the last entry taken back, and the epoch (odd) then.
+  Entry* stolen = nullptr;
+  uint64_t stolen_epoch = 0;
+};
+
+namespace {
+
+// Each thread's parkings of the caches it used lately, by cache uid (a
+// uid is never reused, so a dead cache's slot is never followed).
+struct ParkingSlot {
+  uint64_t uid = 0;
+  Cache::Parking* parking = nullptr;
+};
+constexpr size_t kParkingSlots = 8;
+thread_local ParkingSlot tl_parkings[kParkingSlots];
+
+}  // namespace
+
+struct Cache::Entry {
+  std::atomic<uint64_t> state{kDead};
+  // The key: written under the mutex while the entry is dead, read by
+  // hits without it (atomics: a hit may read a reused entry's, then fail
+  // its compare-and-swap on the new generation).
+  std::atomic<uint64_t> addr{0}, length{0}, gpu_buffer{0};  // gpu_buffer 0: host memory
+  std::atomic<uint32_t> access{0};
+  void* handle = nullptr;  // written before the entry is published, read by its holders
+  // Under the mutex:
+  bool live = false;    // registered (in use from the pool)
+  bool cached = false;  // in map_ and maybe a slot
+  Key key() const {
+    return Key{addr.load(std::memory_order_relaxed), length.load(std::memory_order_relaxed),
+               access.load(std::memory_order_relaxed)};
+  }
+};
+
+Cache::Cache(Registrar registrar, Options options)
+    : reg_(std::move(registrar)),
+      options_(options),
+      uid_(next_uid.fetch_add(1, std::memory_order_relaxed)),
+      park_ok_(options.park_released && membarrier_ready()) {
+  // Twice the entries kept, a power of two from 64 to 64 Ki slots.
+  uint64_t want = std::min<uint64_t>(std::max<uint64_t>(2ull * options_.max_entries, 64), 65536);
+  slot_count_ = std::bit_ceil(want);
+  slot_shift_ = 64 - std::countr_zero(slot_count_);
+  slots_.reset(new std::atomic<Entry*>[slot_count_]);
+  for (size_t i = 0; i < slot_count_; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
 }
 
 Result<std::unique_ptr<Cache>> Cache::create(Registrar registrar, Options options) {
@@ -40,7 +121,7 @@ Result<std::unique_ptr<Cache>> Cache::create(Registrar registrar, Options option
     auto m = UnmapMonitor::get();
     if (m) {
       c->monitor_ = *m;
-      c->seen_seq_ = (*m)->sequence();
+      c->seen_seq_.store((*m)->sequence(), std::memory_order_relaxed);
       c->host_watch_ = "userfaultfd";
     } else {
       c->host_watch_ = m.error().message();
@@ -53,38 +134,230 @@ Result<std::unique_ptr<Cache>> Cache::create(Registrar registrar, Options option
 
 Cache::~Cache() {
   std::lock_guard lock(mu_);
-  std::vector<Entry*> all;
-  for (auto& [k, e] : map_) all.push_back(e);
-  map_.clear();
-  lru_head_ = lru_tail_ = nullptr;
-  for (Entry* e : all) {
-    reg_.dereg(e->handle);
-    delete e;
+  for (Entry* e : all_) {
+    if (e->live) reg_.dereg(e->handle);
   }
 }
 
 void* Cache::handle(const Entry* e) { return e->handle; }
 
+[[gnu::always_inline]] inline bool Cache::events_pending() const {
+  return monitor_ != nullptr && monitor_->sequence() != seen_seq_.load(std::memory_order_acquire);
+}
+
+[[gnu::always_inline]] inline Cache::Parking* Cache::my_parking() const {
+  const ParkingSlot& slot = tl_parkings[uid_ % kParkingSlots];
+  return slot.uid == uid_ ? slot.parking : nullptr;
+}
+
+Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
+  // Unmappings not yet taken: the slow path takes them first.
+  if (events_pending()) return nullptr;
+  const uint64_t a = reinterpret_cast<uintptr_t>(addr);
+  if (Parking* pk = my_parking()) {
+    // The entry this thread parked: its key cannot change while it is
+    // parked (held). Taken back with a plain store; the mutex holder bumps
+    // the epoch and runs membarrier before it looks, so either it sees
+    // the store (and leaves the hold alone) or the epoch read after the
+    // store has moved (and the mutex says who has the hold).
+    const uint64_t epoch = pk->epoch.load(std::memory_order_acquire);
+    Entry* p = pk->parked.load(std::memory_order_acquire);
+    if ((epoch & 1) == 0 && p != nullptr && p->addr.load(std::memory_order_relaxed) == a &&
+        p->length.load(std::memory_order_relaxed) == length &&
+        p->access.load(std::memory_order_relaxed) == access &&
+        p->gpu_buffer.load(std::memory_order_relaxed) == gpu_buffer) {
+#ifdef UFAB_REGCACHE_TEST_HOOKS
+      if (test_hooks::between_look_and_take != nullptr) test_hooks::between_look_and_take();
+#endif
+      pk->parked.store(nullptr, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
+      if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, p, epoch)) p = nullptr;
+      if (p != nullptr) {
+        if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
+          pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+          return p;
+        }
+        release_hold(p);  // it died while parked
+      }
+    }
+  }
+  Entry* e = slots_[slot_of(a, length, access)].load(std::memory_order_acquire);
+  if (e == nullptr) return nullptr;
+  uint64_t s = e->state.load(std::memory_order_acquire);
+  // A few tries against other threads' hits and releases of the same
+  // entry; then the slow path.
+  for (int tries = 0; tries < 4; ++tries) {
+    if ((s & kDead) != 0 || refs_of(s) == kRefMask || (s & kHitMask) == kHitMask) return nullptr;
+    // Read after the state: a key from a later reuse comes with a later
+    // generation, and the compare-and-swap below fails.
+    if (e->addr.load(std::memory_order_relaxed) != a || e->length.load(std::memory_order_relaxed) != length ||
+        e->access.load(std::memory_order_relaxed) != access ||
+        e->gpu_buffer.load(std::memory_order_relaxed) != gpu_buffer) {
+      return nullptr;
+    }
+    if (e->state.compare_exchange_weak(s, (s + kRefOne + kHitOne) | kReferenced, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+      return e;
+    }
+  }
+  return nullptr;
+}
+
+void Cache::release(Entry* e) {
+  // Parked: this thread keeps the hold for its next hit. Not a dead entry
+  // (its last release deregisters it), not while over the bounds (the
+  // release may let one go), not where the thread's place is taken.
+  if (Parking* pk = my_parking();
+      pk != nullptr && pk->parked.load(std::memory_order_relaxed) == nullptr &&
+      !over_bound_.load(std::memory_order_relaxed) && park_ok_.load(std::memory_order_relaxed) &&
+      (e->state.load(std::memory_order_relaxed) & kDead) == 0) {
+    pk->parked.store(e, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
+    // Dying meanwhile? The killer marks it dead, runs membarrier, then
+    // looks at the parked holds: either it sees this one, or this load
+    // sees dead (then the hold is given up here, unless it was taken).
+    if ((e->state.load(std::memory_order_acquire) & kDead) != 0) unpark_dead(pk, e);
+    return;
+  }
+  release_hold(e);
+}
+
+void Cache::release_hold(Entry* e) {
+  const uint64_t old = e->state.fetch_sub(kRefOne, std::memory_order_acq_rel);
+  if (refs_of(old) != 1) return;  // others still hold it
+  if ((old & kDead) == 0 && !over_bound_.load(std::memory_order_relaxed)) return;
+  release_slow(e, old);
+}
+
+void Cache::release_slow(Entry* e, uint64_t old_state) {
+  std::lock_guard lock(mu_);
+  if ((old_state & kDead) != 0) {
+    // Dead before this last release (invalidated, or never cacheable):
+    // nobody else can see it at zero holders, so this one deregisters.
+    destroy_locked(e);
+    return;
+  }
+  evict_locked();  // over the bounds, and one more entry is free to go
+}
+
+void Cache::release_locked(Entry* e) {
+  const uint64_t old = e->state.fetch_sub(kRefOne, std::memory_order_acq_rel);
+  if (refs_of(old) == 1 && (old & kDead) != 0) destroy_locked(e);
+}
+
+bool Cache::parked_taken_back(Parking* pk, Entry* p, uint64_t epoch) {
+  std::lock_guard lock(mu_);
+  return pk->stolen == p && pk->stolen_epoch > epoch;
+}
+
+void Cache::unpark_dead(Parking* pk, Entry* e) {
+  std::lock_guard lock(mu_);
+  Entry* expected = e;
+  if (pk->parked.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
+    stats_.unparked++;
+    release_locked(e);
+  }
+}
+
+void Cache::unpark_locked(bool only_dead) {
+  if (only_dead) {
+    if (!killed_) return;  // no held entry died: none can be parked dead
+    killed_ = false;
+  }
+  if (parkings_.empty()) return;
+  for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_acq_rel);  // odd
+  // Every thread passes a full barrier: a thread's store (parking an
+  // entry, or taking its parked one) from before it is seen below; one
+  // after it sees the odd epoch, or the entry dead.
+  if (::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+    // Registered at start, so this cannot fail; if it did, taking holds
+    // back would be unsafe: none is taken (their threads give them back
+    // on their next hit) and nothing is parked from now on.
+    park_ok_.store(false, std::memory_order_relaxed);
+    for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_release);  // even again
+    return;
+  }
+  for (auto& pk : parkings_) {
+    Entry* p = pk->parked.load(std::memory_order_acquire);
+    if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
+        pk->parked.compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
+      pk->stolen = p;
+      pk->stolen_epoch = pk->epoch.load(std::memory_order_relaxed);
+      stats_.unparked++;
+      // Parked means used lately: a second chance for CLOCK.
+      if (!only_dead) p->state.fetch_or(kReferenced, std::memory_order_relaxed);
+      release_locked(p);
+    }
+    pk->epoch.fetch_add(1, std::memory_order_release);  // even again
+  }
+}
+
+void Cache::park_here_locked() {
+  if (!park_ok_.load(std::memory_order_relaxed) || my_parking() != nullptr) return;
+  const std::thread::id me = std::this_thread::get_id();
+  Parking* mine = nullptr;
+  for (auto& pk : parkings_) {
+    if (pk->owner == me) mine = pk.get();
+  }
+  if (mine == nullptr) {
+    parkings_.push_back(std::make_unique<Parking>());
+    mine = parkings_.back().get();
+    mine->owner = me;
+  }
+  tl_parkings[uid_ % kParkingSlots] = ParkingSlot{uid_, mine};
+}
+
+Cache::Entry* Cache::new_entry_locked() {
+  if (free_.empty()) {
+    chunks_.emplace_back(new Entry[kChunk]);
+    for (size_t i = 0; i < kChunk; ++i) {
+      all_.push_back(&chunks_.back()[i]);
+      free_.push_back(&chunks_.back()[kChunk - 1 - i]);
+    }
+  }
+  Entry* e = free_.back();
+  free_.pop_back();
+  return e;
+}
+
 void Cache::destroy_locked(Entry* e) {
   reg_.dereg(e->handle);
   stats_.entries--;
-  stats_.bytes -= e->key.length;
-  delete e;
+  stats_.bytes -= e->length.load(std::memory_order_relaxed);
+  retired_hits_ += hits_of(e->state.load(std::memory_order_relaxed));
+  e->handle = nullptr;
+  e->live = false;
+  free_.push_back(e);
+}
+
+void Cache::unpublish_locked(Entry* e) {
+  if (!e->cached) return;
+  const Key k = e->key();
+  map_.erase(k);
+  Entry* expected = e;
+  slots_[slot_of(k.addr, k.length, k.access)].compare_exchange_strong(expected, nullptr,
+                                                                        std::memory_order_relaxed);
+  e->cached = false;
 }
 
 void Cache::drop_locked(Entry* e) {
-  if (e->cached) {
-    map_.erase(e->key);
-    e->cached = false;
+  unpublish_locked(e);
+  const uint64_t old = e->state.fetch_or(kDead, std::memory_order_acq_rel);
+  if ((old & kDead) == 0 && refs_of(old) == 0) {
+    destroy_locked(e);
+    return;
   }
-  if (e->in_lru) lru_unlink(e);
-  if (e->refs == 0) destroy_locked(e);
+  // Else held: its last release sees it dead and deregisters it; a parked
+  // hold is taken back by unpark_locked(true).
+  killed_ = true;
 }
 
 void Cache::invalidate_locked(uint64_t start, uint64_t end) {
   std::vector<Entry*> hit;
   for (auto& [k, e] : map_) {
-    if (e->gpu_buffer == 0 && k.addr < end && start < k.addr + k.length) hit.push_back(e);
+    if (e->gpu_buffer.load(std::memory_order_relaxed) == 0 && k.addr < end && start < k.addr + k.length) {
+      hit.push_back(e);
+    }
   }
   for (Entry* e : hit) {
     stats_.invalidations++;
@@ -94,9 +367,10 @@ void Cache::invalidate_locked(uint64_t start, uint64_t end) {
 
 void Cache::drain_events_locked() {
   if (monitor_ == nullptr) return;
-  uint64_t now = monitor_->sequence();
-  if (now == seen_seq_) return;
-  for (uint64_t s = seen_seq_; s < now; ++s) {
+  const uint64_t seen = seen_seq_.load(std::memory_order_relaxed);
+  const uint64_t now = monitor_->sequence();
+  if (now == seen) return;
+  for (uint64_t s = seen; s < now; ++s) {
     Range r;
     if (!monitor_->event(s, &r)) {
       // Fell behind the ring: whatever was unmapped is unknown, so every
@@ -106,44 +380,95 @@ void Cache::drain_events_locked() {
     }
     invalidate_locked(r.start, r.end);
   }
-  seen_seq_ = now;
+  unpark_locked(true);
+  // Published after the entries are dead: a hit that sees `now` finds
+  // them dead.
+  seen_seq_.store(now, std::memory_order_release);
 }
 
 void Cache::evict_locked() {
-  while ((stats_.entries > options_.max_entries || stats_.bytes > options_.max_bytes) && lru_head_ != nullptr) {
-    Entry* e = lru_head_;
+  auto over = [this] { return stats_.entries > options_.max_entries || stats_.bytes > options_.max_bytes; };
+  // CLOCK: the hand passes over the pool; a released cached entry that
+  // was hit since the last pass gets a second chance (its referenced bit
+  // is cleared), one that was not is evicted. Two passes at most: after
+  // the first every released entry has its bit clear, unless a hit sets
+  // it again meanwhile.
+  if (!over()) {
+    over_bound_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  clock_locked();
+  if (over()) {
+    // Parked holds do not keep entries: taken back (a membarrier), then
+    // the hand goes round again.
+    bool parked = false;
+    for (auto& pk : parkings_) parked = parked || pk->parked.load(std::memory_order_relaxed) != nullptr;
+    if (parked) {
+      unpark_locked(false);
+      clock_locked();
+    }
+  }
+  over_bound_.store(over(), std::memory_order_relaxed);
+}
+
+void Cache::clock_locked() {
+  auto over = [this] { return stats_.entries > options_.max_entries || stats_.bytes > options_.max_bytes; };
+  const size_t n = all_.size();
+  for (size_t step = 0; step < 2 * n && over(); ++step) {
+    Entry* e = all_[clock_hand_];
+    clock_hand_ = (clock_hand_ + 1) % n;
+    if (!e->live || !e->cached) continue;
+    uint64_t s = e->state.load(std::memory_order_acquire);
+    if (refs_of(s) != 0) continue;  // held: never evicted
+    if ((s & kReferenced) != 0) {
+      e->state.fetch_and(~kReferenced, std::memory_order_relaxed);
+      continue;
+    }
+    // Dead only if still unheld and unreferenced (a hit may have come).
+    if (!e->state.compare_exchange_strong(s, s | kDead, std::memory_order_acq_rel)) continue;
     stats_.evictions++;
-    drop_locked(e);
+    unpublish_locked(e);
+    destroy_locked(e);
   }
 }
 
-Cache::Entry* Cache::hit_locked(Entry* e) {
-  if (e->in_lru) lru_unlink(e);
-  if (e->refs++ == 0) stats_.held++;
-  stats_.hits++;
+Result<Cache::Entry*> Cache::hold_locked(Entry* e) {
+  // A cached entry is not dead (dead is set only under the mutex), so
+  // only other threads' hits and releases move its state meanwhile. The
+  // hits counted in the word are folded into retired_hits_ here, so the
+  // word's count never overflows.
+  uint64_t s = e->state.load(std::memory_order_acquire);
+  for (;;) {
+    if (refs_of(s) == kRefMask) {
+      return fail(EOVERFLOW, "registration cache: this registration is already held " + std::to_string(kRefMask) +
+                                 " times at once; release some first");
+    }
+    if (e->state.compare_exchange_weak(s, ((s & ~kHitMask) + kRefOne) | kReferenced, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+      retired_hits_ += hits_of(s) + 1;
+      break;
+    }
+  }
+  const Key k = e->key();
+  slots_[slot_of(k.addr, k.length, k.access)].store(e, std::memory_order_release);
   return e;
-}
-
-Cache::Entry* Cache::acquire_host_hit(void* addr, uint64_t length, uint32_t access) {
-  std::lock_guard lock(mu_);
-  drain_events_locked();
-  auto it = map_.find(Key{reinterpret_cast<uintptr_t>(addr), length, access});
-  if (it == map_.end() || it->second->gpu_buffer != 0) return nullptr;
-  return hit_locked(it->second);
 }
 
 Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t access, std::optional<uint64_t> gpu_buffer) {
   std::lock_guard lock(mu_);
   drain_events_locked();
+  park_here_locked();  // this thread's place for the entry it releases last
   Key key{reinterpret_cast<uintptr_t>(addr), length, access};
   if (auto it = map_.find(key); it != map_.end()) {
     Entry* e = it->second;
     // GPU entries: the allocation at the address must be the one
     // registered (a freed buffer's memory may be given out again).
-    bool valid = e->gpu_buffer == 0 ? !gpu_buffer.has_value() : gpu_buffer && *gpu_buffer == e->gpu_buffer;
-    if (valid) return hit_locked(e);
+    const uint64_t id = e->gpu_buffer.load(std::memory_order_relaxed);
+    bool valid = id == 0 ? !gpu_buffer.has_value() : gpu_buffer && *gpu_buffer == id;
+    if (valid) return hold_locked(e);
     stats_.invalidations++;
     drop_locked(e);
+    unpark_locked(true);
   }
   stats_.misses++;
   const bool gpu = gpu_buffer.has_value();
@@ -153,36 +478,70 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
   if (!cacheable) stats_.uncached++;
   auto h = reg_.reg(addr, length, access);
   if (!h) return std::unexpected(h.error());
-  auto* e = new Entry{.key = key, .handle = *h, .gpu_buffer = gpu ? *gpu_buffer : 0, .refs = 1, .cached = cacheable};
+  Entry* e = new_entry_locked();
+  const uint64_t old = e->state.load(std::memory_order_relaxed);  // dead, no holders
+  e->addr.store(key.addr, std::memory_order_relaxed);
+  e->length.store(length, std::memory_order_relaxed);
+  e->access.store(access, std::memory_order_relaxed);
+  e->gpu_buffer.store(gpu ? *gpu_buffer : 0, std::memory_order_relaxed);
+  e->handle = *h;
+  e->live = true;
+  e->cached = cacheable;
+  if (reg_.bind) reg_.bind(*h, e);
+  // The next generation, held once; an uncacheable entry is born dead, so
+  // its release deregisters it.
+  e->state.store(((old & ~(kGenOne - 1)) + kGenOne) | kRefOne | (cacheable ? 0 : kDead), std::memory_order_release);
   stats_.entries++;
   stats_.bytes += length;
-  stats_.held++;
-  if (cacheable) map_.emplace(key, e);
+  if (cacheable) {
+    map_.emplace(key, e);
+    slots_[slot_of(key.addr, length, access)].store(e, std::memory_order_release);
+  }
   evict_locked();
   return e;
 }
 
-void Cache::release(Entry* e) {
-  std::lock_guard lock(mu_);
-  if (--e->refs != 0) return;
-  stats_.held--;
-  if (!e->cached) {
-    destroy_locked(e);
-    return;
-  }
-  lru_push_back(e);
-  drain_events_locked();  // its memory may already be gone
-  evict_locked();
+namespace {
+
+// Holders of `e` other than parked holds (which are the cache's, not an
+// application's). A snapshot: threads hit and release meanwhile.
+uint64_t holders(const Cache::Entry* e, uint64_t refs, const std::vector<const Cache::Entry*>& parked) {
+  uint64_t n = 0;
+  for (const Cache::Entry* p : parked) n += p == e;
+  return refs > n ? refs - n : 0;
 }
+
+}  // namespace
 
 Stats Cache::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  Stats s = stats_;
+  s.hits = retired_hits_;
+  s.held = 0;
+  std::vector<const Entry*> parked;
+  for (const auto& pk : parkings_) {
+    s.hits += pk->hits.load(std::memory_order_relaxed);
+    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+  }
+  for (const Entry* e : all_) {
+    if (!e->live) continue;
+    const uint64_t st = e->state.load(std::memory_order_acquire);
+    s.hits += hits_of(st);
+    if (holders(e, refs_of(st), parked) != 0) s.held++;
+  }
+  return s;
 }
 
 bool Cache::busy() const {
   std::lock_guard lock(mu_);
-  return stats_.held != 0;
+  std::vector<const Entry*> parked;
+  for (const auto& pk : parkings_) {
+    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+  }
+  for (const Entry* e : all_) {
+    if (e->live && holders(e, refs_of(e->state.load(std::memory_order_acquire)), parked) != 0) return true;
+  }
+  return false;
 }
 
 }  // namespace ufab::regcache

@@ -94,6 +94,13 @@ Status UnmapMonitor::watch(uint64_t start, uint64_t end) {
   return {};
 }
 
+uint64_t UnmapMonitor::sequence_after_reader() const {
+  for (uint32_t spins = 0; busy_.load(std::memory_order_acquire) && spins < (1u << 20); ++spins) {
+    std::this_thread::yield();
+  }
+  return seq_.load(std::memory_order_acquire);
+}
+
 bool UnmapMonitor::event(uint64_t seq, Range* out) const {
   std::lock_guard lock(ring_mu_);
   uint64_t now = seq_.load(std::memory_order_relaxed);

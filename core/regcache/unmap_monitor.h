@@ -46,10 +46,10 @@ class UnmapMonitor {
   // Waits (briefly) while the reader holds events it has read but not yet
   // recorded: the kernel lets a munmap return once its event is read, so
   // after a munmap returns its range is in the ring or being put there.
+  // Two loads when the reader is idle (a cache hit's check); the wait is
+  // out of line.
   uint64_t sequence() const {
-    for (uint32_t spins = 0; busy_.load(std::memory_order_acquire) && spins < (1u << 20); ++spins) {
-      std::this_thread::yield();
-    }
+    if (busy_.load(std::memory_order_acquire)) [[unlikely]] return sequence_after_reader();
     return seq_.load(std::memory_order_acquire);
   }
   bool event(uint64_t seq, Range* out) const;
@@ -60,6 +60,7 @@ class UnmapMonitor {
  private:
   UnmapMonitor() = default;
   void run();
+  uint64_t sequence_after_reader() const;  // waits (bounded) while the reader is busy
 
   int uffd_ = -1;
   int stop_fd_ = -1;

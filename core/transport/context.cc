@@ -76,8 +76,8 @@ Result<std::unique_ptr<Context>> Context::create(std::vector<std::unique_ptr<Lin
   if (!staging.fake) table_options.gpu_buffer_id = [](uint64_t addr) -> uint64_t {
     const gpu::Driver* driver = gpu::Driver::if_loaded();
     if (driver == nullptr) return 0;
-    auto info = driver->pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
-    return info ? info->buffer_id : 0;
+    auto id = driver->buffer_id(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
+    return id ? *id : 0;
   };
   auto table = verbs::MemoryRegionTable::create(std::move(table_options));
   if (!table) return std::unexpected(table.error());

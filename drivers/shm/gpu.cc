@@ -91,8 +91,8 @@ bool Device::gpu_buffer_ok(uint32_t index, uint64_t addr, std::string* why) cons
   }
   uint64_t now = 0;
   if (const gpu::Driver* d = gpu::Driver::if_loaded()) {
-    auto info = d->pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
-    if (info) now = info->buffer_id;
+    auto id = d->buffer_id(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
+    if (id) now = *id;
   }
   if (now == k.buffer_id) return true;
   *why = "the GPU memory under key index " + std::to_string(index) + " (CUDA buffer id " +

@@ -2,15 +2,21 @@
 // goal: at most 0.01), through the C API on a soft-RoCE device over the
 // software NIC: per size, the median of 5 runs of N x (ufab_mr_reg +
 // ufab_mr_dereg) against N x (ufab_mr_cache_reg + ufab_mr_cache_release)
-// of the same range (after one warm-up registration), in ns per pair.
-// Host memory always; GPU device memory too where a GPU is present.
-// Prints a table and writes JSON (--json FILE).
+// of the same range (after one warm-up registration), in ns per pair;
+// "host/8": eight 4 KiB ranges in turn, so that no hit is of the entry
+// the thread released last.
+// Host memory always; GPU device memory too where a GPU is present, with
+// what a GPU hit asks CUDA, timed alone: the buffer id query a hit makes
+// (cuPointerGetAttributes of one attribute), the full pointer attributes a
+// miss asks for (six), and the whole miss-side classification
+// (detect_region). Prints a table and writes JSON (--json FILE).
 //
 //   regcache_bench [--iters N] [--json FILE]
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +27,7 @@
 
 #include "base/json.h"
 #include "core/gpu/cuda.h"
+#include "core/gpu/region.h"
 #include "ufab/rdma.h"
 
 namespace {
@@ -36,6 +43,12 @@ double median_of_5(F&& run) {
   std::sort(v.begin(), v.end());
   return v[2];
 }
+
+struct CudaQuery {
+  std::string what;
+  uint64_t bytes;
+  double ns;
+};
 
 struct Row {
   std::string memory;
@@ -75,25 +88,31 @@ int main(int argc, char** argv) {
   }
   const uint32_t access = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
   std::vector<Row> rows;
+  std::vector<CudaQuery> queries;
   bool failed = false;
-  auto measure = [&](const char* memory, void* p, uint64_t n) {
+  // `ranges` > 1: pair i uses the (i % ranges)-th of that many adjacent
+  // ranges of n bytes, so no pair repeats the one before it.
+  auto measure = [&](const char* memory, void* base, uint64_t n, int ranges = 1) {
+    auto at = [&](int i) { return static_cast<char*>(base) + static_cast<uint64_t>(i % ranges) * n; };
     int it = n >= (64u << 20) ? std::max(1, iters / 10) : iters;
     double unc = median_of_5([&] {
       auto t0 = Clock::now();
       for (int i = 0; i < it; ++i) {
         ufab_mr* mr = nullptr;
-        if (ufab_mr_reg(pd, p, n, access, &mr) != 0 || ufab_mr_dereg(mr) != 0) failed = true;
+        if (ufab_mr_reg(pd, at(i), n, access, &mr) != 0 || ufab_mr_dereg(mr) != 0) failed = true;
       }
       return ns_per(Clock::now() - t0, it);
     });
-    ufab_mr* warm = nullptr;
-    if (ufab_mr_cache_reg(cache, p, n, access, &warm) != 0) failed = true;
-    ufab_mr_cache_release(cache, warm);
+    for (int r = 0; r < ranges; ++r) {
+      ufab_mr* warm = nullptr;
+      if (ufab_mr_cache_reg(cache, at(r), n, access, &warm) != 0) failed = true;
+      ufab_mr_cache_release(cache, warm);
+    }
     double cached = median_of_5([&] {
       auto t0 = Clock::now();
       for (int i = 0; i < it; ++i) {
         ufab_mr* mr = nullptr;
-        if (ufab_mr_cache_reg(cache, p, n, access, &mr) != 0) failed = true;
+        if (ufab_mr_cache_reg(cache, at(i), n, access, &mr) != 0) failed = true;
         ufab_mr_cache_release(cache, mr);
       }
       return ns_per(Clock::now() - t0, it);
@@ -106,6 +125,15 @@ int main(int argc, char** argv) {
     measure("host", p, n);
     munmap(p, n);
   }
+  {
+    // Eight buffers in turn: a hit is never of the entry this thread
+    // parked last (the compare-and-swap and decrement path).
+    const uint64_t n = 4096;
+    void* p = mmap(nullptr, 8 * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::memset(p, 1, 8 * n);
+    measure("host/8", p, n, 8);
+    munmap(p, 8 * n);
+  }
   std::string gpu_note = ufab::gpu::unavailable_reason();
   if (gpu_note.empty()) {
     const ufab::gpu::Driver* d = *ufab::gpu::Driver::get();
@@ -116,8 +144,35 @@ int main(int argc, char** argv) {
         return 1;
       }
       measure("cuda", mem->data(), n);
+      void* p = mem->data();
+      auto time_query = [&](const char* what, auto&& call) {
+        double ns = median_of_5([&] {
+          auto t0 = Clock::now();
+          for (int i = 0; i < iters; ++i) {
+            if (!call()) failed = true;
+          }
+          return ns_per(Clock::now() - t0, iters);
+        });
+        queries.push_back({what, n, ns});
+      };
+      time_query("buffer_id", [&] { return static_cast<bool>(d->buffer_id(p)); });
+      time_query("pointer_info", [&] { return static_cast<bool>(d->pointer_info(p)); });
+      time_query("detect_region", [&] { return static_cast<bool>(ufab::gpu::detect_region(p, n, false)); });
     }
   }
+  // The floor of a lock-free hit + release: the two atomic
+  // read-modify-writes it is made of (a compare-and-swap to hold, a
+  // decrement to release), alone on a word of this thread's.
+  std::atomic<uint64_t> word{0};
+  const double rmw_floor_ns = median_of_5([&] {
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      uint64_t v = word.load(std::memory_order_acquire);
+      word.compare_exchange_weak(v, v + 3, std::memory_order_acq_rel, std::memory_order_acquire);
+      word.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    return ns_per(Clock::now() - t0, iters);
+  });
   ufab_mr_cache_stats st{};
   ufab_mr_cache_query_stats(cache, &st);
   if (failed) std::fprintf(stderr, "regcache_bench: a registration failed: %s\n", ufab_last_error());
@@ -128,17 +183,30 @@ int main(int argc, char** argv) {
     std::printf("%-6s %10llu %12.1f %12.1f %10.4f\n", r.memory.c_str(), (unsigned long long)r.bytes, r.uncached_ns,
                 r.cached_ns, r.cached_ns / r.uncached_ns);
   }
+  std::printf("floor of a hit: one compare-and-swap + one atomic decrement alone: %.1f ns\n", rmw_floor_ns);
   if (!gpu_note.empty()) std::printf("cuda: not measured (%s)\n", gpu_note.c_str());
+  if (!queries.empty()) {
+    std::printf("what a GPU hit asks CUDA, alone (ns per call, median of 5 runs of %d):\n", iters);
+    std::printf("%-14s %10s %10s\n", "query", "bytes", "ns");
+    for (const CudaQuery& q : queries) {
+      std::printf("%-14s %10llu %10.1f\n", q.what.c_str(), (unsigned long long)q.bytes, q.ns);
+    }
+  }
   std::printf("cache: hits %llu misses %llu invalidations %llu\n", (unsigned long long)st.hits,
               (unsigned long long)st.misses, (unsigned long long)st.invalidations);
   if (json_path) {
     ufab::JsonWriter w;
     w.begin_object().field("bench", "regcache").field("host_watch", ufab_mr_cache_host_watch(cache));
-    w.field("iters", static_cast<int64_t>(iters)).key("rows").begin_array();
+    w.field("iters", static_cast<int64_t>(iters)).field("rmw_floor_ns", rmw_floor_ns).key("rows").begin_array();
     for (const Row& r : rows) {
       w.begin_object().field("memory", r.memory).field("bytes", static_cast<int64_t>(r.bytes));
       w.field("uncached_ns", r.uncached_ns).field("cached_ns", r.cached_ns);
       w.field("ratio", r.cached_ns / r.uncached_ns).end_object();
+    }
+    w.end_array().key("cuda_queries").begin_array();
+    for (const CudaQuery& q : queries) {
+      w.begin_object().field("query", q.what).field("bytes", static_cast<int64_t>(q.bytes));
+      w.field("ns", q.ns).end_object();
     }
     w.end_array().end_object();
     if (FILE* f = std::fopen(json_path, "w")) {

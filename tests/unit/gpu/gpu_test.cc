@@ -4,8 +4,10 @@
 // runs this binary on a GPU machine, where none skips.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -90,6 +92,66 @@ TEST(GpuNoDriver, HostRegistrationLoadsNoDriver) {
   EXPECT_EQ(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), nullptr) << "registering host memory loaded libcuda";
   EXPECT_EQ(Driver::if_loaded(), nullptr);
   EXPECT_EQ(ufab_mr_dereg(mr), 0);
+}
+
+TEST(GpuNoDriver, CacheOnHostMemoryThroughTheCApiFromSeveralThreads) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(p.open(link_name("g")));
+  ufab_mr_cache* cache = nullptr;
+  ASSERT_EQ(ufab_mr_cache_create(p.pd[0], nullptr, &cache), 0) << ufab_last_error();
+  if (std::string(ufab_mr_cache_host_watch(cache)) != "userfaultfd") {
+    std::string why = ufab_mr_cache_host_watch(cache);
+    ufab_mr_cache_destroy(cache);
+    GTEST_SKIP() << "no userfaultfd here: " << why;
+  }
+  const size_t n = 1 << 16;
+  void* buf = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(buf, MAP_FAILED);
+  ufab_mr* a = nullptr;
+  ufab_mr* b = nullptr;
+  ASSERT_EQ(ufab_mr_cache_reg(cache, buf, n, UFAB_ACCESS_LOCAL_WRITE, &a), 0) << ufab_last_error();
+  EXPECT_EQ(ufab_mr_dereg(a), -EINVAL);  // a cached region goes back through the cache
+  ASSERT_EQ(ufab_mr_cache_release(cache, a), 0);
+  ASSERT_EQ(ufab_mr_cache_reg(cache, buf, n, UFAB_ACCESS_LOCAL_WRITE, &b), 0) << ufab_last_error();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(ufab_mr_cache_destroy(cache), -EBUSY);  // b is held
+  // Hits and releases from four threads (each releases what it got).
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20000; ++i) {
+        ufab_mr* m = nullptr;
+        if (ufab_mr_cache_reg(cache, buf, n, UFAB_ACCESS_LOCAL_WRITE, &m) != 0 || m != a ||
+            ufab_mr_lkey(m) != ufab_mr_lkey(a)) {
+          wrong++;
+          continue;
+        }
+        if (ufab_mr_cache_release(cache, m) != 0) wrong++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  ASSERT_EQ(ufab_mr_cache_release(cache, b), 0);
+  ufab_mr_cache_stats st{};
+  ASSERT_EQ(ufab_mr_cache_query_stats(cache, &st), 0);
+  EXPECT_EQ(st.hits, 1u + 4 * 20000);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.held, 0u);
+  EXPECT_EQ(st.entries, 1u);
+  // The memory goes away and comes back at the same address: a miss.
+  ASSERT_EQ(munmap(buf, n), 0);
+  void* again = mmap(buf, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  ASSERT_EQ(again, buf);
+  ASSERT_EQ(ufab_mr_cache_reg(cache, buf, n, UFAB_ACCESS_LOCAL_WRITE, &b), 0) << ufab_last_error();
+  ASSERT_EQ(ufab_mr_cache_query_stats(cache, &st), 0);
+  EXPECT_EQ(st.misses, 2u);
+  EXPECT_EQ(st.invalidations, 1u);
+  EXPECT_EQ(st.entries, 1u);
+  ASSERT_EQ(ufab_mr_cache_release(cache, b), 0);
+  EXPECT_EQ(ufab_mr_cache_destroy(cache), 0);
+  munmap(buf, n);
 }
 
 TEST(GpuNoDriver, CudaRegistrationSaysWhatIsMissing) {

@@ -1,7 +1,9 @@
 // The registration cache on host memory with a fake registrar: hits,
 // misses, invalidation when memory goes away (munmap, madvise, mremap,
 // free of a large malloc block), bounds and eviction, held entries, memory
-// that cannot be watched, GPU entries by buffer id.
+// that cannot be watched, GPU entries by buffer id; the lock-free hit and
+// release under several threads, racing eviction and invalidation (also
+// run under ThreadSanitizer by scripts/test.sh).
 #include "core/regcache/cache.h"
 
 #include <fcntl.h>
@@ -9,8 +11,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "core/regcache/unmap_monitor.h"
 
@@ -298,6 +305,330 @@ TEST(RegCache, GpuEntriesAreCheckedAgainstTheBufferId) {
   EXPECT_EQ(c->stats().invalidations, 1u);
   EXPECT_EQ(f.deregs, 1);
   c->release(*d);
+}
+
+TEST(RegCache, LockFreeHitFindsHostAndGpuEntriesByTheirOwnKey) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(kMiB);
+  EXPECT_EQ(c->acquire_hit(p, kMiB, 7), nullptr);  // nothing cached yet
+  auto a = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  c->release(*a);
+  Cache::Entry* h = c->acquire_hit(p, kMiB, 7);
+  ASSERT_EQ(h, *a);
+  EXPECT_EQ(c->acquire_hit(p, kMiB, 3), nullptr);       // other access
+  EXPECT_EQ(c->acquire_hit(p, kMiB / 2, 7), nullptr);   // other length
+  EXPECT_EQ(c->acquire_hit(p, kMiB, 7, 99), nullptr);   // a host entry is no GPU buffer
+  EXPECT_EQ(c->stats().held, 1u);
+  c->release(h);
+  EXPECT_EQ(c->stats().held, 0u);
+  EXPECT_EQ(c->stats().hits, 1u);
+  void* gpu = reinterpret_cast<void*>(0x7f0000000000ull);
+  auto g = c->acquire(gpu, kMiB, 7, 11);
+  ASSERT_TRUE(g);
+  c->release(*g);
+  EXPECT_EQ(c->acquire_hit(gpu, kMiB, 7), nullptr);      // GPU memory is not answered as host memory
+  EXPECT_EQ(c->acquire_hit(gpu, kMiB, 7, 12), nullptr);  // another buffer now at the address
+  Cache::Entry* gh = c->acquire_hit(gpu, kMiB, 7, 11);
+  ASSERT_EQ(gh, *g);
+  c->release(gh);
+  EXPECT_EQ(c->stats().hits, 2u);
+  EXPECT_EQ(f.regs, 2);
+  munmap(p, kMiB);
+}
+
+TEST(RegCache, UnmapBeforeALockFreeHitMakesItMiss) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(kMiB);
+  auto a = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  c->release(*a);
+  ASSERT_NE(c->acquire_hit(p, kMiB, 7), nullptr);
+  c->release(*a);
+  void* old_handle = Cache::handle(*a);  // (a's pool entry may be reused below)
+  ASSERT_EQ(madvise(p, 4096, MADV_DONTNEED), 0);
+  // The event is not taken yet, so the first look must give up (and the
+  // slow path drops the entry).
+  EXPECT_EQ(c->acquire_hit(p, kMiB, 7), nullptr);
+  auto b = c->acquire(p, kMiB, 7, std::nullopt);
+  ASSERT_TRUE(b);
+  EXPECT_NE(Cache::handle(*b), old_handle);
+  EXPECT_EQ(c->stats().invalidations, 1u);
+  c->release(*b);
+  munmap(p, kMiB);
+}
+
+TEST(RegCache, HitCountSurvivesTheStateWordsFold) {
+  // The state word counts 2^20 - 1 hits; more fold into the cache's count.
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(4096);
+  auto a = c->acquire(p, 4096, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  c->release(*a);
+  const uint64_t n = (1u << 21) + 5;
+  uint64_t fast = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    Cache::Entry* e = c->acquire_hit(p, 4096, 7);
+    if (e != nullptr) {
+      ++fast;
+    } else {
+      auto r = c->acquire(p, 4096, 7, std::nullopt);
+      ASSERT_TRUE(r);
+      e = *r;
+    }
+    c->release(e);
+  }
+  EXPECT_GT(fast, n - 10);  // nearly all without the lock
+  EXPECT_EQ(c->stats().hits, n);
+  EXPECT_EQ(c->stats().held, 0u);
+  munmap(p, 4096);
+}
+
+TEST(RegCache, TooManyHoldsOfOneEntryIsAnError) {
+  Fake f;
+  auto c = make(f);
+  NEED_MONITOR(c);
+  char* p = map_anon(4096);
+  auto a = c->acquire(p, 4096, 7, std::nullopt);
+  ASSERT_TRUE(a);
+  for (uint64_t i = 1; i < Cache::kMaxHolds; ++i) ASSERT_NE(c->acquire_hit(p, 4096, 7), nullptr) << i;
+  EXPECT_EQ(c->acquire_hit(p, 4096, 7), nullptr);
+  auto over = c->acquire(p, 4096, 7, std::nullopt);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code(), EOVERFLOW);
+  for (uint64_t i = 0; i < Cache::kMaxHolds; ++i) c->release(*a);
+  EXPECT_FALSE(c->busy());
+  EXPECT_EQ(c->stats().hits, Cache::kMaxHolds - 1);
+  EXPECT_EQ(f.deregs, 0);
+  munmap(p, 4096);
+}
+
+// A registrar for several threads: handle n is slot n of `alive`, so a
+// holder checks without a lock that its registration was not taken away.
+struct ThreadSafeFake {
+  static constexpr size_t kMax = 1 << 20;
+  std::unique_ptr<std::atomic<int>[]> alive{new std::atomic<int>[kMax]()};
+  std::atomic<uint64_t> next{1};
+  std::atomic<uint64_t> regs{0}, deregs{0}, bad{0};
+  Registrar registrar() {
+    Registrar r;
+    r.reg = [this](void*, uint64_t, uint32_t) -> ufab::Result<void*> {
+      uint64_t h = next.fetch_add(1);
+      if (h >= kMax) return ufab::fail(ENOSPC, "test registrar: out of handles");
+      alive[h].store(1);
+      regs++;
+      return reinterpret_cast<void*>(h);
+    };
+    r.dereg = [this](void* h) {
+      if (alive[reinterpret_cast<uintptr_t>(h)].exchange(0) != 1) bad++;  // deregistered twice
+      deregs++;
+    };
+    return r;
+  }
+  bool live(void* h) const { return alive[reinterpret_cast<uintptr_t>(h)].load() == 1; }
+};
+
+// What the C API does: the lock-free look, then the slow path.
+Cache::Entry* get(Cache& c, void* p, uint64_t n) {
+  if (Cache::Entry* e = c.acquire_hit(p, n, 7)) return e;
+  auto r = c.acquire(p, n, 7, std::nullopt);
+  return r ? *r : nullptr;
+}
+
+class RegCacheThreads : public ::testing::TestWithParam<bool> {};  // parking on, off
+
+TEST_P(RegCacheThreads, HitAndReleaseWhileEntriesAreEvicted) {
+  ThreadSafeFake f;
+  Options o;
+  o.park_released = GetParam();
+  o.max_entries = 6;  // 16 ranges: evictions all the time
+  auto made = Cache::create(f.registrar(), o);
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  constexpr int kRanges = 16, kThreads = 4, kIters = 20000;
+  char* p = map_anon(kRanges * 4096);
+  std::atomic<uint64_t> acquires{0}, failures{0}, taken_away{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      uint32_t x = 12345u + t;
+      Cache::Entry* held[3] = {};
+      for (int i = 0; i < kIters; ++i) {
+        x = x * 1664525u + 1013904223u;
+        // Mostly the first 4 ranges (hits), sometimes any (misses, evictions).
+        int r = (x >> 28) < 12 ? (x >> 8) % 4 : (x >> 8) % kRanges;
+        int k = i % 3;
+        if (held[k] != nullptr) c.release(held[k]);
+        held[k] = get(c, p + r * 4096, 4096);
+        if (held[k] == nullptr) {
+          failures++;
+          continue;
+        }
+        acquires++;
+        if (!f.live(Cache::handle(held[k]))) taken_away++;
+      }
+      for (Cache::Entry* e : held) {
+        if (e != nullptr) c.release(e);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0u);
+  EXPECT_EQ(taken_away.load(), 0u) << "a held registration was deregistered";
+  auto s = c.stats();
+  EXPECT_EQ(s.hits + s.misses, acquires.load());
+  EXPECT_GT(s.hits, 0u);
+  EXPECT_GT(s.evictions, 0u);
+  EXPECT_EQ(s.held, 0u);
+  std::printf("%llu acquires, %llu hits, %llu evictions, %llu parked holds taken back\n",
+              (unsigned long long)acquires.load(), (unsigned long long)s.hits, (unsigned long long)s.evictions,
+              (unsigned long long)s.unparked);
+  EXPECT_LE(s.entries, o.max_entries);
+  EXPECT_EQ(f.regs.load() - f.deregs.load(), s.entries);
+  made->reset();
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+  munmap(p, kRanges * 4096);
+}
+
+TEST_P(RegCacheThreads, InvalidationRacingHitsNeverHitsGoneMemoryNorDropsAHeldOne) {
+  ThreadSafeFake f;
+  Options o;
+  o.park_released = GetParam();
+  auto made = Cache::create(f.registrar(), o);
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  char* p = map_anon(2 * kMiB);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> hits_seen{0}, taken_away{0};
+  std::vector<std::thread> hitters;
+  for (int t = 0; t < 3; ++t) {
+    hitters.emplace_back([&, t] {
+      // Bounded: the mutator stops them, and they stop by themselves.
+      for (int i = 0; i < 2000000 && !stop.load(std::memory_order_relaxed); ++i) {
+        char* where = (i + t) % 4 == 0 ? p + kMiB : p;  // mostly the range being invalidated
+        Cache::Entry* e = get(c, where, kMiB);
+        if (e == nullptr) continue;
+        hits_seen++;
+        if (!f.live(Cache::handle(e))) taken_away++;
+        // Hold it a while (across an invalidation, now and then), looking.
+        for (int k = 0; k < 64; ++k) {
+          if (!f.live(Cache::handle(e))) taken_away++;
+        }
+        if (i % 7 == 0) std::this_thread::yield();
+        if (!f.live(Cache::handle(e))) taken_away++;
+        c.release(e);
+      }
+    });
+  }
+  // The mutator: the memory goes away (madvise DONTNEED: an unmap event,
+  // the range stays mapped for the others), then its own look up must not
+  // find any registration made before that.
+  // At least 300 rounds, more (up to 20000) until the hitters have done
+  // 100000 acquires meanwhile.
+  uint64_t stale = 0, rounds = 0;
+  for (; rounds < 20000 && (rounds < 300 || hits_seen.load() < 100000); ++rounds) {
+    const uint64_t before = f.next.load();
+    ASSERT_EQ(madvise(p, kMiB, MADV_DONTNEED), 0);
+    Cache::Entry* e = get(c, p, kMiB);
+    ASSERT_NE(e, nullptr);
+    if (reinterpret_cast<uintptr_t>(Cache::handle(e)) < before) stale++;
+    c.release(e);
+  }
+  stop = true;
+  for (auto& th : hitters) th.join();
+  EXPECT_EQ(stale, 0u) << "a registration of memory that went away was hit";
+  EXPECT_EQ(taken_away.load(), 0u) << "a held registration was deregistered";
+  auto s = c.stats();
+  EXPECT_GE(s.invalidations, 1u);
+  EXPECT_EQ(s.held, 0u);
+  EXPECT_GT(hits_seen.load(), 0u);
+  std::printf("%llu rounds of invalidation, %llu acquires by the hitters, %llu invalidations, %llu parked holds "
+              "taken back\n",
+              (unsigned long long)rounds, (unsigned long long)hits_seen.load(), (unsigned long long)s.invalidations,
+              (unsigned long long)s.unparked);
+  EXPECT_EQ(f.regs.load() - f.deregs.load(), s.entries);
+  made->reset();
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+  munmap(p, 2 * kMiB);
+}
+
+INSTANTIATE_TEST_SUITE_P(Parking, RegCacheThreads, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "parked" : "cas_only"; });
+
+// The race the parking protocol exists for, made to happen: a thread sees
+// its parked entry and, before it takes it back, the mutex holder takes it
+// back (to evict; another entry goes, this one stays cached, unheld). The
+// thread must notice (the epoch moved, and its entry is the one taken)
+// and hold it anew, not use a hold it no longer has.
+std::atomic<int> hook_phase{0};  // 1: the hitter is in the hook; 2: the evictor is done
+void wait_in_hook() {
+  if (hook_phase.load() != 0) return;  // once
+  hook_phase.store(1);
+  for (int i = 0; i < 2000000 && hook_phase.load() != 2; ++i) std::this_thread::yield();
+}
+
+TEST(RegCache, ParkedEntryTakenBackWhileItsThreadTakesItIsHeldAnew) {
+  ThreadSafeFake f;
+  Options o;
+  o.max_entries = 2;
+  auto made = Cache::create(f.registrar(), o);
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  char* p = map_anon(3 * 4096);
+  hook_phase.store(0);
+  // This thread parks q (the first entry of the pool, so the hand evicts
+  // it first), the hitter parks its own.
+  Cache::Entry* q = get(c, p + 4096, 4096);
+  ASSERT_NE(q, nullptr);
+  c.release(q);
+  Cache::Entry* got = nullptr;
+  uint64_t held_then = 0;
+  bool got_live = false;
+  std::thread hitter([&] {
+    Cache::Entry* e = get(c, p, 4096);
+    if (e == nullptr) return;
+    c.release(e);  // parked
+    ufab::regcache::test_hooks::between_look_and_take = wait_in_hook;
+    got = get(c, p, 4096);  // sees its parked entry; the cache takes it back meanwhile
+    ufab::regcache::test_hooks::between_look_and_take = nullptr;
+    if (got != nullptr) {
+      got_live = f.live(Cache::handle(got));
+      held_then = c.stats().held;
+      c.release(got);
+    }
+  });
+  for (int i = 0; i < 2000000 && hook_phase.load() != 1; ++i) std::this_thread::yield();
+  ASSERT_EQ(hook_phase.load(), 1) << "the hitter never reached its parked entry";
+  // A miss over the bound with both other entries parked: the cache takes
+  // both back and evicts q.
+  auto r = c.acquire(p + 2 * 4096, 4096, 7, std::nullopt);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(c.stats().unparked, 2u);
+  EXPECT_EQ(c.stats().evictions, 1u);
+  hook_phase.store(2);
+  hitter.join();
+  ASSERT_NE(got, nullptr);
+  EXPECT_TRUE(got_live);
+  EXPECT_EQ(held_then, 2u) << "the hitter's entry is held without a reference (and could be evicted under it)";
+  EXPECT_EQ(f.regs.load(), 3u);  // p, q, r: p's entry stayed
+  c.release(*r);
+  auto s = c.stats();
+  EXPECT_EQ(s.held, 0u);
+  made->reset();
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+  munmap(p, 3 * 4096);
 }
 
 }  // namespace
