@@ -378,7 +378,7 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
       }
       out_req.put(tail, 0, &h, sizeof h);
       out_req.put(tail, kHdrSize, &b, sizeof b);
-      out_req.idx->tail.store(tail + h.nslots, std::memory_order_release);
+      out_req.publish(tail, h.nslots);
       f.sent = true;
       f.seq = next_seq++;
       f.ring_end = tail + h.nslots;
@@ -755,7 +755,7 @@ void Qp::gpu_rx_drain() {
       h.value = reinterpret_cast<uint64_t>(pool->slot(*j.slot));
       uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
       out_resp.put(tail, 0, &h, sizeof h);
-      out_resp.idx->tail.store(tail + 1, std::memory_order_release);
+      out_resp.publish(tail, 1);
       notify_ = true;
       rx.held.push_back(GpuRx::Held{j.seq, *j.slot});
       j.slot.reset();

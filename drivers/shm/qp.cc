@@ -337,8 +337,12 @@ void Qp::reset_locked() {
   ctl->fatal.store(0);
   ctl->consumed.store(0);
   ctl->access.store(0);
+  // Positions go on from the producer's tail; no stamp may be left behind
+  // (a message never consumed, payload slots of one).
   ctl->req.head.store(ctl->req.tail.load());
   ctl->resp.head.store(ctl->resp.tail.load());
+  std::memset(in_req.bytes, 0, kRingBytes);
+  std::memset(in_resp.bytes, 0, kRingBytes);
   ctl->state.store(UFAB_QPS_RESET, std::memory_order_release);
 }
 
@@ -373,7 +377,7 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
       // acknowledged before this moment completes as done, not flushed
       // (the peer may acknowledge, then leave at once).
       if ((from == UFAB_QPS_RTS || from == UFAB_QPS_RTR) &&
-          in_resp.idx->tail.load(std::memory_order_acquire) != in_resp.idx->head.load(std::memory_order_relaxed))
+          in_resp.ready(in_resp.idx->head.load(std::memory_order_relaxed)))
         requester_responses();
       enter_error();
     } else {
@@ -737,7 +741,7 @@ bool Qp::send_resp(uint8_t type, uint32_t seq, uint64_t value) {
   h.value = value;
   uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
   out_resp.put(tail, 0, &h, sizeof h);
-  out_resp.idx->tail.store(tail + 1, std::memory_order_release);
+  out_resp.publish(tail, 1);
   notify_ = true;
   return true;
 }
@@ -806,7 +810,7 @@ bool Qp::send_message(SendWqe& w) {
     AtomicBody b = {w.wr.remote_addr, w.wr.compare_add, w.wr.swap, w.wr.rkey, 0};
     out_req.put(tail, kHdrSize, &b, sizeof b);
   }
-  out_req.idx->tail.store(tail + h.nslots, std::memory_order_release);
+  out_req.publish(tail, h.nslots);
   w.seq = next_seq++;
   w.sent = true;
   ++msgs_sent;
@@ -1001,9 +1005,8 @@ void Qp::ack_through(uint32_t seq, bool inclusive) {
 int Qp::requester_responses() {
   RingIdx* idx = in_resp.idx;
   uint64_t head = idx->head.load(std::memory_order_relaxed);
-  uint64_t tail = idx->tail.load(std::memory_order_acquire);
   int work = 0;
-  while (head != tail) {
+  while (in_resp.ready(head)) {  // responses are one slot each
     MsgHdr h;
     in_resp.get(head, 0, &h, sizeof h);
     ++head;
@@ -1092,9 +1095,8 @@ int Qp::responder() {
   gpu_rx_drain();
   RingIdx* idx = in_req.idx;
   uint64_t head = idx->head.load(std::memory_order_relaxed);
-  uint64_t tail = idx->tail.load(std::memory_order_acquire);
   int work = 0;
-  while (head != tail) {
+  while (in_req.ready(head)) {
     if (attr.state == UFAB_QPS_ERR || !peer) {
       // An ERROR QP executes nothing. Where soft-RoCE's requester would
       // time out, ours learns it at once: RETRY_EXC_ERR for the oldest.
@@ -1103,7 +1105,7 @@ int Qp::responder() {
         in_req.get(head, 0, &h, sizeof h);
         send_resp(kMsgNak, h.seq, UFAB_WC_RETRY_EXC_ERR);
       }
-      head = tail;
+      head = in_req.drop_all(head);
       break;
     }
     if (!resp_space(2)) {
@@ -1112,8 +1114,8 @@ int Qp::responder() {
     }
     MsgHdr h;
     in_req.get(head, 0, &h, sizeof h);
-    if (h.nslots == 0 || h.nslots > kMaxMsgSlots + 4 || h.nslots > tail - head) {
-      head = tail;
+    if (h.nslots == 0 || h.nslots > kMaxMsgSlots + 4) {
+      head = in_req.drop_all(head);
       dev->log(1, "shm QP " + hex(qpn) + ": a malformed message in its ring; the QP goes to ERROR");
       enter_error();
       break;
@@ -1122,7 +1124,7 @@ int Qp::responder() {
     ++work;
     if (h.seq != expected_seq) {  // behind an RNR NAK: dropped, the requester sends it again
       ++stats.dropped;
-      head += h.nslots;
+      head = in_req.next(head, h.nslots);
       continue;
     }
     // GPU work (gpu.cc): Frag messages, a SEND into a GPU receive. Any
@@ -1138,12 +1140,12 @@ int Qp::responder() {
       int r = gpu_request(h, at);
       if (r == kRxStall) break;
       if (r == kRxDead) {
-        head = tail;
+        head = in_req.drop_all(head);
         peer->dead.store(true);
         break;
       }
       if (r == kRxRnr) {
-        head += h.nslots;
+        head = in_req.next(head, h.nslots);
         continue;
       }
       fatal = r == kRxFatal;
@@ -1151,7 +1153,7 @@ int Qp::responder() {
       if (rq_head == rq_tail) {
         send_resp(kMsgRnrNak, h.seq, attr.min_rnr_timer);
         ++stats.rnr_sent;
-        head += h.nslots;
+        head = in_req.next(head, h.nslots);
         continue;
       }
       RecvWqe& r = rq[rq_head % rq.size()];
@@ -1207,7 +1209,7 @@ int Qp::responder() {
             }
           }
           if (e == ESRCH) {
-            head = tail;
+            head = in_req.drop_all(head);
             peer->dead.store(true);
             break;
           }
@@ -1263,17 +1265,17 @@ int Qp::responder() {
         ack_owed = false;
       }
     } else {
-      head = tail;
+      head = in_req.drop_all(head);
       enter_error();
       break;
     }
-    head += h.nslots;
+    head = in_req.next(head, h.nslots);
     ++stats.rx;
     if (fatal) {
       ++stats.naks_sent;
       ack_owed = false;
       enter_error();
-      head = tail;
+      head = in_req.drop_all(head);
       break;
     }
     ++expected_seq;
@@ -1320,9 +1322,8 @@ int Qp::progress_locked() {
   }
   uint32_t st = attr.state;
   if (st == UFAB_QPS_RTR || st == UFAB_QPS_RTS || st == UFAB_QPS_ERR) {
-    if (in_resp.idx->tail.load(std::memory_order_relaxed) != in_resp.idx->head.load(std::memory_order_relaxed))
-      work += requester_responses();
-    if (in_req.idx->tail.load(std::memory_order_relaxed) != in_req.idx->head.load(std::memory_order_relaxed) || ack_owed ||
+    if (in_resp.ready(in_resp.idx->head.load(std::memory_order_relaxed))) work += requester_responses();
+    if (in_req.ready(in_req.idx->head.load(std::memory_order_relaxed)) || ack_owed ||
         !grx_.jobs.empty() || !grx_.held.empty())
       work += responder();
   }
