@@ -115,6 +115,11 @@ struct Op {
   uint64_t len = 0;
   Op* prev = nullptr;  // its endpoint's OpList
   Op* next = nullptr;
+  // One of the domain's quiet ops (Domain::quiet): the wr_id of every
+  // operation posted unsignaled (no completion and no counter wanted).
+  // Such an operation completes in ufab without a work completion, unless
+  // it fails: then its error reaches the CQ with no context. Never freed.
+  bool quiet = false;
 };
 
 // An endpoint's operations in flight: an intrusive list (no allocation
@@ -180,6 +185,9 @@ struct Domain {
   bool touches_cuda(const void* addr, uint64_t len);
   Op* get_op();       // mu held
   void put_op(Op*);   // mu held
+  // The wr_id of unsignaled operations, by kind: [0] FI_MSG|FI_SEND,
+  // [1] FI_RMA|FI_WRITE, [2] FI_RMA|FI_READ, [3] FI_ATOMIC|FI_READ.
+  Op quiet[4];
   // Polls every ufab CQ of the domain once (counters' progress), but
   // `except`.
   void progress_all(UCq* except = nullptr);
@@ -319,7 +327,7 @@ struct Ep {
   void* shm_link = nullptr;    // shm devices: the connection's socket
   sockaddr_in local{}, peer{};
   OpList ops;  // dom->mu: in flight
-  uint32_t quiet_posts = 0;  // sends posted without a completion wanted (every 32nd empties the send CQ)
+  uint32_t quiet_posts = 0;  // signaled sends whose completion nobody wants (a counter only; every 32nd empties the send CQ)
   uint32_t max_inline = 0;
   uint32_t max_sge = 0;
   int hmem_p2p = FI_HMEM_P2P_ENABLED;  // FI_OPT_FI_HMEM_P2P (never P2P: staged copies)

@@ -57,6 +57,19 @@ uint32_t grh_source_ip(const void* buf) {
 
 void handle_wc(Domain* dom, UCq* u, const ufab_wc& wc, const char* detail) {
   Op* op = reinterpret_cast<Op*>(static_cast<uintptr_t>(wc.wr_id));
+  if (op->quiet) {  // unsignaled: only a failure has a completion
+    Cq* cq = u->owner;
+    if (cq == nullptr || wc.status == UFAB_WC_SUCCESS) return;
+    CqEntry e;
+    e.e.flags = op->flags;
+    e.is_err = true;
+    e.err = wc_status_to_fi(wc.status);
+    e.prov_errno = static_cast<int>(wc.status);
+    e.detail = detail != nullptr && *detail != '\0' ? detail : ufab_wc_status_str(wc.status);
+    cq->q.push_back(std::move(e));
+    cq->qlen.store(cq->q.size(), std::memory_order_release);
+    return;
+  }
   Ep* ep = op->ep;
   if (ep == nullptr) {  // its endpoint is gone
     dom->put_op(op);
