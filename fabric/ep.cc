@@ -133,11 +133,13 @@ ssize_t post_send(Ep* ep, const Post& p) {
     op->cntr = cntr;
     op->len = total;
     ep->ops.insert(op);
+    ep->tx_u->inflight++;
   }
   wr.wr_id = reinterpret_cast<uintptr_t>(op);
   int rc = ufab_post_send(ep->qp, &wr, 1, nullptr);
   if (rc != 0) {
     std::lock_guard<std::mutex> lk(ep->dom->mu);
+    ep->tx_u->inflight--;
     ep->ops.erase(op);
     ep->dom->put_op(op);
     return ufab_err(rc);
@@ -184,6 +186,7 @@ ssize_t post_recv(Ep* ep, const iovec* iov, void** desc, size_t count, uint64_t 
     op->buf = count > 0 ? iov[0].iov_base : nullptr;
     op->len = total;
     ep->ops.insert(op);
+    ep->rx_u->inflight++;
   }
   ufab_recv_wr wr{};
   wr.wr_id = reinterpret_cast<uintptr_t>(op);
@@ -192,6 +195,7 @@ ssize_t post_recv(Ep* ep, const iovec* iov, void** desc, size_t count, uint64_t 
   int rc = ufab_post_recv(ep->qp, &wr, 1, nullptr);
   if (rc != 0) {
     std::lock_guard<std::mutex> lk(ep->dom->mu);
+    ep->rx_u->inflight--;
     ep->ops.erase(op);
     ep->dom->put_op(op);
     return ufab_err(rc);

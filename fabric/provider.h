@@ -103,6 +103,11 @@ struct Fabric {
 struct UCq {
   ufab_cq* ucq = nullptr;
   Cq* owner = nullptr;
+  // dom->mu: signaled operations posted to QPs completing here and not yet
+  // taken in. A CQ read that found work drives the other ufab CQs only
+  // where this is not 0 (or every 64th read): quiet operations
+  // complete into nothing.
+  uint32_t inflight = 0;
 };
 
 struct Op {
@@ -222,7 +227,7 @@ struct Cq {
   fi_wait_obj wait_obj = FI_WAIT_NONE;
   std::deque<CqEntry> q;   // dom->mu
   std::atomic<size_t> qlen{0};  // q.size(), read without the lock (an empty CQ is polled without it)
-  uint32_t idle_reads = 0;      // reads that found nothing (every 64th drives the domain's other CQs)
+  uint32_t reads = 0;           // reads that polled ufab (every 64th drives all of the domain's other CQs)
   std::string last_err;    // err_data handed out by readerr
   std::atomic<int> refs{0};
   std::atomic<bool> signaled{false};

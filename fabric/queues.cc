@@ -70,6 +70,7 @@ void handle_wc(Domain* dom, UCq* u, const ufab_wc& wc, const char* detail) {
     cq->qlen.store(cq->q.size(), std::memory_order_release);
     return;
   }
+  if (u->inflight != 0) u->inflight--;
   Ep* ep = op->ep;
   if (ep == nullptr) {  // its endpoint is gone
     dom->put_op(op);
@@ -151,11 +152,11 @@ ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
 }
 
 // Manual progress: a read drives the device through its own ufab CQ and,
-// when that found work (or every 64th read that found none), empties the
-// domain's other ufab CQs too. An application that never reads a CQ its
-// operations complete into (fi_inject, selective completion: fi_pingpong
-// reads only its receive CQ) would otherwise let that ufab CQ fill up,
-// and a full ufab CQ sends its QP to ERROR.
+// when that found work, empties the domain's other ufab CQs that expect
+// completions (UCq::inflight), and every 64th read all of them (a quiet
+// operation's error). An application that never reads a CQ its signaled
+// operations complete into (a send counter only) would otherwise let that
+// ufab CQ fill up, and a full ufab CQ sends its QP to ERROR.
 ssize_t cq_readfrom(fid_cq* c, void* buf, size_t count, fi_addr_t* src) {
   auto* cq = reinterpret_cast<Cq*>(c);
   ssize_t r = cq_take(cq, buf, count, src);
@@ -164,9 +165,10 @@ ssize_t cq_readfrom(fid_cq* c, void* buf, size_t count, fi_addr_t* src) {
   {
     std::lock_guard<std::mutex> lk(cq->dom->mu);
     n = poll_ucq_locked(cq->dom, &cq->u);
-    if (n > 0 || (++cq->idle_reads & 63) == 0)
+    const bool all = (++cq->reads & 63) == 0;
+    if (n > 0 || all)
       for (UCq* u : cq->dom->ucqs)
-        if (u != &cq->u)
+        if (u != &cq->u && (all || u->inflight != 0))
           while (poll_ucq_locked(cq->dom, u) == kPollBatch) {
           }
   }
