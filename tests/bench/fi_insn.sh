@@ -1,85 +1,67 @@
 #!/usr/bin/env bash
-# Instructions per round trip of fi_pingpong (8 bytes) over ufab's shm
-# device, counted by callgrind on the client (the server runs natively).
-# Benchmark, not a test; docs/benchmarks.md ("fi_pingpong") has figures.
+# Instructions per round trip of fi_pingpong's 8-byte exchange over ufab's
+# shm device (-e msg), counted by callgrind. Benchmark, not a test;
+# docs/benchmarks.md ("fi_pingpong") has the figures.
 #
-#   tests/bench/fi_insn.sh [--ep msg|rdm] [--n N] [--so PATH]
+#   tests/bench/fi_insn.sh [--n N] [--so PATH]...
 #
-# Counted: the provider's data entry points a round trip calls, inclusive
-# of everything below them (fi_send/fi_inject/fi_recv..., fi_cq_read);
-# fi_pingpong's own code and, for rdm, ofi_rxm's own work are not counted.
-# The client also makes empty fi_cq_read calls while the server answers,
-# more or fewer from run to run (this machine is loaded). So the client
-# runs twice: with T the counted instructions and C the fi_cq_read calls
-# of a run, T = N * W + C * e, two runs give e (an empty poll) and W;
-# printed: W + e, a round trip's work with its one fi_cq_read that found
-# the message, and e. When the two runs made about as many calls (the
-# solve is ill-conditioned) it runs again, at most 5 times.
+# tests/bench/fi_insn_bench.cc runs both ends in one thread over one shm
+# device through the libfabric API and ufab's provider (a receive posted,
+# fi_inject, fi_cq_read on the receive CQ until the message is there, on
+# each side, as fi_pingpong does): every message is in the peer's ring when
+# the peer reads, so no read comes back empty and the count does not depend
+# on timing (on this loaded machine two processes would poll each other an
+# unpredictable number of times). Counted: everything inside the N
+# measured round trips (callgrind --toggle-collect=insn_measured), both
+# sides, the provider, libfabric's inline wrappers and libc included.
+# Also per round trip: mutex acquisitions (pthread_mutex_lock and trylock
+# calls: each is an atomic read-modify-write) and system calls.
+#
+# --so takes a libufab-fi.so to measure (default: bazel-bin's, built
+# here); give it several times to compare builds (before/after).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ep=msg
-n=2000
-so=$PWD/bazel-bin/fabric/libufab-fi.so
+n=20000
+sos=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --ep) ep="$2"; shift 2 ;;
     --n) n="$2"; shift 2 ;;
-    --so) so="$2"; shift 2 ;;
-    *) echo "usage: $0 [--ep msg|rdm] [--n N] [--so PATH]" >&2; exit 2 ;;
+    --so) sos+=("$2"); shift 2 ;;
+    *) echo "usage: $0 [--n N] [--so PATH]..." >&2; exit 2 ;;
   esac
 done
-for t in valgrind callgrind_annotate fi_pingpong ss; do
+for t in valgrind callgrind_annotate; do
   command -v "$t" >/dev/null || { echo "fi_insn.sh: $t not found" >&2; exit 1; }
 done
-[ -f "$so" ] || { echo "fi_insn.sh: $so missing (bazel build //fabric:libufab-fi.so)" >&2; exit 1; }
+if [ ${#sos[@]} = 0 ]; then
+  timeout 1800 bazel build //fabric:libufab-fi.so >/dev/null 2>&1 || { echo "fi_insn.sh: bazel build //fabric:libufab-fi.so failed" >&2; exit 1; }
+  sos=("$PWD/bazel-bin/fabric/libufab-fi.so")
+fi
+timeout 1800 bazel build //tests/bench:fi_insn_bench >/dev/null 2>&1 || { echo "fi_insn.sh: bazel build //tests/bench:fi_insn_bench failed" >&2; exit 1; }
+bin=$PWD/bazel-bin/tests/bench/fi_insn_bench
+[ -x "$bin" ] || { echo "fi_insn.sh: $bin missing (libfabric's headers are needed)" >&2; exit 1; }
 w=$(mktemp -d /work/fi_insn.XXXXXX)
-server_pid=
-cleanup() {
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$w"
-}
-trap cleanup EXIT
-mkdir -p "$w/prov"
-cp "$so" "$w/prov/libufab-fi.so"
-export FI_PROVIDER_PATH=$w/prov FI_UFAB_DEVICES=shm:insn$$
-if [ "$ep" = rdm ]; then export FI_PROVIDER="ufab;ofi_rxm"; prov=(); else prov=(-p ufab); fi
+trap 'rm -rf "$w"' EXIT
 
-# run ITERS: the client under callgrind, the server native; prints T and C.
-run() {
-  local iters=$1 port=$((20000 + RANDOM % 30000))
-  rm -f "$w/cg.out"
-  timeout -k 5 600 fi_pingpong "${prov[@]}" -B "$port" -e "$ep" -S 8 -I "$iters" >"$w/s.out" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 400); do
-    ss -ltn 2>/dev/null | grep -q ":$port " && break
-    sleep 0.05
-  done
-  timeout -k 5 600 valgrind --tool=callgrind --callgrind-out-file="$w/cg.out" \
-    fi_pingpong "${prov[@]}" -P "$port" -e "$ep" -S 8 -I "$iters" 127.0.0.1 >"$w/c.out" 2>&1 ||
-    { cat "$w/c.out" "$w/s.out" >&2; exit 1; }
-  wait "$server_pid" || { cat "$w/s.out" >&2; exit 1; }
-  server_pid=
-  local t c
-  t=$(callgrind_annotate --threshold=100 --inclusive=yes "$w/cg.out" 2>/dev/null | grep 'libufab-fi' |
-    grep -E '::(ep_(inject|injectdata|send|senddata|sendv|sendmsg|recv|recvv|recvmsg)|cq_read)\(' |
-    awk '{ gsub(",", "", $1); s += $1 } END { print s + 0 }')
-  # calls of cq_read: call records name a function "(id) name" the first
-  # time and "(id)" after, in fn= and cfn= lines alike
-  c=$(awk '/^c?fn=/ { isc = /^cfn=/; id = $1; sub(/^c?fn=/, "", id)
-                      if (NF > 1) { n = $0; sub(/^c?fn=[^ ]* /, "", n); name[id] = n }
-                      want = isc && name[id] ~ /::cq_read\(/; next }
-           want && /^calls=/ { split($1, a, "="); s += a[2] } { want = 0 } END { print s + 0 }' "$w/cg.out")
-  echo "$t $c"
+# calls FILE REGEX: calls to functions whose name matches, from the call
+# records (a function is "(id) name" the first time, "(id)" after).
+calls() {
+  awk -v re="$2" '/^c?fn=/ { isc = /^cfn=/; id = $1; sub(/^c?fn=/, "", id)
+                             if (NF > 1) { x = $0; sub(/^c?fn=[^ ]* /, "", x); name[id] = x }
+                             want = isc && name[id] ~ re; next }
+                  want && /^calls=/ { split($1, a, "="); s += a[2] } { want = 0 } END { print s + 0 }' "$1"
 }
 
-read -r t1 c1 <<<"$(run "$n")"
-for _ in 1 2 3 4 5; do
-  read -r t2 c2 <<<"$(run "$n")"
-  d=$((c1 > c2 ? c1 - c2 : c2 - c1))
-  [ "$d" -ge $((n / 2)) ] && break
+for so in "${sos[@]}"; do
+  [ -f "$so" ] || { echo "fi_insn.sh: $so missing" >&2; exit 1; }
+  rm -rf "$w/prov" && mkdir -p "$w/prov" && cp "$so" "$w/prov/libufab-fi.so"
+  out=$(FI_PROVIDER_PATH=$w/prov FI_UFAB_DEVICES=shm:insn$$ timeout -k 5 900 valgrind --tool=callgrind \
+    --callgrind-out-file="$w/cg.out" --toggle-collect=insn_measured "$bin" --n "$n" 2>"$w/vg.log") ||
+    { cat "$w/vg.log" >&2; exit 1; }
+  total=$(sed -n 's/^summary: //p' "$w/cg.out")
+  locks=$(calls "$w/cg.out" '^pthread_mutex_(try)?lock')
+  sys=$(calls "$w/cg.out" '^(syscall|__GI___syscall|futex|write|__write|__libc_write)')
+  awk -v so="$so" -v n="$n" -v t="$total" -v l="$locks" -v s="$sys" -v o="$out" 'BEGIN {
+    printf "fi_insn: %s: %.0f instructions per round trip (both sides), %.1f mutex acquisitions, %.2f system calls; %s\n",
+      so, t / n, l / n, s / n, o }'
 done
-awk -v n="$n" -v ep="$ep" -v t1="$t1" -v c1="$c1" -v t2="$t2" -v c2="$c2" 'BEGIN {
-  if (c1 == c2) { print "fi_insn: the two runs made the same number of fi_cq_read calls; run again" > "/dev/stderr"; exit 1 }
-  e = (t1 - t2) / (c1 - c2); W = (t1 - c1 * e) / n
-  printf "fi_insn: -e %s: %.0f instructions per round trip in the provider (an empty fi_cq_read: %.0f; runs: %d and %d reads per %d round trips)\n", ep, W + e, e, c1, c2, n
-}'
