@@ -588,11 +588,16 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
     }
     uint64_t slot = sq_tail % sq.size();
     SendWqe& w = sq[slot];
-    w = SendWqe{};
+    // Every field set here; only the SGEs in use are copied (not the
+    // whole 16-entry array, zeroed first: most of a small SEND's post).
     w.local_gpu = gpu_sge;
     w.wr = wr;
     w.wr.sg_list = nullptr;
-    std::memcpy(w.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
+    if (wr.num_sge) std::memcpy(w.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
+    w.seq = 0;
+    w.checked = false;
+    w.data_done = false;
+    w.sent = false;
     w.length = length;
     w.signaled = sig_all || (wr.send_flags & UFAB_SEND_SIGNALED);
     w.is_inline = inl;
