@@ -98,6 +98,7 @@ struct MsgHdr {
   uint64_t value;  // responses: original value, status or RNR timer code
 };
 static_assert(sizeof(MsgHdr) == kHdrSize);
+static_assert(offsetof(MsgHdr, stamp) == 0 && offsetof(MsgHdr, nslots) == 5);
 
 // Where the payload of a large SEND is in the sender's address space.
 struct RemoteIov {
@@ -236,12 +237,23 @@ struct RingView {
     return pos + nslots;
   }
   // Consumer: drops everything published from `head` on (stamps cleared);
-  // returns the new head (the producer's tail).
+  // returns the new head. `tail` may lag the stamps (the producer stores it
+  // after the stamp), and may even be behind `head` for a moment; what was
+  // published beyond it is found by its stamps.
   uint64_t drop_all(uint64_t head) const {
     uint64_t tail = idx->tail.load(std::memory_order_acquire);
-    uint64_t n = tail - head > kRingSlots ? kRingSlots : tail - head;
-    for (uint64_t k = 0; k < n; ++k) __atomic_store_n(stamp_word(head + k), 0u, __ATOMIC_RELAXED);
-    return tail;
+    if (static_cast<int64_t>(tail - head) > 0) {
+      uint64_t n = tail - head > kRingSlots ? kRingSlots : tail - head;
+      for (uint64_t k = 0; k < n; ++k) __atomic_store_n(stamp_word(head + k), 0u, __ATOMIC_RELAXED);
+      head = tail;
+    }
+    for (uint32_t guard = 0; guard < kRingSlots && ready(head); ++guard) {
+      uint8_t nslots = bytes[(head % kRingSlots) * kSlotSize + 5];  // MsgHdr::nslots
+      if (nslots == 0 || nslots > kMaxMsgSlots + 4) nslots = 1;
+      for (uint32_t k = 0; k < nslots; ++k) __atomic_store_n(stamp_word(head + k), 0u, __ATOMIC_RELAXED);
+      head += nslots;
+    }
+    return head;
   }
 
   // Copies n bytes into the ring starting `off` bytes into slot `slot`.
