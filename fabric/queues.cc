@@ -132,9 +132,8 @@ int poll_ucq(Domain* dom, UCq* u) {
 
 namespace {
 
-ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
-  if (cq->qlen.load(std::memory_order_acquire) == 0) return -FI_EAGAIN;
-  std::lock_guard<std::mutex> lk(cq->dom->mu);
+// dom->mu held.
+ssize_t cq_take_locked(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
   if (cq->q.empty()) return -FI_EAGAIN;
   if (cq->q.front().is_err) return -FI_EAVAIL;
   size_t sz = entry_size(cq->format);
@@ -151,6 +150,12 @@ ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
   return static_cast<ssize_t>(n);
 }
 
+ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
+  if (cq->qlen.load(std::memory_order_acquire) == 0) return -FI_EAGAIN;
+  std::lock_guard<std::mutex> lk(cq->dom->mu);
+  return cq_take_locked(cq, buf, count, src);
+}
+
 // Manual progress: a read drives the device through its own ufab CQ and,
 // when that found work, empties the domain's other ufab CQs that expect
 // completions (UCq::inflight), and every 64th read all of them (a quiet
@@ -161,19 +166,16 @@ ssize_t cq_readfrom(fid_cq* c, void* buf, size_t count, fi_addr_t* src) {
   auto* cq = reinterpret_cast<Cq*>(c);
   ssize_t r = cq_take(cq, buf, count, src);
   if (r != -FI_EAGAIN) return r;
-  int n;
-  {
-    std::lock_guard<std::mutex> lk(cq->dom->mu);
-    n = poll_ucq_locked(cq->dom, &cq->u);
-    const bool all = (++cq->reads & 63) == 0;
-    if (n > 0 || all)
-      for (UCq* u : cq->dom->ucqs)
-        if (u != &cq->u && (all || u->inflight != 0))
-          while (poll_ucq_locked(cq->dom, u) == kPollBatch) {
-          }
-  }
+  std::lock_guard<std::mutex> lk(cq->dom->mu);
+  int n = poll_ucq_locked(cq->dom, &cq->u);
+  const bool all = (++cq->reads & 63) == 0;
+  if (n > 0 || all)
+    for (UCq* u : cq->dom->ucqs)
+      if (u != &cq->u && (all || u->inflight != 0))
+        while (poll_ucq_locked(cq->dom, u) == kPollBatch) {
+        }
   if (n == 0) return -FI_EAGAIN;
-  return cq_take(cq, buf, count, src);
+  return cq_take_locked(cq, buf, count, src);  // under the same lock
 }
 
 ssize_t cq_read(fid_cq* c, void* buf, size_t count) { return cq_readfrom(c, buf, count, nullptr); }
