@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 namespace ufab::staging {
 
@@ -9,7 +12,30 @@ namespace {
 std::atomic<bool> g_hold{false};
 std::atomic<uint64_t> g_completed{0};
 std::atomic<uint64_t> g_queued{0};
+std::mutex g_freed_mu;
+std::vector<std::pair<uint64_t, uint64_t>> g_freed;  // [begin, end)
+std::atomic<bool> g_any_freed{false};
 }  // namespace
+
+void fake_free(const void* p, size_t n) {
+  std::lock_guard<std::mutex> g(g_freed_mu);
+  const auto a = reinterpret_cast<uint64_t>(p);
+  g_freed.emplace_back(a, a + n);
+  g_any_freed.store(true);
+}
+void fake_unfree_all() {
+  std::lock_guard<std::mutex> g(g_freed_mu);
+  g_freed.clear();
+  g_any_freed.store(false);
+}
+bool fake_freed(uint64_t addr) {
+  if (!g_any_freed.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> g(g_freed_mu);
+  for (auto [b, e] : g_freed) {
+    if (addr >= b && addr < e) return true;
+  }
+  return false;
+}
 
 void fake_hold(bool hold) { g_hold.store(hold); }
 uint64_t fake_completed() { return g_completed.load(); }

@@ -49,5 +49,12 @@ void fake_hold(bool hold);
 // Fake copies completed in this process so far, and queued now.
 uint64_t fake_completed();
 uint64_t fake_queued();
+// A test double for cuMemFree under a live region (gpu_copy=fake has no
+// buffer ids to compare): addresses in [p, p + n) count as freed GPU
+// memory to the providers' buffer checks (the shm provider's
+// Device::gpu_buffer_ok), until fake_unfree_all.
+void fake_free(const void* p, size_t n);
+void fake_unfree_all();
+bool fake_freed(uint64_t addr);
 
 }  // namespace ufab::staging

@@ -40,6 +40,11 @@ class CompletionQueueImpl {
   uint64_t lanes() const { return lanes_.load(std::memory_order_relaxed); }
   void add_lane(uint16_t lane) { lanes_.fetch_or(uint64_t{1} << lane, std::memory_order_relaxed); }
 
+  // What this CQ's last waiter saw: another thread drove its lanes while
+  // it slept (Context::wait_for_completion sleeps passively then).
+  bool others_poll() const { return others_poll_.load(std::memory_order_relaxed); }
+  void set_others_poll(bool v) { others_poll_.store(v, std::memory_order_relaxed); }
+
  private:
   explicit CompletionQueueImpl(uint32_t depth) : ring_(depth) {}
 
@@ -50,6 +55,7 @@ class CompletionQueueImpl {
   uint64_t overflow_ = 0;
   std::atomic<bool> armed_{false};
   std::atomic<uint64_t> lanes_{0};
+  std::atomic<bool> others_poll_{false};
   UniqueFd event_fd_;
 };
 

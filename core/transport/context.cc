@@ -30,6 +30,13 @@ constexpr Clock::duration kSpin = std::chrono::microseconds(30);
 // Longest sleep while nobody else drives progress, so timers
 // (retransmission, RNR back-off, ARP retries) fire close to on time.
 constexpr int kMaxSleepMs = 1;
+// Longest sleep while another thread drives the lanes (it runs their
+// timers): then the waiter sleeps on its CQ's eventfd alone, without
+// arming the NIC's interrupt, and looks again this often whether the
+// other thread still polls. A connection manager's thread waiting for
+// MADs beside an application that polls its data CQ takes no interrupt
+// and no core per frame that way.
+constexpr int kPassiveSleepMs = 10;
 
 template <typename F>
 void for_each_lane(uint64_t mask, F&& f) {
@@ -271,10 +278,19 @@ int Context::progress_for(const CompletionQueueImpl& cq) {
   return work;
 }
 
+uint64_t Context::rounds_of(uint64_t lanes) const {
+  uint64_t sum = 0;
+  for_each_lane(lanes, [&](uint16_t i) { sum += lanes_[i]->rounds(); });
+  return sum;
+}
+
 void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point deadline) {
   const bool threads = has_progress_threads();
+  // Another thread polled these lanes while this CQ's waiter last slept:
+  // no spin, no interrupt, until a sleep finds that it stopped.
+  bool others = !threads && cq.others_poll();
   // Spin: poll for up to kSpin, reading the clock every 16 rounds.
-  const auto spin_end = std::min(deadline, Clock::now() + kSpin);
+  const auto spin_end = std::min(deadline, Clock::now() + (others ? Clock::duration{} : kSpin));
   for (uint32_t i = 1;; ++i) {
     if (!threads) progress_for(cq);
     if (!cq.empty()) return;
@@ -288,7 +304,8 @@ void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point dea
     nfds_t n = 0;
     cq.arm();
     fds[n++] = {cq.event_fd(), POLLIN, 0};
-    uint64_t slept = threads ? 0 : feeding(cq);
+    const uint64_t fed = threads ? 0 : feeding(cq);
+    uint64_t slept = others ? 0 : fed;
     bool ready = false;
     for_each_lane(slept, [&](uint16_t i) {
       Lane& lane = *lanes_[i];
@@ -304,10 +321,12 @@ void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point dea
     // Checked after arming: a completion or frame from before the arm is
     // seen here, one after it writes an eventfd.
     ready = ready || !cq.empty();
+    const uint64_t rounds_before = rounds_of(fed);
     auto now = Clock::now();
     if (!ready && now < deadline) {
       auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-      int ms = static_cast<int>(std::min<int64_t>(left, threads ? INT32_MAX : kMaxSleepMs));
+      int cap = threads ? INT32_MAX : others ? kPassiveSleepMs : kMaxSleepMs;
+      int ms = static_cast<int>(std::min<int64_t>(left, cap));
       if (::poll(fds, n, ms) > 0) {
         for (nfds_t j = 0; j < n; ++j) {
           if (fds[j].revents & POLLIN) {
@@ -318,7 +337,11 @@ void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point dea
       }
     }
     for_each_lane(slept, [&](uint16_t i) { lanes_[i]->woke(); });
-    if (!threads) progress_for(cq);
+    if (!threads) {
+      others = rounds_of(fed) != rounds_before;
+      cq.set_others_poll(others);
+      progress_for(cq);
+    }
     if (!cq.empty() || Clock::now() >= deadline) return;
   }
 }

@@ -96,6 +96,7 @@ class Context {
   // The lanes to progress (or sleep on) for `cq`: those of its QPs, and
   // lane 0 when frames for them may land there.
   uint64_t feeding(const CompletionQueueImpl& cq) const;
+  uint64_t rounds_of(uint64_t lanes) const;
 
   std::vector<std::unique_ptr<Lane>> lanes_;
   net::Ipv4Address ip_;

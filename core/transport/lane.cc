@@ -236,6 +236,7 @@ int Lane::progress_locked() {
   // has a timer armed, or ARP needs the time. Its value is at most one
   // receive burst old when a timer is checked.
   now_fresh_ = false;
+  rounds_.store(rounds_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   int work = drain_inbox_locked();
   work += static_cast<int>(link_->receive(256, [this](std::span<const uint8_t> f) { on_frame_locked(f); }));
   for (QueuePairImpl* qp : qp_list_) {

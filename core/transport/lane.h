@@ -104,6 +104,9 @@ class Lane {
   // One round: the inbox, a burst from the RX queue, timers, transmit;
   // returns frames and timers handled.
   int progress_locked();
+  // Rounds of progress_locked so far, by any thread: a waiter that finds
+  // it moved while it slept knows another thread drives this lane.
+  uint64_t rounds() const { return rounds_.load(std::memory_order_relaxed); }
 
   // A frame this lane's RX queue took for another lane (see above). Any
   // thread, no lane lock needed; false when the inbox is full (dropped,
@@ -160,6 +163,7 @@ class Lane {
   uint64_t inbox_tail_ = 0;                // producers (under inbox_mu_)
   std::atomic<uint64_t> inbox_ready_{0};   // inbox_tail_, for the consumer's lock-free look
   std::atomic<uint32_t> sleepers_{0};
+  std::atomic<uint64_t> rounds_{0};  // written under the lane lock only
   UniqueFd inbox_fd_;  // eventfd written when a frame is handed over to a sleeping lane
 
   std::thread thread_;

@@ -22,6 +22,7 @@
 
 #include "core/gpu/cuda.h"
 #include "core/gpu/region.h"
+#include "core/staging/fake_engine.h"
 #include "drivers/shm/shm_impl.h"
 
 namespace ufab::shm {
@@ -78,7 +79,16 @@ staging::Pool* Device::staging_for(int ordinal) {
 
 bool Device::gpu_buffer_ok(uint32_t index, uint64_t addr, std::string* why) const {
   const GpuKey& k = gpu_keys[index];
-  if (gparams.fake) return true;  // made-up ids: host memory standing for GPU memory
+  if (gparams.fake) {
+    // Made-up ids: host memory standing for GPU memory; a test marks a
+    // range freed (staging::fake_free) to stand for cuMemFree.
+    if (!staging::fake_freed(addr)) return true;
+    *why = "the GPU memory under key index " + std::to_string(index) + " (fake buffer id " +
+           std::to_string(k.buffer_id) +
+           ") was freed; the region no longer names it (deregister it before freeing the memory, and register the "
+           "new allocation)";
+    return false;
+  }
   uint64_t now = 0;
   if (const gpu::Driver* d = gpu::Driver::if_loaded()) {
     auto info = d->pointer_info(reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)));
@@ -160,99 +170,151 @@ uint32_t Qp::remote_copy(uint32_t rkey, uint64_t raddr, void* local, uint64_t le
   return UFAB_WC_REM_OP_ERR;
 }
 
-// Starts the GPU work request at sq_next (everything before it completed).
-// 0, or a status with its words (the remote checks one_sided makes).
+// Whether the GPU work request `w` at sq_next may start now: with nothing
+// in flight, or behind GPU work requests only, of its kind (all Frag
+// messages or all one-sided; READs only behind READs, so a READ never
+// overtakes a WRITE's copies into the same GPU memory at the responder,
+// nor a WRITE a READ's), the last one staged whole, with a piece of the
+// gpu_depth budget free and fewer than 2 * gpu_depth in flight.
+bool Qp::gpu_tx_may_join(const SendWqe& w) const {
+  if (sq_head == sq_next) return true;
+  if (gtxq_.empty() || gtxq_.size() != sq_next - sq_head) return false;  // other work in flight
+  const GpuTx& last = gtxq_.back();
+  if ((w.wr.opcode == UFAB_WR_RDMA_READ) != (last.type == kMsgFragRead)) return false;
+  if (last.fail || !last.staged_all()) return false;
+  const bool send = w.wr.opcode == UFAB_WR_SEND || w.wr.opcode == UFAB_WR_SEND_WITH_IMM;
+  if ((send || remote_gpu(w)) != last.messages) return false;
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  const uint32_t depth = pool ? pool->depth() : dev->gparams.depth;
+  if (gtxq_.size() >= 2 * size_t{depth}) return false;
+  size_t staged = 0;
+  for (const GpuTx& t : gtxq_) {
+    for (const TxFrag& f : t.frags) staged += f.released ? 0 : 1;
+  }
+  return staged < depth;
+}
+
+// Starts the GPU work request at sq_next: queued in gtxq_ (a failure
+// found here is queued too, completed in its turn). 0, or kLater (0xFFFF:
+// the peer QP is not ready yet, or the work request is of another kind
+// than those in flight).
 uint32_t Qp::gpu_tx_start(SendWqe& w, std::string* why) {
   uint32_t op = w.wr.opcode;
   bool send = op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM;
-  gtx_ = GpuTx{};
+  GpuTx t;
+  t.wr = sq_next;
+  t.total = w.length;
+  t.imm = op == UFAB_WR_RDMA_WRITE_WITH_IMM;
+  auto failed = [&](uint32_t st) {
+    t.fail = st;
+    t.fail_why = *why;
+    t.next_off = t.total;  // nothing to stage
+    gtxq_.push_back(std::move(t));
+    return 0u;
+  };
   if (!send) {
     uint32_t st = peer_ctl->state.load(std::memory_order_acquire);
     if (peer_ctl->qpn.load(std::memory_order_acquire) != attr.dest_qpn) {
       *why = "the peer QP " + hex(attr.dest_qpn) + " was destroyed";
-      return UFAB_WC_RETRY_EXC_ERR;
+      return failed(UFAB_WC_RETRY_EXC_ERR);
     }
     if (st == UFAB_QPS_RESET || st == UFAB_QPS_INIT) return 0xFFFF;  // later
     if (st == UFAB_QPS_ERR) {
       *why = "the peer QP " + hex(attr.dest_qpn) + " is in ERROR and answers nothing";
-      return UFAB_WC_RETRY_EXC_ERR;
+      return failed(UFAB_WC_RETRY_EXC_ERR);
     }
     bool read = op == UFAB_WR_RDMA_READ;
     uint32_t right = read ? UFAB_ACCESS_REMOTE_READ : UFAB_ACCESS_REMOTE_WRITE;
     if (!(peer_ctl->access.load(std::memory_order_acquire) & right)) {
       *why = std::string("the target QP ") + hex(attr.dest_qpn) + " does not allow " +
              (read ? "REMOTE_READ" : "REMOTE_WRITE") + " (its access_flags)";
-      return UFAB_WC_REM_INV_REQ_ERR;
+      return failed(UFAB_WC_REM_INV_REQ_ERR);
     }
     KeyEntry* pin = nullptr;
     if (uint32_t s = check_remote_key(w.wr.rkey, w.wr.remote_addr, w.length, right, peer->seg,
                                       peer_ctl->pd.load(std::memory_order_acquire), &pin, why)) {
-      return s;
+      return failed(s);
     }
-    gtx_.messages = (pin->flags.load(std::memory_order_relaxed) & kKeyGpu) != 0;
+    t.messages = (pin->flags.load(std::memory_order_relaxed) & kKeyGpu) != 0;
     pin->pins.fetch_sub(1, std::memory_order_release);
-    gtx_.type = read ? kMsgFragRead : kMsgFragWrite;
+    t.type = read ? kMsgFragRead : kMsgFragWrite;
   } else {
-    gtx_.messages = true;
-    gtx_.type = kMsgFragSend;
+    t.messages = true;
+    t.type = kMsgFragSend;
   }
-  gtx_.active = true;
-  gtx_.total = w.length;
+  // The key was registered again as another kind since gpu_tx_may_join
+  // looked: after the ones in flight.
+  if (!gtxq_.empty() && t.messages != gtxq_.back().messages) return 0xFFFF;
+  gtxq_.push_back(std::move(t));
   return 0;
 }
 
-bool Qp::gpu_tx_owns(uint32_t seq) const {
-  if (!gtx_.active) return false;
-  for (const TxFrag& f : gtx_.frags) {
-    if (f.sent && f.seq == seq) return true;
+int Qp::gpu_tx_owns(uint32_t seq) const {
+  for (size_t k = 0; k < gtxq_.size(); ++k) {
+    const GpuTx& t = gtxq_[k];
+    if (t.imm_sent && t.imm_seq == seq) return static_cast<int>(k);
+    for (const TxFrag& f : t.frags) {
+      if (f.sent && f.seq == seq) return static_cast<int>(k);
+    }
   }
-  return false;
+  return -1;
 }
 
-// An ACK through `seq`: the responder is done with those Frag messages.
+// An ACK through `seq`: the responder is done with those Frag messages
+// (their slots go back) and those kMsgWriteImm.
 void Qp::gpu_tx_ack(uint32_t seq) {
-  if (!gtx_.active || gtx_.type == kMsgFragRead) return;
-  for (TxFrag& f : gtx_.frags) {
-    if (f.sent && seq_le(f.seq, seq)) f.acked = true;
+  for (GpuTx& t : gtxq_) {
+    if (t.imm_sent && seq_le(t.imm_seq, seq)) t.imm_acked = true;
+    if (t.type == kMsgFragRead) continue;
+    for (TxFrag& f : t.frags) {
+      if (f.sent && seq_le(f.seq, seq)) f.acked = true;
+    }
   }
 }
 
 // kMsgFragReady: part of a READ fragment staged at the responder; read it
 // now (the responder holds that slot until `consumed` passes the message).
 uint32_t Qp::gpu_tx_ready(const MsgHdr& h, std::string* why) {
-  for (TxFrag& f : gtx_.frags) {
-    if (!f.sent || f.seq != h.seq) continue;
-    if (h.imm > f.len || h.len > f.len - h.imm) {
-      *why = "the responder answered a READ fragment with bytes outside it";
-      return UFAB_WC_REM_OP_ERR;
+  for (GpuTx& t : gtxq_) {
+    if (t.type != kMsgFragRead) continue;
+    for (TxFrag& f : t.frags) {
+      if (!f.sent || f.seq != h.seq) continue;
+      if (h.imm > f.len || h.len > f.len - h.imm) {
+        *why = "the responder answered a READ fragment with bytes outside it";
+        return UFAB_WC_REM_OP_ERR;
+      }
+      struct iovec l = {reinterpret_cast<void*>(f.laddr + h.imm), h.len},
+                   r = {reinterpret_cast<void*>(h.value), h.len};
+      int e = cma(peer->pid, false, &l, 1, &r, 1);
+      if (e == ESRCH) {
+        *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
+        return UFAB_WC_RETRY_EXC_ERR;
+      }
+      if (e) {
+        *why = "reading the responder's staged bytes: " + cma_words(e, false, peer->pid);
+        return UFAB_WC_REM_OP_ERR;
+      }
+      f.pulled += h.len;
+      if (f.pulled == f.len) {
+        f.acked = true;
+        peer_ctl->consumed.store(f.seq + 1, std::memory_order_release);
+      }
+      return 0;
     }
-    struct iovec l = {reinterpret_cast<void*>(f.laddr + h.imm), h.len}, r = {reinterpret_cast<void*>(h.value), h.len};
-    int e = cma(peer->pid, false, &l, 1, &r, 1);
-    if (e == ESRCH) {
-      *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
-      return UFAB_WC_RETRY_EXC_ERR;
-    }
-    if (e) {
-      *why = "reading the responder's staged bytes: " + cma_words(e, false, peer->pid);
-      return UFAB_WC_REM_OP_ERR;
-    }
-    f.pulled += h.len;
-    if (f.pulled == f.len) {
-      f.acked = true;
-      peer_ctl->consumed.store(f.seq + 1, std::memory_order_release);
-    }
-    return 0;
   }
   return 0;  // not ours (a READ failed meanwhile): ignored
 }
 
-// One round of the GPU work request: copies that landed, pieces staged
-// ahead, Frag messages sent, finished pieces retired.
-int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
+// One round of one GPU work request: copies that landed, finished pieces
+// retired (their budget back), pieces staged ahead (may_stage: the ones
+// before it are staged whole; *budget: pieces free of gpu_depth), Frag
+// messages and kMsgWriteImm sent (may_send: the ones before it sent all
+// theirs, so the peer's ring keeps the send queue's order).
+int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_t* budget, uint32_t* status,
+                    std::string* why) {
   staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
   const uint64_t frag = pool ? pool->frag() : dev->gparams.frag;
-  const uint32_t depth = pool ? pool->depth() : dev->gparams.depth;
-  const bool read = gtx_.type == kMsgFragRead;
+  const bool read = t.type == kMsgFragRead;
   auto failed = [&](uint32_t st, const std::string& m) {
     *status = st;
     *why = m;
@@ -262,13 +324,14 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
     return failed(UFAB_WC_RETRY_EXC_ERR, "the peer QP " + hex(attr.dest_qpn) + " was destroyed");
   }
   // Copies that landed.
-  for (TxFrag& f : gtx_.frags) {
+  for (TxFrag& f : t.frags) {
     if (f.ticket < 0) continue;
     uint32_t s = pool->engine().state(static_cast<uint32_t>(f.ticket));
     if (s == CopyEngine::kPending) continue;
     std::string m = s == CopyEngine::kFailed ? pool->engine().failure(static_cast<uint32_t>(f.ticket)) : "";
     pool->engine().release(static_cast<uint32_t>(f.ticket));
     f.ticket = -1;
+    ++gtx_work_;
     if (s == CopyEngine::kFailed) return failed(UFAB_WC_LOC_PROT_ERR, "the GPU copy engine failed: " + m);
     if (read) {
       f.done = true;  // placed in GPU memory
@@ -276,11 +339,28 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
       f.staged = true;
     }
   }
+  // Frag messages whose bytes the responder has read (QpCtl::pulled, in
+  // order): their slots go back now, before the ACK (which waits for the
+  // bytes to land in the responder's GPU), and they leave the budget.
+  if (t.messages && !read) {
+    const uint32_t pulled = ctl->pulled.load(std::memory_order_acquire);
+    for (TxFrag& f : t.frags) {
+      if (f.released) continue;
+      if (!f.sent || !seq_lt(f.seq, pulled)) break;
+      f.released = true;
+      if (f.slot) {
+        pool->give(*f.slot);
+        f.slot.reset();
+      }
+      ++*budget;
+      ++gtx_work_;
+    }
+  }
   // One-sided pieces (a host region at the peer) and READ pieces whose
   // bytes are all here.
-  for (TxFrag& f : gtx_.frags) {
+  for (TxFrag& f : t.frags) {
     if (f.done || f.ticket >= 0) continue;
-    if (!gtx_.messages && !f.acked) {
+    if (!t.messages && !f.acked) {
       if (!read && !f.staged) continue;
       uint64_t raddr = w.wr.remote_addr + f.off;
       if (uint32_t st = remote_copy(w.wr.rkey, raddr, reinterpret_cast<void*>(f.laddr), f.len, read, why)) {
@@ -289,38 +369,40 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
       }
       f.acked = true;
       ++stats.tx;
+      ++gtx_work_;
       if (!read || !f.slot) f.done = true;
     } else if (f.acked && (!read || !f.slot)) {
       f.done = true;
     }
     if (read && f.acked && f.slot && !f.done) {
       CopySegment seg{reinterpret_cast<void*>(f.gaddr), reinterpret_cast<const void*>(f.laddr), f.len};
-      auto t = pool->engine().submit(std::span<const CopySegment>(&seg, 1));
-      if (!t) break;  // the engine is full: next round
-      f.ticket = *t;
+      auto tk = pool->engine().submit(std::span<const CopySegment>(&seg, 1));
+      if (!tk) break;  // the engine is full: next round
+      f.ticket = *tk;
     }
   }
   // Retire finished pieces, in order.
-  while (!gtx_.frags.empty() && gtx_.frags.front().done) {
-    if (gtx_.frags.front().slot) pool->give(*gtx_.frags.front().slot);
-    gtx_.frags.pop_front();
+  while (!t.frags.empty() && t.frags.front().done) {
+    if (t.frags.front().slot) pool->give(*t.frags.front().slot);
+    if (!t.frags.front().released) ++*budget;
+    t.frags.pop_front();
   }
   // Stage more.
-  while (gtx_.frags.size() < depth && gtx_.next_off < gtx_.total) {
-    while (gtx_.sge < w.wr.num_sge && gtx_.sge_off >= w.sge[gtx_.sge].length) {
-      ++gtx_.sge;
-      gtx_.sge_off = 0;
+  while (may_stage && *budget > 0 && t.next_off < t.total) {
+    while (t.sge < w.wr.num_sge && t.sge_off >= w.sge[t.sge].length) {
+      ++t.sge;
+      t.sge_off = 0;
     }
-    const ufab_sge& s = w.sge[gtx_.sge];
-    uint64_t n = s.length - gtx_.sge_off;
+    const ufab_sge& s = w.sge[t.sge];
+    uint64_t n = s.length - t.sge_off;
     if (n > frag) n = frag;
-    if (n > gtx_.total - gtx_.next_off) n = gtx_.total - gtx_.next_off;
+    if (n > t.total - t.next_off) n = t.total - t.next_off;
     TxFrag f;
-    f.off = gtx_.next_off;
+    f.off = t.next_off;
     f.len = static_cast<uint32_t>(n);
     const bool g = dev->gpu_keys[s.lkey & (kMaxMr - 1)].gpu;
     if (!g) {
-      f.laddr = s.addr + gtx_.sge_off;
+      f.laddr = s.addr + t.sge_off;
       f.staged = true;
     } else {
       if (!pool) return failed(UFAB_WC_LOC_PROT_ERR, "GPU memory without a staging pool");
@@ -328,38 +410,53 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
       if (!slot) break;  // all slots taken: next round
       f.slot = *slot;
       f.laddr = reinterpret_cast<uint64_t>(pool->slot(*slot));
-      f.gaddr = s.addr + gtx_.sge_off;
+      f.gaddr = s.addr + t.sge_off;
       if (!read) {
         CopySegment seg{reinterpret_cast<void*>(f.laddr), reinterpret_cast<const void*>(f.gaddr), n};
-        auto t = pool->engine().submit(std::span<const CopySegment>(&seg, 1));
-        if (!t) {
+        auto tk = pool->engine().submit(std::span<const CopySegment>(&seg, 1));
+        if (!tk) {
           pool->give(*slot);
           break;
         }
-        f.ticket = *t;
+        f.ticket = *tk;
       }
     }
-    gtx_.frags.push_back(f);
-    gtx_.next_off += n;
-    gtx_.sge_off += n;
+    t.frags.push_back(f);
+    t.next_off += n;
+    t.sge_off += n;
+    --*budget;
+    ++gtx_work_;
   }
+  if (!may_send) return kGpuPending;
   // Frag messages, in order, for pieces whose bytes are ready.
-  if (gtx_.messages) {
-    for (TxFrag& f : gtx_.frags) {
+  auto ring_room = [&](uint32_t nslots) {
+    uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
+    if (tail + nslots - out_req_head <= kRingSlots) return true;
+    out_req_head = out_req.idx->head.load(std::memory_order_acquire);
+    if (tail + nslots - out_req_head <= kRingSlots) return true;
+    ++stats.stalls;
+    return false;
+  };
+  bool blocked = false;
+  if (t.messages) {
+    for (TxFrag& f : t.frags) {
       if (f.sent) continue;
-      if (!read && !f.staged) break;
+      if (!read && !f.staged) {
+        blocked = true;
+        break;
+      }
       MsgHdr h = {};
-      h.type = gtx_.type;
+      h.type = t.type;
       h.nslots = static_cast<uint8_t>(msg_slots(sizeof(FragBody)));
       h.seq = next_seq;
       h.len = f.len;
       FragBody b = {};
       b.laddr = f.laddr;
       b.rkey = w.wr.rkey;
-      if (gtx_.type == kMsgFragSend) {
+      if (t.type == kMsgFragSend) {
         b.off = f.off;
-        h.value = gtx_.total;
-        if (f.off + f.len == gtx_.total) h.flags |= kFlagLast;
+        h.value = t.total;
+        if (f.off + f.len == t.total) h.flags |= kFlagLast;
         if (w.wr.opcode == UFAB_WR_SEND_WITH_IMM) {
           h.flags |= kFlagImm;
           h.imm = w.wr.imm_data;
@@ -368,14 +465,11 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
       } else {
         b.raddr = w.wr.remote_addr + f.off;
       }
-      uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
-      if (tail + h.nslots - out_req_head > kRingSlots) {
-        out_req_head = out_req.idx->head.load(std::memory_order_acquire);
-        if (tail + h.nslots - out_req_head > kRingSlots) {
-          ++stats.stalls;
-          break;
-        }
+      if (!ring_room(h.nslots)) {
+        blocked = true;
+        break;
       }
+      uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
       out_req.put(tail, 0, &h, sizeof h);
       out_req.put(tail, kHdrSize, &b, sizeof b);
       out_req.publish(tail, h.nslots);
@@ -385,31 +479,108 @@ int Qp::gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why) {
       if (f.off == 0) w.seq = f.seq;  // an RNR NAK names the first
       ++msgs_sent;
       ++stats.tx;
+      ++gtx_work_;
       notify_ = true;
     }
   }
-  if (gtx_.next_off == gtx_.total && gtx_.frags.empty()) {
-    gtx_ = GpuTx{};
-    return kGpuDone;
+  // WRITE_WITH_IMM's immediate: after the last piece's message (the
+  // responder holds it until their copies landed), or, one-sided, once
+  // every piece is at the target.
+  if (t.imm && !t.imm_sent && !blocked && t.staged_all() && (t.messages || t.frags.empty())) {
+    MsgHdr h = {};
+    h.type = kMsgWriteImm;
+    h.nslots = 1;
+    h.seq = next_seq;
+    h.len = static_cast<uint32_t>(t.total);
+    h.flags = kFlagImm;
+    h.imm = w.wr.imm_data;
+    if (w.wr.send_flags & UFAB_SEND_SOLICITED) h.flags |= kFlagSolicited;
+    if (ring_room(1)) {
+      uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
+      out_req.put(tail, 0, &h, sizeof h);
+      out_req.publish(tail, 1);
+      t.imm_sent = true;
+      t.imm_seq = next_seq++;
+      w.seq = t.imm_seq;
+      ++msgs_sent;
+      ++stats.tx;
+      ++gtx_work_;
+      notify_ = true;
+    }
   }
-  return kGpuPending;
+  return t.finished() ? kGpuDone : kGpuPending;
 }
 
-// The GPU work request ends (failed, flushed, RNR restart, reset): slots
+// Every GPU work request in flight, one round each in send-queue order;
+// then those finished at the head of the send queue complete, in order,
+// and a failed one at the head fails (the QP goes to ERROR).
+int Qp::gpu_tx_run() {
+  if (gtxq_.empty()) return 0;
+  gtx_work_ = 0;
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  const uint32_t depth = pool ? pool->depth() : dev->gparams.depth;
+  size_t inflight = 0;
+  for (const GpuTx& t : gtxq_) {
+    for (const TxFrag& f : t.frags) inflight += f.released ? 0 : 1;
+  }
+  uint32_t budget = inflight < depth ? depth - static_cast<uint32_t>(inflight) : 0;
+  bool may_stage = true, may_send = !rnr_wait;
+  for (GpuTx& t : gtxq_) {
+    if (t.fail) break;  // nothing after a failed one moves
+    uint32_t st = 0;
+    std::string why;
+    if (gpu_tx_step(t, sq[t.wr % sq.size()], may_stage, may_send, &budget, &st, &why) == kGpuFailed) {
+      t.fail = st;
+      t.fail_why = why;
+      break;
+    }
+    may_stage = may_stage && t.staged_all();
+    may_send = may_send && t.sent_all();
+  }
+  int work = gtx_work_;
+  while (!gtxq_.empty() && gtxq_.front().wr == sq_head && attr.state == UFAB_QPS_RTS) {
+    GpuTx& t = gtxq_.front();
+    SendWqe& w = sq[t.wr % sq.size()];
+    const uint32_t op = w.wr.opcode;
+    if (t.fail) {
+      const uint32_t st = t.fail;
+      const bool send = op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM;
+      if (!t.fail_nak && (st == UFAB_WC_REM_ACCESS_ERR || st == UFAB_WC_REM_INV_REQ_ERR)) {
+        // The responder's QP goes to ERROR too, as it does after a NAK.
+        uint32_t zero = 0;
+        peer_ctl->fatal.compare_exchange_strong(zero, st);
+        notify_ = true;
+        ++stats.naks_received;
+      }
+      std::string detail = t.fail_nak ? t.fail_why
+                                      : std::string(op_name(op)) + (send ? "" : " to rkey " + hex(w.wr.rkey)) + ": " +
+                                            t.fail_why;
+      fail_head(st, detail);  // enter_error clears gtxq_
+      return work + 1;
+    }
+    if (!t.finished()) break;
+    gtxq_.pop_front();
+    ++sq_head;
+    rnr_left = attr.rnr_retry;
+    ++work;
+    complete_send(w, UFAB_WC_SUCCESS, std::string());
+  }
+  return work;
+}
+
+// One GPU work request ends (failed, flushed, RNR restart, reset): slots
 // back to the pool, or to the quarantine while the peer may still read
 // one (a Frag message sent and not answered), or as orphans while a copy
 // into one runs.
-void Qp::gpu_tx_clear() {
-  if (!gtx_.active) return;
+void Qp::gpu_tx_drop(GpuTx& t) {
   staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
-  for (TxFrag& f : gtx_.frags) {
-    if (!pool) break;
+  if (!pool) return;
+  for (TxFrag& f : t.frags) {
     if (!f.slot) {
       if (f.ticket >= 0) pool->orphan(static_cast<uint32_t>(f.ticket), std::nullopt);
       continue;
     }
-    bool peer_may_read = gtx_.messages && gtx_.type != kMsgFragRead && f.sent && !f.acked && peer &&
-                         !peer->dead.load();
+    bool peer_may_read = t.messages && t.type != kMsgFragRead && f.sent && !f.acked && peer && !peer->dead.load();
     if (peer_may_read) {
       peer_ref(peer);
       std::lock_guard<std::mutex> g(dev->quarantine_mu);
@@ -421,7 +592,28 @@ void Qp::gpu_tx_clear() {
       pool->give(*f.slot);
     }
   }
-  gtx_ = GpuTx{};
+  t.frags.clear();
+}
+
+void Qp::gpu_tx_clear() {
+  for (GpuTx& t : gtxq_) gpu_tx_drop(t);
+  gtxq_.clear();
+}
+
+// An RNR NAK for a message of gtxq_[k]: it and everything after it go
+// again after the timer (the responder drops what followed). keep: the
+// NAK named gtxq_[k]'s kMsgWriteImm, whose data landed: only that goes
+// again; else (a SEND's first fragment) gtxq_[k] starts over too.
+void Qp::gpu_tx_rewind(size_t k, bool keep) {
+  const size_t from = keep ? k + 1 : k;
+  while (gtxq_.size() > from) {
+    gpu_tx_drop(gtxq_.back());
+    gtxq_.pop_back();
+  }
+  if (keep) {
+    gtxq_[k].imm_sent = false;
+    gtxq_[k].imm_acked = false;
+  }
 }
 
 // --------------------------------------------------------------- responder
@@ -557,6 +749,8 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
       rx.done += n;
     }
     rx.partial = false;
+    // The requester's slot is read: it may have it back before the ACK.
+    if (write) peer_ctl->pulled.store(h.seq + 1, std::memory_order_release);
     return kRxNext;
   }
 
@@ -689,6 +883,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
     rx.done += n;
   }
   rx.partial = false;
+  if (frag_send) peer_ctl->pulled.store(h.seq + 1, std::memory_order_release);
   if (last) {
     rx.recv_open = false;
     const uint32_t flags = (h.flags & kFlagImm) ? UFAB_WC_WITH_IMM : 0;

@@ -47,12 +47,6 @@ const char* state_name(uint32_t s) {
   }
 }
 
-const char* op_name(uint32_t op) {
-  static const char* kNames[] = {"RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
-                                 "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"};
-  return op < 7 ? kNames[op] : "an unknown opcode";
-}
-
 std::string mask_names(uint32_t m) {
   static const struct {
     uint32_t bit;
@@ -91,6 +85,13 @@ constexpr Transition kTransitions[] = {
 };
 
 }  // namespace
+
+const char* op_name(uint32_t op) {
+  static const char* kNames[] = {"RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
+                                 "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"};
+  return op < 7 ? kNames[op] : "an unknown opcode";
+}
+
 
 // Moves n bytes of an iovec pair forward after a partial transfer.
 static void advance(struct iovec*& v, unsigned long& n, size_t bytes) {
@@ -336,6 +337,7 @@ void Qp::reset_locked() {
   ctl->producer.store(0);
   ctl->fatal.store(0);
   ctl->consumed.store(0);
+  ctl->pulled.store(0);
   ctl->access.store(0);
   // Positions go on from the producer's tail; no stamp may be left behind
   // (a message never consumed, payload slots of one).
@@ -893,6 +895,10 @@ uint32_t Qp::one_sided(SendWqe& w, std::string* why) {
 int Qp::requester_send() {
   int work = 0;
   stalled_ = false;
+  if (rnr_wait && Clock::now() >= rnr_until) rnr_wait = false;
+  // GPU work requests in flight (gpu.cc): copies that landed, pieces
+  // staged and sent, the finished ones completed in order.
+  work += gpu_tx_run();
   while (sq_next < sq_tail && attr.state == UFAB_QPS_RTS) {
     if (rnr_wait) {
       if (Clock::now() < rnr_until) break;
@@ -903,11 +909,17 @@ int Qp::requester_send() {
     bool one = (op == UFAB_WR_RDMA_WRITE || op == UFAB_WR_RDMA_READ || op == UFAB_WR_RDMA_WRITE_WITH_IMM) && !w.data_done;
     bool send = op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM;
     // GPU memory here or a GPU region there: the staging pipeline (gpu.cc).
-    bool gpu = gtx_.active || (w.length > 0 && !w.is_inline &&
-                               ((send && w.local_gpu) || (one && (w.local_gpu || remote_gpu(w)))));
-    // One-sided work, GPU work and fences start once everything before them
-    // is done, so a WRITE never overtakes a SEND still in the peer's ring.
-    if ((one || gpu || (w.wr.send_flags & UFAB_SEND_FENCE)) && sq_head != sq_next) break;
+    bool gpu = w.length > 0 && !w.is_inline && ((send && w.local_gpu) || (one && (w.local_gpu || remote_gpu(w))));
+    // One-sided work and fences start once everything before them is
+    // done, so a WRITE never overtakes a SEND still in the peer's ring;
+    // anything else behind GPU work once that completed. GPU work starts
+    // behind GPU work of its kind (gpu_tx_may_join), else once everything
+    // before it is done.
+    if (gpu) {
+      if (!gpu_tx_may_join(w)) break;
+    } else if (!gtxq_.empty() || ((one || (w.wr.send_flags & UFAB_SEND_FENCE)) && sq_head != sq_next)) {
+      break;
+    }
     if (!w.checked) {
       std::string why;
       uint32_t st = 0;
@@ -924,38 +936,14 @@ int Qp::requester_send() {
     }
     if (gpu) {
       std::string why;
-      uint32_t st = 0;
-      if (!gtx_.active) {
-        st = gpu_tx_start(w, &why);
-        if (st == kLater) {
-          stalled_ = true;
-          break;
-        }
-      }
-      int r = st ? static_cast<int>(kGpuFailed) : gpu_tx_step(w, &st, &why);
-      if (r == kGpuPending) {
-        stalled_ = true;  // copies to land, answers to come: polled
+      if (gpu_tx_start(w, &why) == kLater) {
+        stalled_ = true;
         break;
       }
-      if (r == kGpuFailed) {
-        if (st == UFAB_WC_REM_ACCESS_ERR || st == UFAB_WC_REM_INV_REQ_ERR) {
-          uint32_t zero = 0;
-          peer_ctl->fatal.compare_exchange_strong(zero, st);
-          notify_ = true;
-          ++stats.naks_received;
-        }
-        fail_head(st, std::string(op_name(op)) + (send ? "" : " to rkey " + hex(w.wr.rkey)) + ": " + why);
-        return work + 1;
-      }
+      ++sq_next;
       ++work;
-      if (op != UFAB_WR_RDMA_WRITE_WITH_IMM) {
-        ++sq_next;
-        ++sq_head;
-        rnr_left = attr.rnr_retry;
-        complete_send(w, UFAB_WC_SUCCESS, std::string());
-        continue;
-      }
-      w.data_done = true;
+      work += gpu_tx_run();  // its first pieces staged now
+      continue;
     } else if (one) {
       std::string why;
       uint32_t st = one_sided(w, &why);
@@ -991,6 +979,7 @@ int Qp::requester_send() {
     ++sq_next;
     ++work;
   }
+  if (!gtxq_.empty()) stalled_ = true;  // copies to land, answers to come: polled
   return work;
 }
 
@@ -1024,7 +1013,7 @@ int Qp::requester_responses() {
         gpu_tx_ack(h.seq);
         break;
       case kMsgFragReady:
-        if (gtx_.active) {
+        if (!gtxq_.empty()) {
           std::string why;
           if (uint32_t st = gpu_tx_ready(h, &why)) fail_head(st, std::string("RDMA_READ: ") + why);
         }
@@ -1043,17 +1032,28 @@ int Qp::requester_responses() {
         ack_through(h.seq, false);
         gpu_tx_ack(h.seq - 1);
         ++stats.naks_received;
-        w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
-        if (gpu_tx_owns(h.seq)) {
-          w = &sq[sq_next % sq.size()];
-          w->seq = h.seq;
-        }
-        if (!w || w->seq != h.seq) break;
         uint32_t st = static_cast<uint32_t>(h.value);
         std::string why = st == UFAB_WC_REM_INV_REQ_ERR ? "the responder refused the request as invalid"
                           : st == UFAB_WC_REM_ACCESS_ERR ? "the responder refused the rkey, its rights or bounds"
                           : st == UFAB_WC_REM_OP_ERR     ? "the responder could not complete it (its receive failed)"
                                                          : "the peer QP is in ERROR";
+        if (int k = gpu_tx_owns(h.seq); k >= 0) {
+          // A GPU work request: it fails in its turn, once the ones before
+          // it (all answered) completed.
+          GpuTx& t = gtxq_[static_cast<size_t>(k)];
+          const uint32_t op = sq[t.wr % sq.size()].wr.opcode;
+          if (st == UFAB_WC_REM_INV_REQ_ERR && (op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM)) {
+            why = "the responder refused it: the message is longer than the receive posted there";
+          }
+          if (!t.fail) {
+            t.fail = st;
+            t.fail_nak = true;
+            t.fail_why = std::string(op_name(op)) + ": " + why;
+          }
+          break;
+        }
+        w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+        if (!w || w->seq != h.seq) break;
         if (st == UFAB_WC_REM_INV_REQ_ERR && !is_atomic(w->wr.opcode)) {
           why = "the responder refused it: the message is longer than the receive posted there";
         }
@@ -1062,9 +1062,38 @@ int Qp::requester_responses() {
       }
       case kMsgRnrNak: {
         ack_through(h.seq, false);
+        gpu_tx_ack(h.seq - 1);
         ++stats.rnr_received;
-        const bool g = gpu_tx_owns(h.seq);
-        w = g ? &sq[sq_next % sq.size()] : sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
+        const int g = gpu_tx_owns(h.seq);
+        if (g >= 0) {
+          GpuTx& t = gtxq_[static_cast<size_t>(g)];
+          const uint64_t wr = t.wr;
+          const uint32_t op = sq[wr % sq.size()].wr.opcode;
+          if (attr.rnr_retry != 7 && rnr_left == 0) {
+            if (!t.fail) {
+              t.fail = UFAB_WC_RNR_RETRY_EXC_ERR;
+              t.fail_nak = true;
+              t.fail_why = std::string(op_name(op)) + ": the peer had no receive posted, " +
+                           std::to_string(attr.rnr_retry) + " RNR retries (rnr_retry) ran out";
+            }
+            break;
+          }
+          if (attr.rnr_retry != 7) --rnr_left;
+          // Go back: the responder drops what followed. A SEND from GPU
+          // memory starts again from its first fragment; a WRITE_WITH_IMM
+          // whose data landed sends its immediate again; the GPU work
+          // requests after it start over.
+          const bool keep = t.imm_sent && t.imm_seq == h.seq;
+          stats.retransmits += gtxq_.size() - static_cast<size_t>(g);
+          gpu_tx_rewind(static_cast<size_t>(g), keep);
+          msgs_sent -= next_seq - h.seq;
+          sq_next = keep ? wr + 1 : wr;
+          next_seq = h.seq;
+          rnr_wait = true;
+          rnr_until = Clock::now() + std::chrono::microseconds(rnr_timer_us(static_cast<uint32_t>(h.value)));
+          break;
+        }
+        w = sq_head < sq_next ? &sq[sq_head % sq.size()] : nullptr;
         if (!w || w->seq != h.seq) break;
         if (attr.rnr_retry != 7 && rnr_left == 0) {
           fail_head(UFAB_WC_RNR_RETRY_EXC_ERR,
@@ -1074,10 +1103,6 @@ int Qp::requester_responses() {
         }
         if (attr.rnr_retry != 7) --rnr_left;
         // Go back: the responder drops what followed; all of it goes again.
-        if (g) {
-          gpu_tx_clear();  // the SEND from GPU memory starts again from its first fragment
-          ++stats.retransmits;
-        }
         stats.retransmits += sq_next - sq_head;
         for (uint64_t k = sq_head; k < sq_next; ++k) sq[k % sq.size()].sent = false;
         msgs_sent -= next_seq - h.seq;
@@ -1333,7 +1358,7 @@ int Qp::progress_locked() {
       work += responder();
   }
   if (attr.state == UFAB_QPS_RTS) {
-    if (sq_next < sq_tail) work += requester_send();
+    if (sq_next < sq_tail || !gtxq_.empty()) work += requester_send();
     if (sq_head < sq_next && peer_ctl && peer_ctl->qpn.load(std::memory_order_relaxed) != attr.dest_qpn) {
       fail_head(UFAB_WC_RETRY_EXC_ERR, "the peer QP " + hex(attr.dest_qpn) + " was destroyed");
     }

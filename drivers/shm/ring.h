@@ -32,9 +32,10 @@ namespace ufab::shm {
 
 constexpr uint32_t kSegMagic = 0x7566736d;  // "ufsm"
 // 2: KeyEntry names the file behind a MAP_SHARED region; 3: GPU regions,
-// Frag messages; 4: a message's first slot carries its stamp (the consumer
-// polls slots, not `tail`), 32-byte MsgHdr.
-constexpr uint32_t kSegVersion = 4;
+// Frag messages; 4: QpCtl::pulled (several GPU work requests in flight per
+// QP); 5: a message's first slot carries its stamp (the consumer polls
+// slots, not `tail`), 32-byte MsgHdr.
+constexpr uint32_t kSegVersion = 5;
 
 constexpr uint32_t kMaxQp = 256;      // QP index: the low 8 bits of the QPN
 constexpr uint32_t kMaxMr = 4096;     // key index: the low 12 bits of a key
@@ -174,7 +175,12 @@ struct alignas(64) QpCtl {
   // kMsgFragRead whose staged bytes it has read (this QP's slots held for
   // them go back to the pool).
   std::atomic<uint32_t> consumed;
-  char pad[24];
+  // Written by the connected peer (as responder): 1 + the sequence number
+  // of the last kMsgFragWrite/kMsgFragSend whose bytes it has read from
+  // this QP's memory (this QP's slots for them go back to the pool then,
+  // before the ACK, which waits for placement).
+  std::atomic<uint32_t> pulled;
+  char pad[20];
   RingIdx req;
   RingIdx resp;
 };

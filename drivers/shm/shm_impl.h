@@ -30,6 +30,7 @@ class Error {
 };
 
 std::string hex(uint64_t v);
+const char* op_name(uint32_t op);  // "RDMA_WRITE", ...
 
 // A device we connected to (or that connected to us): its segment, mapped,
 // and the socket whose end says it died.
@@ -88,10 +89,13 @@ struct GpuKey {
   uint64_t buffer_id = 0;  // CUDA's id of the allocation (made up with gpu_copy=fake)
 };
 
-// The requester's GPU work request in flight (one per QP: a work request
-// that touches GPU memory starts once everything before it completed).
-// Pieces of at most gpu_frag bytes, each inside one SGE, staged
-// gpu_depth ahead (docs/gpu.md, "shm").
+// A requester's GPU work request in flight. Several may be in flight per
+// QP (docs/gpu.md, "shm"): consecutive GPU work requests of one kind (all
+// Frag messages or all one-sided; READs only behind READs), while nothing
+// else is; any other work request behind them starts once everything
+// before it completed. Pieces of at most gpu_frag
+// bytes, each inside one SGE, staged gpu_depth ahead over all of the QP's
+// GPU work requests together; completed in order.
 struct TxFrag {
   uint64_t off = 0;    // in the message
   uint32_t len = 0;
@@ -105,16 +109,38 @@ struct TxFrag {
   uint64_t ring_end = 0;  // the peer's request ring index past this message
   uint32_t pulled = 0;    // READ: bytes read from the responder's slots
   bool acked = false;     // the responder is done with it
+  bool released = false;  // out of the gpu_depth budget: read by the peer (QpCtl::pulled), or retired
   bool done = false;
 };
 struct GpuTx {
-  bool active = false;
+  uint64_t wr = 0;        // its index in the send queue
   bool messages = false;  // Frag messages (a GPU region at the peer, or a SEND); else one-sided copies
   uint8_t type = 0;       // kMsgFragWrite, kMsgFragRead, kMsgFragSend
   uint64_t total = 0, next_off = 0;
   uint32_t sge = 0;
   uint64_t sge_off = 0;
   std::deque<TxFrag> frags;
+  // WRITE_WITH_IMM: kMsgWriteImm, sent once every piece is sent (Frag
+  // messages: the responder holds it until their copies landed) or done
+  // (one-sided); the work request completes at its ACK.
+  bool imm = false, imm_sent = false, imm_acked = false;
+  uint32_t imm_seq = 0;
+  // Failed, completed when it reaches the head of the send queue (the
+  // work requests before it complete first, in order).
+  uint32_t fail = 0;
+  bool fail_nak = false;  // the responder's NAK (else found here: the responder's QP is told by `fatal`)
+  std::string fail_why;
+  bool staged_all() const { return next_off == total; }
+  bool sent_all() const {
+    if (!staged_all()) return false;
+    if (messages) {
+      for (const TxFrag& f : frags) {
+        if (!f.sent) return false;
+      }
+    }
+    return !imm || imm_sent;
+  }
+  bool finished() const { return staged_all() && frags.empty() && (!imm || imm_acked); }
 };
 
 // The responder's copies into and out of GPU memory, completed in order.
@@ -271,11 +297,16 @@ struct Qp {
   enum { kGpuDone, kGpuPending, kGpuFailed };
   bool remote_gpu(const SendWqe& w) const;
   uint32_t gpu_tx_start(SendWqe& w, std::string* why);
-  int gpu_tx_step(SendWqe& w, uint32_t* status, std::string* why);
+  int gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_t* budget, uint32_t* status,
+                  std::string* why);
+  int gpu_tx_run();  // steps every GPU work request in flight; completes the finished ones in order
+  bool gpu_tx_may_join(const SendWqe& w) const;
   void gpu_tx_ack(uint32_t seq);
-  bool gpu_tx_owns(uint32_t seq) const;
+  int gpu_tx_owns(uint32_t seq) const;  // the index in gtxq_ of the one that sent message `seq`, or -1
   uint32_t gpu_tx_ready(const MsgHdr& h, std::string* why);
-  void gpu_tx_clear();
+  void gpu_tx_clear();               // all of them
+  void gpu_tx_drop(GpuTx& t);        // one: its slots back (or quarantined)
+  void gpu_tx_rewind(size_t k, bool keep);  // RNR: drop gtxq_[k..] (keep: gtxq_[k] keeps its data)
   uint32_t remote_copy(uint32_t rkey, uint64_t raddr, void* local, uint64_t len, bool read, std::string* why);
   enum { kRxNext, kRxStall, kRxRnr, kRxFatal, kRxDead };
   bool recv_is_gpu(const RecvWqe& r) const;
@@ -284,8 +315,9 @@ struct Qp {
   void gpu_rx_drain();
   void gpu_rx_clear(bool complete);  // complete: flush the waiting receives
   void responder_ack();
-  bool gpu_idle() const { return !gtx_.active && grx_.jobs.empty() && grx_.held.empty(); }
-  GpuTx gtx_;
+  bool gpu_idle() const { return gtxq_.empty() && grx_.jobs.empty() && grx_.held.empty(); }
+  std::deque<GpuTx> gtxq_;
+  int gtx_work_ = 0;  // what gpu_tx_step did, for progress's count
   GpuRx grx_;
 
   bool notify_ = false;

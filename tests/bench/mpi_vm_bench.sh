@@ -66,17 +66,19 @@ jq -n --arg cmd "$cmdline" --arg date "$(date -u +%FT%TZ)" --arg commit "$commit
     runs: $runs}' >"$out.json"
 
 # The table: per size and transport, the median of the runs (and their
-# range); then ufab's median over tcp's.
+# range) of the mean latency, of the typical latency (a run's median round
+# trip, which a descheduled vCPU moves less) and of the bandwidth.
 echo
-printf '%-9s %-5s %26s %26s\n' bytes stack "latency[us] median (range)" "bw[MiB/s] median (range)"
-jq -r '.runs | map(.transport as $t | .results[] | . + {transport: $t}) | group_by(.size)[] |
+printf '%-9s %-6s %24s %24s %22s\n' bytes stack "latency[us] (range)" "typical[us] (range)" "bw[MiB/s] (range)"
+jq -r 'def med: sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+  .runs | map(.transport as $t | .results[] | . + {transport: $t}) | group_by(.size)[] |
   group_by(.transport)[] | [.[0].size, .[0].transport,
-    (map(.latency_usec) | sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end),
-    (map(.latency_usec) | min), (map(.latency_usec) | max),
-    (map(.bw_mib_s) | sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end),
-    (map(.bw_mib_s) | min), (map(.bw_mib_s) | max)] | @tsv' "$out.json" |
-  while IFS=$'\t' read -r size t lm l0 l1 bm b0 b1; do
-    printf '%-9s %-5s %10.1f (%6.0f..%6.0f) %10.2f (%5.2f..%5.2f)\n' "$size" "$t" "$lm" "$l0" "$l1" "$bm" "$b0" "$b1"
+    (map(.latency_usec) | med), (map(.latency_usec) | min), (map(.latency_usec) | max),
+    (map(.latency_typical_usec // .latency_usec) | med), (map(.latency_typical_usec // .latency_usec) | min),
+    (map(.latency_typical_usec // .latency_usec) | max),
+    (map(.bw_mib_s) | med), (map(.bw_mib_s) | min), (map(.bw_mib_s) | max)] | @tsv' "$out.json" |
+  while IFS=$'\t' read -r size t lm l0 l1 tm t0 t1 bm b0 b1; do
+    printf '%-9s %-6s %8.0f (%6.0f..%6.0f) %8.0f (%6.0f..%6.0f) %7.2f (%5.2f..%5.2f)\n' "$size" "$t" "$lm" "$l0" "$l1" "$tm" "$t0" "$t1" "$bm" "$b0" "$b1"
   done
 say "written: $out.json ($((SECONDS - t_start)) s)"
 [ "$rc" -eq 0 ]

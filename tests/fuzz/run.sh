@@ -124,20 +124,18 @@ for t in "${targets[@]}"; do
     arp) fuzz arp "$root/tests/fuzz/arp_fuzzer.cc" "$root"/core/net/{arp,addresses}.cc || status=1 ;;
     cm_mad) fuzz cm_mad "$root/tests/fuzz/cm_mad_fuzzer.cc" "$root"/core/cm/{mad,rdma_cm}.cc || status=1 ;;
     rdma_receive)
-      extra_headers="$root/abi/*.h $root/api/*.h $root/api/ufab/* $root/core/*.h $root/drivers/*.h $root/drivers/*/*.h $root/dma/*.h $root/vfio/*.h" \
+      # The sources are what Bazel builds into the same fuzz entry point
+      # (//tests/fuzz:rdma_receive_corpus_test), less its corpus driver:
+      # no list here to fall behind the code.
+      command -v bazel >/dev/null || die "rdma_receive: bazel is needed to list the target's sources"
+      q=$(cd "$root" && bazel query --noshow_progress 'kind("source file", deps(//tests/fuzz:rdma_receive_corpus_test))' 2>/dev/null |
+        sed -n 's#^//\([^:]*\):\(.*\)$#\1/\2#p; s#^//:\(.*\)$#\1#p' | sed 's#^/##') ||
+        die "rdma_receive: bazel query of //tests/fuzz:rdma_receive_corpus_test failed"
+      mapfile -t rr_srcs < <(grep -E '\.(cc|c)$' <<<"$q" | grep -v '^tests/fuzz/corpus_main.cc$' | sed "s#^#$root/#")
+      [ "${#rr_srcs[@]}" -gt 10 ] || die "rdma_receive: bazel query listed ${#rr_srcs[@]} sources"
+      extra_headers=$(grep -E '\.h$' <<<"$q" | sed "s#^#$root/#" | tr '\n' ' ') \
       extra_libs="-lrt -ldl -lpthread" \
-      fuzz rdma_receive "$root/tests/fuzz/rdma_receive_fuzzer.cc" "$root"/lib/builtins_static.cc \
-        "$root"/core/provider/{c_api,providers,registries,softroce}.cc "$root"/drivers/builtin_providers.cc \
-        "$root"/drivers/shm/{device,gpu,provider,qp}.cc \
-        "$root"/core/transport/{completion_queue,context,gpu_staging,lane,link,qp_transition,queue_pair,requester,responder,verbs}.cc \
-        "$root"/core/staging/*.cc \
-        "$root"/core/rdma/{memory,durable}.cc "$root"/core/roce/{builder,gid,headers,icrc,opcodes,parser}.cc \
-        "$root"/core/gpu/{cuda,region}.cc "$root"/core/regcache/{cache,unmap_monitor}.cc \
-        "$root"/core/net/{arp,addresses}.cc "$root"/core/{nic,nic_open,plugin_registry,plugin_ops}.cc \
-        "$root"/drivers/builtin.cc "$root"/drivers/swnic/swnic.cc "$root"/drivers/e1000e/e1000e.cc \
-        "$root"/drivers/virtio_net/{virtio_net,virtio_pci,virtqueue}.cc "$root"/dma/{buffer_pool,dma}.cc \
-        "$root"/vfio/{container,device,group,info_caps,iommu,iova_allocator,kernel,pci_config,text}.cc \
-        "$root"/base/{files,hex,json,pci_address}.cc ||
+      fuzz rdma_receive "${rr_srcs[@]}" ||
         status=1 ;;
     *) die "unknown target '$t' (roce_parse, arp, cm_mad, rdma_receive)" ;;
   esac

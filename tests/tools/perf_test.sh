@@ -11,7 +11,10 @@
 # options, a client without a server, mismatched tests on the two sides,
 # and (with python3) a peer that is not perftest; then over the
 # shared-memory provider
-# (shm:pfPID..., no --ip): the tests, text output, errors. The
+# (shm:pfPID..., no --ip): the tests, text output, errors, and write-bw,
+# read-bw, send-bw with --use_cuda on the fake copy engine (--param
+# gpu_copy=fake: host memory standing for GPU memory, every byte
+# validated). The
 # rxe/perftest interop runs in the VM suite rxe_interop
 # (tests/vm/rxe_perftest_guest.sh).
 #
@@ -565,6 +568,10 @@ read-bw|-s 64K -n 200|65536|200
 atomic-lat|-n 300|8|300
 atomic-lat|-A CMP_AND_SWAP -n 100|8|100
 atomic-bw|-n 500|8|500
+write-bw|--use_cuda --param gpu_copy=fake --param gpu_frag=8192 --data_validation -s 1M -n 50|1048576|50
+write-bw|--use_cuda --param gpu_copy=fake --data_validation -s 4097 -n 300|4097|300
+read-bw|--use_cuda --param gpu_copy=fake --param gpu_frag=8192 --data_validation -s 64K -n 100|65536|100
+send-bw|--use_cuda --param gpu_copy=fake --param gpu_frag=8192 --data_validation -s 100000 -n 100|100000|100
 SHM
 
 # The text output: each side's GID is ::ffff: and its endpoint id, not an

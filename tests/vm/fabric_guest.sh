@@ -51,9 +51,52 @@ finish() {
   [ "$failed" -eq 0 ]
   exit
 }
+# bounded LIMIT OUT COMMAND...: runs COMMAND (output to the file OUT, or
+# where it goes when OUT is "-") for at most
+# LIMIT seconds. A command still running then is reported (every process
+# of its tree: state, kernel wait channel, each thread's user stack from
+# gdb), killed, and returns 124. A CI run once hung here past every
+# `timeout` with nothing to show why.
+bounded() {
+  local limit=$1 out=$2 pid end
+  shift 2
+  if [ "$out" = - ]; then "$@" & else "$@" >"$out" 2>&1 & fi
+  pid=$!
+  end=$((SECONDS + limit))
+  while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then
+    { echo "TIMEOUT after $limit s: $*"; hang_report "$pid"; } >&3
+    kill -KILL $(tree_of "$pid") 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 124
+  fi
+  wait "$pid"
+}
+tree_of() { # PID: it and its descendants
+  local c
+  echo "$1"
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree_of "$c"; done
+}
+hang_report() { # PID: what its process tree is doing
+  local p
+  for p in $(tree_of "$1"); do
+    ps -o pid=,stat=,wchan:24=,etime=,args= -p "$p" 2>/dev/null | cut -c1-160 | sed 's/^/  hang | /'
+    sed 's/^/  hang |   kernel: /' /proc/"$p"/stack 2>/dev/null | head -n 8
+    case $(cat /proc/"$p"/comm 2>/dev/null) in
+      timeout|bash|sh|mpirun|orted|tail) ;;
+      *) timeout 60 gdb -p "$p" -batch -nx -ex 'thread apply all bt 12' 2>/dev/null |
+           grep -E '^(Thread|#)' | cut -c1-160 | sed 's/^/  hang |   /' ;;
+    esac
+  done
+  dmesg 2>/dev/null | tail -n 15 | sed 's/^/  hang | dmesg: /'
+}
 show() { for f in "$@"; do echo "--- ${f##*/}"; tail -n 25 "$f" 2>/dev/null | cut -c1-160 | sed 's/^/  | /'; done; }
 has() { [[ " $cases " == *" $1 "* ]]; }
 
+exec 3>&1 # the suite's output, for hang reports from redirected cases
+# Kernel errors (hung tasks, RCU stalls) onto the console, which run-vm
+# prints when the VM has to be killed.
+dmesg -n 4 2>/dev/null
 export FI_PROVIDER_PATH=$dir/prov FI_UFAB_STATS=1
 export HOME=$w OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
@@ -114,23 +157,22 @@ fi
 # pingpong LABEL PROVIDER OPTIONS...: server on NIC 1, client on NIC 2.
 port=24000
 pingpong() {
-  local label=$1 prov=$2 crc src lines errs
+  local label=$1 prov=$2 crc src lines errs spid
   shift 2
   port=$((port + 1))
   rm -f "$w/server.out" "$w/client.out"
-  FI_PROVIDER=$prov FI_UFAB_DEVICES=$dev1 timeout 150 fi_pingpong -B "$port" "$@" >"$w/server.out" 2>&1 &
+  FI_PROVIDER=$prov FI_UFAB_DEVICES=$dev1 bounded 120 "$w/server.out" fi_pingpong -B "$port" "$@" &
   server_pid=$!
   local end=$((SECONDS + 60))
   while [ -z "$(ss -Hltn "sport = :$port" 2>/dev/null)" ] && kill -0 "$server_pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do
     sleep 0.1
   done
-  FI_PROVIDER=$prov FI_UFAB_DEVICES=$dev2 timeout 150 fi_pingpong -P "$port" "$@" 127.0.0.1 >"$w/client.out" 2>&1
+  FI_PROVIDER=$prov FI_UFAB_DEVICES=$dev2 bounded 120 "$w/client.out" fi_pingpong -P "$port" "$@" 127.0.0.1
   crc=$?
-  timeout 30 tail --pid="$server_pid" -f /dev/null
-  kill "$server_pid" 2>/dev/null
-  wait "$server_pid"
+  # The server ends by itself once the client has (or at its own limit).
+  spid=$server_pid server_pid=
+  wait "$spid"
   src=$?
-  server_pid=
   lines=$(grep -c '^[0-9]' "$w/client.out")
   # (No process substitution: the guest has no /dev/fd.)
   errs=$(grep -hv '^libufab-fi: stats' "$w/client.out" "$w/server.out" | grep -ci "error\|fail")
@@ -168,7 +210,7 @@ EOS
   mpi() { # LIMIT PROGRAM ARGS...: two ranks over ufab;ofi_rxm
     local limit=$1
     shift
-    timeout -k 10 "$limit" mpirun --oversubscribe -np 2 -x FI_PROVIDER_PATH -x FI_PROVIDER -x FI_UFAB_STATS \
+    bounded "$limit" - mpirun --oversubscribe -np 2 -x FI_PROVIDER_PATH -x FI_PROVIDER -x FI_UFAB_STATS \
       -x UFAB_VM_NIC1_BDF -x UFAB_VM_NIC2_BDF \
       --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "ufab;ofi_rxm" --mca btl self \
       --mca mtl_base_verbose 100 "$w/rank.sh" "$@"

@@ -1,9 +1,12 @@
 // Two ufab devices on the two ports of one software NIC, in one thread:
-// the basic operations end to end, driven by explicit progress calls.
+// the basic operations end to end, driven by explicit progress calls (and
+// one case with a waiting thread beside a polling one).
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <map>
 #include <cstring>
 #include <vector>
@@ -359,6 +362,67 @@ TEST_F(Loopback, LossyLinkDeliversEveryMessageOnceInOrder) {
   EXPECT_GT(st.retransmits, 0u);
   std::printf("retransmits %llu timeouts %llu naks %llu\n", (unsigned long long)st.retransmits,
               (unsigned long long)st.timeouts, (unsigned long long)st.naks_received);
+}
+
+// A thread waiting on one CQ while another thread polls a second CQ of
+// the same device: the waiter sleeps passively (no spin, no interrupt)
+// while the lane is driven by the poller, and must still get its
+// completion at once, and again after the poller stops (then it drives
+// progress itself).
+TEST_F(Loopback, WaiterBesideAPollerGetsItsCompletionsBeforeAndAfterThePollerStops) {
+  auto cq2 = b_.dev->create_cq(16);
+  ASSERT_TRUE(cq2);
+  auto bqp2 = b_.pd->create_qp({.type = QpType::kRc, .send_cq = cq2->get(), .recv_cq = cq2->get()});
+  ASSERT_TRUE(bqp2) << bqp2.error().message();
+  auto aqp2 = a_.pd->create_qp({.type = QpType::kRc, .send_cq = a_.cq.get(), .recv_cq = a_.cq.get()});
+  ASSERT_TRUE(aqp2) << aqp2.error().message();
+  ASSERT_TRUE((*aqp2)->connect((*bqp2)->local(), {}));
+  ASSERT_TRUE((*bqp2)->connect((*aqp2)->local(), {}));
+
+  std::atomic<bool> polling{true};
+  std::thread poller([&] {
+    WorkCompletion wc[4];
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (polling.load() && std::chrono::steady_clock::now() < end) (void)b_.cq->poll(wc);
+  });
+  std::atomic<int> got{0};
+  std::atomic<uint64_t> wr_ids[2] = {0, 0};
+  std::thread waiter([&] {
+    WorkCompletion wc[1];
+    for (int k = 0; k < 2; ++k) {
+      auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (std::chrono::steady_clock::now() < end) {
+        auto n = (*cq2)->wait(wc, std::chrono::milliseconds(100));
+        if (n && *n == 1) {
+          wr_ids[k] = wc[0].status == WcStatus::kSuccess ? wc[0].wr_id : ~uint64_t{0};
+          got++;
+          break;
+        }
+      }
+    }
+  });
+  auto deliver = [&](int k) {
+    Sge rsge = b_.mr->sge(0, 64);
+    EXPECT_TRUE((*bqp2)->post_recv({.wr_id = 100u + k, .sgl = {&rsge, 1}}));
+    Sge ssge = a_.mr->sge(0, 8);
+    EXPECT_TRUE((*aqp2)->post_send({.wr_id = 1, .opcode = WrOpcode::kSend, .flags = kSendSignaled, .sgl = {&ssge, 1}}));
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (got.load() <= k && std::chrono::steady_clock::now() < end) a_.dev->progress();
+    WorkCompletion wc[4];
+    (void)a_.cq->poll(wc);  // the send's completion
+    return got.load() > k;
+  };
+  // The waiter has slept beside the poller at least once: passive now.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  bool first = deliver(0);
+  polling = false;
+  poller.join();
+  bool second = deliver(1);
+  waiter.join();
+  EXPECT_TRUE(first) << "the waiter missed a completion while another thread polled";
+  EXPECT_TRUE(second) << "the waiter missed a completion after the other thread stopped polling";
+  EXPECT_EQ(wr_ids[0].load(), 100u);
+  EXPECT_EQ(wr_ids[1].load(), 101u);
 }
 
 }  // namespace

@@ -60,9 +60,9 @@ for v in FAB_CASES FAB_PP_ITERS; do
   [ -z "${!v:-}" ] || envs+=(--env "$v=${!v}")
 done
 # Two vCPUs: one per rank (each polls its NIC). --timeout: every step in
-# the guest is bounded (150 s per fi_pingpong side, 240 s mpi_check,
+# the guest is bounded (120 s per fi_pingpong side, 240 s mpi_check,
 # 600 s hpcc).
-tests/vm/run-vm --timeout 1200 --mem 2048 --smp 2 --nic e1000e --nic e1000e "${envs[@]}" \
+tests/vm/run-vm --timeout 1800 --mem 2048 --smp 2 --nic e1000e --nic e1000e "${envs[@]}" \
   -- tests/vm/fabric_guest.sh 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 passed=$(grep -c '^PASS ' "$out")

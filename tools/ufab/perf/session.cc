@@ -203,6 +203,15 @@ Status Session::map_buffer(uint64_t total) {
 // the size rounded up to 64 KiB), on the GPU's primary context.
 Status Session::map_cuda(uint64_t total) {
   const std::string what = "--use_cuda=" + std::to_string(cfg_.cuda_device);
+  // --param gpu_copy=fake (a testing aid, docs/gpu.md): host memory,
+  // registered as cuda memory, stands for the GPU buffer; the provider's
+  // fake copy engine moves it as it would move GPU memory, so the GPU
+  // paths are measured structurally on a machine without a GPU.
+  if (auto it = cfg_.params.find("gpu_copy"); it != cfg_.params.end() && it->second == "fake") {
+    if (auto m = map_buffer(total); !m) return m;
+    memory_kind_ = "host memory standing for GPU memory (gpu_copy=fake, a testing aid: no GPU)";
+    return {};
+  }
   auto driver = gpu::Driver::get();
   if (!driver) return std::unexpected(driver.error().context(what));
   auto n = (*driver)->device_count();

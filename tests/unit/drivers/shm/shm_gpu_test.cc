@@ -20,6 +20,8 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <random>
+#include <csignal>
 
 #include "core/gpu/cuda.h"
 #include "core/staging/fake_engine.h"
@@ -379,6 +381,534 @@ TEST(ShmGpu, FakeEngineSendFromGpuBehindRnr) {
     cases.push_back(k);
   }
   EXPECT_TRUE(run_cases("gpurnr", cases, {"gpu_copy=fake", "gpu_frag=8192"}));
+}
+
+// ------------------------------------------------------- streams of WRs
+//
+// Many work requests posted back to back on one QP (several GPU work
+// requests in flight: docs/gpu.md, "shm"): mixed operations, directions
+// and sizes (1 B .. 4 MiB + 3), unaligned offsets, sources and targets
+// over two SGEs, each into its own range of the target; every completion
+// checked in order, every byte of both processes' buffers checked (the
+// targets' ranges, the guard bytes between them, the sources unchanged).
+
+constexpr size_t kSBuf = 24u << 20;     // each region of a stream test
+constexpr size_t kSrcArea = 5u << 20;   // [0, kSrcArea): sources, a pattern
+constexpr uint32_t kSaltParent = 41, kSaltChild = 42;
+
+struct SWr {
+  uint32_t op = 0, src_gpu = 0, dst_gpu = 0;
+  uint64_t len = 0, src_off = 0, dst_off = 0;
+  bool recv() const {
+    return op == UFAB_WR_SEND || op == UFAB_WR_SEND_WITH_IMM || op == UFAB_WR_RDMA_WRITE_WITH_IMM;
+  }
+};
+
+// The stream both processes compute from one seed. READs place into the
+// parent's buffers, everything else into the child's.
+std::vector<SWr> stream_plan(uint32_t seed, size_t n, bool large, bool with_read = true) {
+  std::mt19937 rng(seed);
+  std::vector<uint32_t> ops = {UFAB_WR_RDMA_WRITE, UFAB_WR_RDMA_WRITE, UFAB_WR_RDMA_WRITE_WITH_IMM, UFAB_WR_SEND,
+                               UFAB_WR_SEND_WITH_IMM};
+  if (with_read) ops.push_back(UFAB_WR_RDMA_READ);
+  const uint64_t sizes[] = {1, 3, kFrag - 1, kFrag, kFrag + 1, 2 * kFrag + 3, 5 * kFrag + 7, 65536 + 5, 100003, 250001};
+  uint64_t cursor[2][2] = {{kSrcArea, kSrcArea}, {kSrcArea, kSrcArea}};  // [parent is target][gpu]
+  std::vector<SWr> out;
+  for (size_t i = 0; i < n; ++i) {
+    SWr w;
+    w.op = ops[rng() % ops.size()];
+    w.src_gpu = rng() % 4 != 0;  // mostly GPU memory
+    w.dst_gpu = rng() % 4 != 0;
+    w.len = sizes[rng() % std::size(sizes)];
+    if (large && (i == n / 3 || i == 2 * n / 3)) {
+      w.op = i == n / 3 ? UFAB_WR_RDMA_WRITE : UFAB_WR_SEND;
+      w.src_gpu = w.dst_gpu = 1;
+      w.len = (4u << 20) + 3;
+    }
+    w.src_off = rng() % (kSrcArea - w.len);
+    uint64_t& c = cursor[w.op == UFAB_WR_RDMA_READ][w.dst_gpu];
+    w.dst_off = c + rng() % 61;
+    c = w.dst_off + w.len;
+    out.push_back(w);
+  }
+  return out;
+}
+
+// What one process's region `g` must hold after the WRs in [0, upto) of
+// the plan: its source pattern, the guard, the targets placed here.
+std::vector<uint8_t> stream_image(const std::vector<SWr>& plan, size_t upto, bool parent, int g) {
+  std::vector<uint8_t> want(kSBuf, kGuard);
+  const uint32_t mine = parent ? kSaltParent : kSaltChild, theirs = parent ? kSaltChild : kSaltParent;
+  for (size_t i = 0; i < kSrcArea; ++i) want[i] = pattern(i, mine);
+  for (size_t k = 0; k < upto; ++k) {
+    const SWr& w = plan[k];
+    if ((w.op == UFAB_WR_RDMA_READ) != parent || static_cast<int>(w.dst_gpu) != g) continue;
+    for (uint64_t j = 0; j < w.len; ++j) want[w.dst_off + j] = pattern(w.src_off + j, theirs);
+  }
+  return want;
+}
+
+bool check_image(const Mem& m, const std::vector<uint8_t>& want, const char* what) {
+  auto b = m.load();
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (b[i] != want[i]) {
+      std::fprintf(stderr, "[%s] %s: byte %zu is 0x%02x, want 0x%02x\n", g_who, what, i, b[i], want[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+struct StreamRegions {
+  std::unique_ptr<Mem> mem[2];
+  ufab_rdma_mr* mr[2] = {};
+  uint32_t lkey[2] = {}, rkey[2] = {};
+  ~StreamRegions() {
+    for (auto* m : mr) {
+      if (m) P()->dereg_mr(m);
+    }
+  }
+};
+
+bool stream_regions(Side& s, StreamRegions& r, uint32_t salt, Remote* mine) {
+  const uint32_t acc = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
+  std::vector<uint8_t> b(kSBuf, kGuard);
+  for (size_t i = 0; i < kSrcArea; ++i) b[i] = pattern(i, salt);
+  for (int g = 0; g < 2; ++g) {
+    r.mem[g] = std::make_unique<Mem>(g == 1, kSBuf);
+    TREQUIRE(r.mem[g]->ok());
+    TREQUIRE(r.mem[g]->store(b));
+    ufab_mr_attr a = {sizeof a, acc, reinterpret_cast<void*>(r.mem[g]->addr()), kSBuf,
+                      g ? static_cast<uint32_t>(UFAB_MEM_CUDA) : static_cast<uint32_t>(UFAB_MEM_HOST), 0};
+    TREQUIRE_OK(P()->reg_mr(s.pd, &a, &r.mr[g], &r.lkey[g], &r.rkey[g]));
+    mine->base[g] = r.mem[g]->addr();
+    mine->rkey[g] = r.rkey[g];
+  }
+  return true;
+}
+
+// Two SGEs over [off, off + len) of region g (one when len < 3).
+uint32_t ssplit(const StreamRegions& r, int g, uint64_t off, uint64_t len, ufab_sge* out) {
+  const uint64_t cut = len > 2 ? len / 3 : len;
+  out[0] = {r.mem[g]->addr() + off, static_cast<uint32_t>(cut), r.lkey[g]};
+  if (cut == len) return 1;
+  out[1] = {r.mem[g]->addr() + off + cut, static_cast<uint32_t>(len - cut), r.lkey[g]};
+  return 2;
+}
+
+int post_plan_wr(ufab_rdma_qp* qp, const StreamRegions& r, const Remote& peer, const SWr& w, uint64_t id) {
+  ufab_sge sg[2];
+  const bool read = w.op == UFAB_WR_RDMA_READ;
+  uint32_t n = read ? ssplit(r, w.dst_gpu, w.dst_off, w.len, sg) : ssplit(r, w.src_gpu, w.src_off, w.len, sg);
+  uint64_t raddr = 0;
+  uint32_t rkey = 0;
+  if (read) {
+    raddr = peer.base[w.src_gpu] + w.src_off;
+    rkey = peer.rkey[w.src_gpu];
+  } else if (w.op == UFAB_WR_RDMA_WRITE || w.op == UFAB_WR_RDMA_WRITE_WITH_IMM) {
+    raddr = peer.base[w.dst_gpu] + w.dst_off;
+    rkey = peer.rkey[w.dst_gpu];
+  }
+  return post1(qp, id, w.op, sg, n, UFAB_SEND_SIGNALED, raddr, rkey, 0x1000 + static_cast<uint32_t>(id));
+}
+
+// The child's receives for the plan's SENDs and WRITE_WITH_IMMs, in order.
+bool post_plan_recvs(ufab_rdma_qp* qp, const StreamRegions& r, const std::vector<SWr>& plan) {
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const SWr& w = plan[k];
+    if (!w.recv()) continue;
+    ufab_sge sg[2];
+    uint32_t n = w.op == UFAB_WR_RDMA_WRITE_WITH_IMM ? 0 : ssplit(r, w.dst_gpu, w.dst_off, w.len, sg);
+    TREQUIRE_OK(recv1(qp, k, sg, n));
+  }
+  return true;
+}
+
+bool expect_recv(ufab_rdma_cq* cq, const SWr& w, uint64_t k) {
+  ufab_wc wc{};
+  const bool imm = w.op != UFAB_WR_SEND;
+  const int opcode = w.op == UFAB_WR_RDMA_WRITE_WITH_IMM ? UFAB_WC_RECV_RDMA_WITH_IMM : UFAB_WC_RECV;
+  bool ok = expect_wc(cq, k, UFAB_WC_SUCCESS, opcode, 60s, &wc);
+  ok &= wc.byte_len == w.len;
+  if (imm) ok &= (wc.wc_flags & UFAB_WC_WITH_IMM) && wc.imm_data == 0x1000 + k;
+  TCHECK_MSG(ok, "receive " + std::to_string(k) + ": " + wc_str(wc));
+  return ok;
+}
+
+ConnOptions stream_conn() {
+  ConnOptions o;
+  o.access = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
+  o.cq_depth = 1024;
+  o.cap = {256, 256, 4, 4, 0};
+  return o;
+}
+
+// Every WR of the plan posted back to back; every completion in order and
+// successful; both processes' buffers byte for byte.
+bool run_stream(const char* name, uint32_t seed, size_t n, bool large, std::vector<const char*> params,
+                bool read_runs = false) {
+  params.push_back(nullptr);
+  g_open_params = params.data();
+  g_open_progress_thread = true;
+  auto plan = stream_plan(seed, n, large);
+  if (read_runs) {
+    // Runs of 8 READs, then 4 WRITEs, ...: laid out again for the new targets.
+    uint64_t cursor[2][2] = {{kSrcArea, kSrcArea}, {kSrcArea, kSrcArea}};
+    for (size_t k = 0; k < plan.size(); ++k) {
+      SWr& w = plan[k];
+      w.op = k % 12 < 8 ? UFAB_WR_RDMA_READ : UFAB_WR_RDMA_WRITE;
+      uint64_t& c = cursor[w.op == UFAB_WR_RDMA_READ][w.dst_gpu];
+      w.dst_off = c + k % 61;
+      c = w.dst_off + w.len;
+    }
+  }
+  for (const SWr& w : plan) {
+    if (w.dst_off + w.len > kSBuf) {
+      std::fprintf(stderr, "the plan does not fit its buffers\n");
+      return false;
+    }
+  }
+  bool ok = run_pair(
+      name,
+      [&](Side& s) {
+        StreamRegions r;
+        Remote mine{}, theirs{};
+        if (!stream_regions(s, r, s.parent() ? kSaltParent : kSaltChild, &mine)) return false;
+        TREQUIRE(s.ch.exchange(mine, &theirs));
+        Conn c;
+        if (!make_conn(s, c, stream_conn())) return false;
+        bool good = true;
+        const uint64_t before = copies();
+        if (s.parent()) {
+          TREQUIRE(s.ch.sync("posted receives", 30s));
+          for (size_t k = 0; k < plan.size(); ++k) TREQUIRE_OK(post_plan_wr(c.qp, r, theirs, plan[k], k));
+          for (size_t k = 0; k < plan.size() && good; ++k) {
+            good &= expect_wc(c.scq, k, UFAB_WC_SUCCESS, -1, 60s);
+          }
+          TCHECK_MSG(good, "the stream's completions: in order and successful");
+          uint32_t done = good;
+          TREQUIRE(s.ch.send(&done, sizeof done));
+          for (int g = 0; g < 2 && good; ++g) {
+            good &= check_image(*r.mem[g], stream_image(plan, plan.size(), true, g), g ? "parent GPU" : "parent host");
+          }
+        } else {
+          TREQUIRE(post_plan_recvs(c.qp, r, plan));
+          TREQUIRE(s.ch.sync("posted receives", 30s));
+          for (size_t k = 0; k < plan.size() && good; ++k) {
+            if (plan[k].recv()) good &= expect_recv(c.rcq, plan[k], k);
+          }
+          uint32_t done = 0;
+          TREQUIRE(s.ch.recv(&done, sizeof done, 120s));
+          good &= done == 1;
+          for (int g = 0; g < 2 && good; ++g) {
+            good &= check_image(*r.mem[g], stream_image(plan, plan.size(), false, g), g ? "child GPU" : "child host");
+          }
+        }
+        if (g_backend == Backend::kFake) TCHECK_MSG(copies() > before, "no engine copy");
+        s.ch.sync("end", 60s);
+        drop_conn(c);
+        return good;
+      },
+      false, 240s);
+  g_open_params = nullptr;
+  g_open_progress_thread = false;
+  return ok;
+}
+
+TEST(ShmGpu, FakeEngineStreamOfWorkRequests) {
+  g_backend = Backend::kFake;
+  EXPECT_TRUE(run_stream("gpustream", 7, 60, true, {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=8"}));
+}
+
+TEST(ShmGpu, FakeEngineStreamRandomOrderSmallPool) {
+  g_backend = Backend::kFake;
+  // Copies complete out of order after a delay; a pool of 2 * gpu_depth
+  // slots, so both sides run out of slots and wait for each other.
+  EXPECT_TRUE(run_stream("gpustrrand", 11, 48, false,
+                         {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=4", "gpu_slots=8", "gpu_fake_order=random",
+                          "gpu_fake_delay_us=30"}));
+  EXPECT_TRUE(run_stream("gpustrone", 13, 32, false, {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=1"}));
+}
+
+// READs back to back (several in flight), then WRITEs behind them and
+// READs behind those: every byte, every completion in order.
+TEST(ShmGpu, FakeEngineStreamOfReads) {
+  g_backend = Backend::kFake;
+  EXPECT_TRUE(run_stream("gpustrread", 17, 48, false, {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=8"},
+                         /*read_runs=*/true));
+  EXPECT_TRUE(run_stream("gpustrreadr", 19, 48, false,
+                         {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=4", "gpu_slots=8", "gpu_fake_order=random",
+                          "gpu_fake_delay_us=30"},
+                         /*read_runs=*/true));
+}
+
+// A GPU buffer freed in the middle of a stream (staging::fake_free stands
+// for cuMemFree under a live region): at the poster, post_send refuses a
+// WR whose source was freed (-EACCES) and the stream goes on; at the
+// target, WR `bad` (a WRITE into its freed range) fails with
+// REM_ACCESS_ERR after every WR before it completed successfully, the
+// ones after it are flushed, and only the WRs before it placed bytes.
+TEST(ShmGpu, FakeEngineStreamFreedBufferMidway) {
+  g_backend = Backend::kFake;
+  const char* params[] = {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=8", nullptr};
+  g_open_params = params;
+  g_open_progress_thread = true;
+  auto plan = stream_plan(23, 30, false, false);
+  const size_t bad = 17;
+  plan[bad].op = UFAB_WR_RDMA_WRITE;
+  plan[bad].src_gpu = 1;
+  plan[bad].dst_gpu = 1;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    if (k != bad && plan[k].dst_gpu == 1 && plan[k].dst_off == plan[bad].dst_off) FAIL() << "overlapping plan";
+  }
+  bool ok = run_pair(
+      "gpustrfree",
+      [&](Side& s) {
+        StreamRegions r;
+        Remote mine{}, theirs{};
+        if (!stream_regions(s, r, s.parent() ? kSaltParent : kSaltChild, &mine)) return false;
+        TREQUIRE(s.ch.exchange(mine, &theirs));
+        Conn c;
+        if (!make_conn(s, c, stream_conn())) return false;
+        bool good = true;
+        if (s.parent()) {
+          TREQUIRE(s.ch.sync("posted receives", 30s));
+          for (size_t k = 0; k < plan.size(); ++k) {
+            if (k == bad / 2) {
+              // A source freed here: refused at post, nothing else changes.
+              SWr w = plan[k];
+              w.src_gpu = 1;
+              w.src_off = 4 * kFrag;
+              staging::fake_free(reinterpret_cast<void*>(r.mem[1]->addr() + w.src_off), w.len);
+              TCHECK_EQ(post_plan_wr(c.qp, r, theirs, w, 999), -EACCES);
+              TCHECK_MSG(g_last_error.find("was freed") != std::string::npos, g_last_error);
+              staging::fake_unfree_all();
+            }
+            TREQUIRE_OK(post_plan_wr(c.qp, r, theirs, plan[k], k));
+          }
+          for (size_t k = 0; k < plan.size(); ++k) {
+            const uint32_t want = k < bad ? UFAB_WC_SUCCESS : k == bad ? UFAB_WC_REM_ACCESS_ERR : UFAB_WC_WR_FLUSH_ERR;
+            good &= expect_wc(c.scq, k, want, -1, 60s);
+          }
+          TCHECK_MSG(good, "completions: successes before the freed buffer's WR, its REM_ACCESS_ERR, then flushes");
+          uint32_t done = good;
+          TREQUIRE(s.ch.send(&done, sizeof done));
+        } else {
+          // The target's GPU range of WR `bad` freed under its live region.
+          staging::fake_free(reinterpret_cast<void*>(r.mem[1]->addr() + plan[bad].dst_off), plan[bad].len);
+          TREQUIRE(post_plan_recvs(c.qp, r, plan));
+          TREQUIRE(s.ch.sync("posted receives", 30s));
+          for (size_t k = 0; k < plan.size() && good; ++k) {
+            if (!plan[k].recv()) continue;
+            if (k < bad) {
+              good &= expect_recv(c.rcq, plan[k], k);
+            } else {
+              good &= expect_wc(c.rcq, k, UFAB_WC_WR_FLUSH_ERR, -1, 30s);
+            }
+          }
+          uint32_t done = 0;
+          TREQUIRE(s.ch.recv(&done, sizeof done, 120s));
+          good &= done == 1;
+          for (int g = 0; g < 2 && good; ++g) {
+            good &= check_image(*r.mem[g], stream_image(plan, bad, false, g), g ? "child GPU" : "child host");
+          }
+          staging::fake_unfree_all();
+        }
+        s.ch.sync("end", 60s);
+        drop_conn(c);
+        return good;
+      },
+      false, 240s);
+  g_open_params = nullptr;
+  g_open_progress_thread = false;
+  EXPECT_TRUE(ok);
+}
+
+// The peer process dies in the middle of a stream of GPU WRITEs and SENDs
+// (SIGKILL, its copies held so pieces are in flight both ways): every WR
+// completes within bounds, in order, successes first, then one error,
+// then flushes; the device's pool is whole afterwards (a 4 MiB + 3 WRITE
+// into GPU memory on a new loopback QP pair goes through every slot).
+TEST(ShmGpu, FakeEnginePeerDiesMidStream) {
+  g_backend = Backend::kFake;
+  const char* params[] = {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=8", "gpu_slots=16", nullptr};
+  g_open_params = params;
+  g_open_progress_thread = true;
+  auto plan = stream_plan(31, 40, false, false);
+  size_t sends = 0, kill_after = 0;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    plan[k].src_gpu = plan[k].dst_gpu = 1;
+    plan[k].len = std::max<uint64_t>(plan[k].len, 5 * kFrag + 7);
+    if (plan[k].recv() && ++sends == 3) kill_after = k;
+  }
+  // The plan's ranges were laid out for the old lengths: again, in order.
+  uint64_t cursor = kSrcArea;
+  for (SWr& w : plan) {
+    w.src_off %= kSrcArea - w.len;
+    w.dst_off = cursor + 7;
+    cursor = w.dst_off + w.len;
+  }
+  ASSERT_GT(kill_after, 0u);
+  bool ok = run_pair(
+      "gpustrdie",
+      [&](Side& s) {
+        StreamRegions r;
+        Remote mine{}, theirs{};
+        if (!stream_regions(s, r, s.parent() ? kSaltParent : kSaltChild, &mine)) return false;
+        TREQUIRE(s.ch.exchange(mine, &theirs));
+        Conn c;
+        if (!make_conn(s, c, stream_conn())) return false;
+        if (!s.parent()) {
+          TREQUIRE(post_plan_recvs(c.qp, r, plan));
+          staging::fake_hold(true);
+          TREQUIRE(s.ch.sync("posted receives", 30s));
+          std::this_thread::sleep_for(100ms);  // pieces pile up in flight
+          staging::fake_hold(false);
+          for (size_t k = 0; k <= kill_after; ++k) {
+            if (plan[k].recv()) TREQUIRE(expect_recv(c.rcq, plan[k], k));
+          }
+          staging::fake_hold(true);  // nothing more lands
+          ::kill(::getpid(), SIGKILL);
+          return false;  // not reached
+        }
+        TREQUIRE(s.ch.sync("posted receives", 30s));
+        for (size_t k = 0; k < plan.size(); ++k) TREQUIRE_OK(post_plan_wr(c.qp, r, theirs, plan[k], k));
+        bool good = true;
+        int phase = 0;  // 0: successes, 1: after the one error (flushes only)
+        size_t successes = 0;
+        for (size_t k = 0; k < plan.size() && good; ++k) {
+          auto wc = next_wc(c.scq, 30s);
+          TCHECK_MSG(wc.has_value(), "no completion for WR " + std::to_string(k) + " after the peer died");
+          if (!wc) return false;
+          good &= wc->wr_id == k;
+          if (phase == 0 && wc->status == UFAB_WC_SUCCESS) {
+            ++successes;
+          } else if (phase == 0) {
+            good &= wc->status != UFAB_WC_WR_FLUSH_ERR;
+            const char* d = P()->wc_detail(c.scq, wc->detail);
+            std::fprintf(stderr, "[parent] the first error: %s: %s\n", wc_str(*wc).c_str(), d ? d : "(none)");
+            good &= d != nullptr;
+            phase = 1;
+          } else {
+            good &= wc->status == UFAB_WC_WR_FLUSH_ERR;
+          }
+          TCHECK_MSG(good, "WR " + std::to_string(k) + ": " + wc_str(*wc));
+        }
+        TCHECK_MSG(phase == 1, "every WR succeeded although the peer died at WR " + std::to_string(kill_after));
+        std::fprintf(stderr, "[parent] %zu of %zu WRs succeeded before the peer died\n", successes, plan.size());
+        drop_conn(c);
+        // The pool is whole again: a loopback WRITE through all of it.
+        ConnOptions o = stream_conn();
+        ufab_rdma_cq* cq = nullptr;
+        TREQUIRE_OK(P()->create_cq(s.dev, 64, &cq));
+        ufab_rdma_qp_init init = {UFAB_QPT_RC, 0, cq, cq, o.cap};
+        ufab_rdma_qp *q1 = nullptr, *q2 = nullptr;
+        uint32_t n1 = 0, n2 = 0;
+        TREQUIRE_OK(P()->create_qp(s.pd, &init, &q1, &n1));
+        TREQUIRE_OK(P()->create_qp(s.pd, &init, &q2, &n2));
+        ufab_device_attr da = {};
+        TREQUIRE_OK(P()->query_device(s.dev, &da));
+        TREQUIRE_OK(connect_qp(q1, Info{da.ip, n2, 0, 0, 0, 0}, o));
+        TREQUIRE_OK(connect_qp(q2, Info{da.ip, n1, 0, 0, 0, 0}, o));
+        SWr w;
+        w.op = UFAB_WR_RDMA_WRITE;
+        w.src_gpu = 0;
+        w.dst_gpu = 1;
+        w.len = (4u << 20) + 3;
+        w.src_off = 5;
+        w.dst_off = kSrcArea + 11;
+        TREQUIRE(r.mem[1]->store(stream_image(plan, 0, true, 1)));
+        TREQUIRE_OK(post_plan_wr(q1, r, mine, w, 77));
+        good &= expect_wc(cq, 77, UFAB_WC_SUCCESS, -1, 60s);
+        std::vector<SWr> self = {w};
+        auto want = stream_image(self, 0, true, 1);
+        for (uint64_t j = 0; j < w.len; ++j) want[w.dst_off + j] = pattern(w.src_off + j, kSaltParent);
+        good &= check_image(*r.mem[1], want, "parent GPU after the loopback WRITE");
+        P()->destroy_qp(q1);
+        P()->destroy_qp(q2);
+        P()->destroy_cq(cq);
+        return good;
+      },
+      true, 120s);
+  g_open_params = nullptr;
+  g_open_progress_thread = false;
+  EXPECT_TRUE(ok);
+}
+
+// A requester's slot goes back once the responder has read it
+// (QpCtl::pulled), before the ACK: with the target's copies held, a
+// GPU->GPU WRITE of 6 pieces from a requester with gpu_depth=2 still gets
+// more than 2 pieces to the target (as many as its 4 slots take), and the
+// WRITE completes only after the copies are let go.
+TEST(ShmGpu, FakeEngineSlotsBackWhenPulled) {
+  g_backend = Backend::kFake;
+  const char* params[] = {"gpu_copy=fake", "gpu_frag=8192", "gpu_depth=2", "gpu_slots=4", nullptr};
+  g_open_params = params;
+  g_open_progress_thread = true;
+  const uint64_t len = 6 * kFrag;
+  bool ok = run_pair(
+      "gpupulled",
+      [&](Side& s) {
+        Regions r;
+        if (!reg(s, r)) return false;
+        Remote mine{}, theirs{};
+        for (int g = 0; g < 2; ++g) {
+          mine.base[g] = r.mem[g]->addr();
+          mine.rkey[g] = r.rkey[g];
+        }
+        TREQUIRE(s.ch.exchange(mine, &theirs));
+        Conn c;
+        ConnOptions o;
+        o.access = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
+        if (!make_conn(s, c, o)) return false;
+        bool good = true;
+        if (!s.parent()) {
+          TREQUIRE(r.mem[1]->store(std::vector<uint8_t>(kBuf, kGuard)));
+          staging::fake_hold(true);
+          TREQUIRE(s.ch.sync("held", 10s));
+          uint64_t most = 0;
+          // Held for 400 ms at least (the parent checks for no completion
+          // meanwhile), at most 5 s while fewer than 4 copies came.
+          const auto start = Clock::now();
+          for (;;) {
+            most = std::max(most, staging::fake_queued());
+            const auto t = Clock::now() - start;
+            if (t > 5s || (t > 400ms && most >= 4)) break;
+            std::this_thread::sleep_for(1ms);
+          }
+          staging::fake_hold(false);
+          TREQUIRE(s.ch.send(&most, sizeof most));
+          uint32_t done = 0;
+          TREQUIRE(s.ch.recv(&done, sizeof done, 30s));
+          Case k;
+          k.op = UFAB_WR_RDMA_WRITE;
+          k.len = len;
+          k.salt = 61;
+          good &= check_target(r, 1, k, "child");
+        } else {
+          TREQUIRE(fill_source(r, 1, 61));
+          TREQUIRE(s.ch.sync("held", 10s));
+          ufab_sge sg = {r.mem[1]->addr(), static_cast<uint32_t>(len), r.lkey[1]};
+          TREQUIRE_OK(post1(c.qp, 5, UFAB_WR_RDMA_WRITE, &sg, 1, UFAB_SEND_SIGNALED, theirs.base[1], theirs.rkey[1]));
+          good &= expect_none(c.scq, 200ms);  // held: not placed, not acknowledged
+          uint64_t most = 0;
+          TREQUIRE(s.ch.recv(&most, sizeof most, 30s));
+          TCHECK_MSG(most > 2, "the target held " + std::to_string(most) +
+                                   " copies at most: the requester's slots did not come back before the ACK");
+          good &= most > 2;
+          good &= expect_wc(c.scq, 5, UFAB_WC_SUCCESS, -1, 30s);
+          uint32_t done = 1;
+          TREQUIRE(s.ch.send(&done, sizeof done));
+        }
+        s.ch.sync("end", 30s);
+        drop_conn(c);
+        dereg(r);
+        return good;
+      },
+      false, 60s);
+  g_open_params = nullptr;
+  g_open_progress_thread = false;
+  EXPECT_TRUE(ok);
 }
 
 TEST(ShmGpu, FakeEngineRefusals) {
