@@ -102,15 +102,26 @@ ssize_t post_send(Ep* ep, const Post& p) {
   }
   Cntr* cntr = nullptr;
   uint64_t cflags = 0;
+  int kind = 0;
   switch (p.opcode) {
     case UFAB_WR_SEND:
     case UFAB_WR_SEND_WITH_IMM: cntr = ep->send_cntr; cflags = FI_MSG | FI_SEND; break;
     case UFAB_WR_RDMA_WRITE:
-    case UFAB_WR_RDMA_WRITE_WITH_IMM: cntr = ep->write_cntr; cflags = FI_RMA | FI_WRITE; break;
-    case UFAB_WR_RDMA_READ: cntr = ep->read_cntr; cflags = FI_RMA | FI_READ; break;
-    default: cntr = ep->read_cntr; cflags = FI_ATOMIC | FI_READ; break;
+    case UFAB_WR_RDMA_WRITE_WITH_IMM: cntr = ep->write_cntr; cflags = FI_RMA | FI_WRITE; kind = 1; break;
+    case UFAB_WR_RDMA_READ: cntr = ep->read_cntr; cflags = FI_RMA | FI_READ; kind = 2; break;
+    default: cntr = ep->read_cntr; cflags = FI_ATOMIC | FI_READ; kind = 3; break;
   }
   bool want_cq = !p.inject && (!ep->tx_selective || (p.flags & FI_COMPLETION) != 0);
+  // Nothing wanted back (fi_inject*, selective completion, no counter):
+  // posted unsignaled, with no operation to track, no lock taken, and no
+  // work completion to take in unless it fails.
+  if (!want_cq && cntr == nullptr) {
+    Op* q = &ep->dom->quiet[kind];
+    wr.send_flags &= ~uint32_t{UFAB_SEND_SIGNALED};
+    wr.wr_id = reinterpret_cast<uintptr_t>(q);
+    int rc = ufab_post_send(ep->qp, &wr, 1, nullptr);
+    return rc != 0 ? ufab_err(rc) : 0;
+  }
   Op* op;
   {
     std::lock_guard<std::mutex> lk(ep->dom->mu);
@@ -122,18 +133,20 @@ ssize_t post_send(Ep* ep, const Post& p) {
     op->cntr = cntr;
     op->len = total;
     ep->ops.insert(op);
+    ep->tx_u->inflight++;
   }
   wr.wr_id = reinterpret_cast<uintptr_t>(op);
   int rc = ufab_post_send(ep->qp, &wr, 1, nullptr);
   if (rc != 0) {
     std::lock_guard<std::mutex> lk(ep->dom->mu);
+    ep->tx_u->inflight--;
     ep->ops.erase(op);
     ep->dom->put_op(op);
     return ufab_err(rc);
   }
-  // Every send has a work completion; those nobody asked for (fi_inject,
-  // selective completion) are taken in here too, or an application that
-  // never reads that CQ would fill it up (its QP then goes to ERROR).
+  // Every signaled send has a work completion; those nobody asked for (a
+  // counter only) are taken in here too, or an application that never
+  // reads that CQ would fill it up (its QP then goes to ERROR).
   if (!want_cq && (++ep->quiet_posts & 31) == 0) {
     std::lock_guard<std::mutex> lk(ep->dom->mu);
     while (poll_ucq_locked(ep->dom, ep->tx_u) == kPollBatch) {
@@ -173,6 +186,7 @@ ssize_t post_recv(Ep* ep, const iovec* iov, void** desc, size_t count, uint64_t 
     op->buf = count > 0 ? iov[0].iov_base : nullptr;
     op->len = total;
     ep->ops.insert(op);
+    ep->rx_u->inflight++;
   }
   ufab_recv_wr wr{};
   wr.wr_id = reinterpret_cast<uintptr_t>(op);
@@ -181,6 +195,7 @@ ssize_t post_recv(Ep* ep, const iovec* iov, void** desc, size_t count, uint64_t 
   int rc = ufab_post_recv(ep->qp, &wr, 1, nullptr);
   if (rc != 0) {
     std::lock_guard<std::mutex> lk(ep->dom->mu);
+    ep->rx_u->inflight--;
     ep->ops.erase(op);
     ep->dom->put_op(op);
     return ufab_err(rc);

@@ -572,7 +572,9 @@ Op* Domain::get_op() {
   *o = Op{};
   return o;
 }
-void Domain::put_op(Op* o) { free_ops.push_back(o); }
+void Domain::put_op(Op* o) {
+  if (!o->quiet) free_ops.push_back(o);
+}
 
 void Domain::progress_all(UCq* except) {
   std::lock_guard<std::mutex> lk(mu);
@@ -626,6 +628,11 @@ int domain_open(fid_fabric* fabric, fi_info* info, fid_domain** dom, void* conte
   Dev* dev = device_by_name(info->domain_attr->name);
   if (dev == nullptr) return -FI_ENODEV;
   auto* d = new Domain;
+  const uint64_t quiet_flags[4] = {FI_MSG | FI_SEND, FI_RMA | FI_WRITE, FI_RMA | FI_READ, FI_ATOMIC | FI_READ};
+  for (int k = 0; k < 4; k++) {
+    d->quiet[k].flags = quiet_flags[k];
+    d->quiet[k].quiet = true;
+  }
   d->dom.fid.fclass = FI_CLASS_DOMAIN;
   d->dom.fid.context = context;
   d->dom.fid.ops = &g_domain_fi_ops;

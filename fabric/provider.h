@@ -103,6 +103,11 @@ struct Fabric {
 struct UCq {
   ufab_cq* ucq = nullptr;
   Cq* owner = nullptr;
+  // dom->mu: signaled operations posted to QPs completing here and not yet
+  // taken in. A CQ read that found work drives the other ufab CQs only
+  // where this is not 0 (or every 64th read): quiet operations
+  // complete into nothing.
+  uint32_t inflight = 0;
 };
 
 struct Op {
@@ -115,6 +120,11 @@ struct Op {
   uint64_t len = 0;
   Op* prev = nullptr;  // its endpoint's OpList
   Op* next = nullptr;
+  // One of the domain's quiet ops (Domain::quiet): the wr_id of every
+  // operation posted unsignaled (no completion and no counter wanted).
+  // Such an operation completes in ufab without a work completion, unless
+  // it fails: then its error reaches the CQ with no context. Never freed.
+  bool quiet = false;
 };
 
 // An endpoint's operations in flight: an intrusive list (no allocation
@@ -180,6 +190,9 @@ struct Domain {
   bool touches_cuda(const void* addr, uint64_t len);
   Op* get_op();       // mu held
   void put_op(Op*);   // mu held
+  // The wr_id of unsignaled operations, by kind: [0] FI_MSG|FI_SEND,
+  // [1] FI_RMA|FI_WRITE, [2] FI_RMA|FI_READ, [3] FI_ATOMIC|FI_READ.
+  Op quiet[4];
   // Polls every ufab CQ of the domain once (counters' progress), but
   // `except`.
   void progress_all(UCq* except = nullptr);
@@ -214,7 +227,7 @@ struct Cq {
   fi_wait_obj wait_obj = FI_WAIT_NONE;
   std::deque<CqEntry> q;   // dom->mu
   std::atomic<size_t> qlen{0};  // q.size(), read without the lock (an empty CQ is polled without it)
-  uint32_t idle_reads = 0;      // reads that found nothing (every 64th drives the domain's other CQs)
+  uint32_t reads = 0;           // reads that polled ufab (every 64th drives all of the domain's other CQs)
   std::string last_err;    // err_data handed out by readerr
   std::atomic<int> refs{0};
   std::atomic<bool> signaled{false};
@@ -319,7 +332,7 @@ struct Ep {
   void* shm_link = nullptr;    // shm devices: the connection's socket
   sockaddr_in local{}, peer{};
   OpList ops;  // dom->mu: in flight
-  uint32_t quiet_posts = 0;  // sends posted without a completion wanted (every 32nd empties the send CQ)
+  uint32_t quiet_posts = 0;  // signaled sends whose completion nobody wants (a counter only; every 32nd empties the send CQ)
   uint32_t max_inline = 0;
   uint32_t max_sge = 0;
   int hmem_p2p = FI_HMEM_P2P_ENABLED;  // FI_OPT_FI_HMEM_P2P (never P2P: staged copies)

@@ -57,6 +57,20 @@ uint32_t grh_source_ip(const void* buf) {
 
 void handle_wc(Domain* dom, UCq* u, const ufab_wc& wc, const char* detail) {
   Op* op = reinterpret_cast<Op*>(static_cast<uintptr_t>(wc.wr_id));
+  if (op->quiet) {  // unsignaled: only a failure has a completion
+    Cq* cq = u->owner;
+    if (cq == nullptr || wc.status == UFAB_WC_SUCCESS) return;
+    CqEntry e;
+    e.e.flags = op->flags;
+    e.is_err = true;
+    e.err = wc_status_to_fi(wc.status);
+    e.prov_errno = static_cast<int>(wc.status);
+    e.detail = detail != nullptr && *detail != '\0' ? detail : ufab_wc_status_str(wc.status);
+    cq->q.push_back(std::move(e));
+    cq->qlen.store(cq->q.size(), std::memory_order_release);
+    return;
+  }
+  if (u->inflight != 0) u->inflight--;
   Ep* ep = op->ep;
   if (ep == nullptr) {  // its endpoint is gone
     dom->put_op(op);
@@ -118,9 +132,8 @@ int poll_ucq(Domain* dom, UCq* u) {
 
 namespace {
 
-ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
-  if (cq->qlen.load(std::memory_order_acquire) == 0) return -FI_EAGAIN;
-  std::lock_guard<std::mutex> lk(cq->dom->mu);
+// dom->mu held.
+ssize_t cq_take_locked(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
   if (cq->q.empty()) return -FI_EAGAIN;
   if (cq->q.front().is_err) return -FI_EAVAIL;
   size_t sz = entry_size(cq->format);
@@ -137,28 +150,32 @@ ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
   return static_cast<ssize_t>(n);
 }
 
+ssize_t cq_take(Cq* cq, void* buf, size_t count, fi_addr_t* src) {
+  if (cq->qlen.load(std::memory_order_acquire) == 0) return -FI_EAGAIN;
+  std::lock_guard<std::mutex> lk(cq->dom->mu);
+  return cq_take_locked(cq, buf, count, src);
+}
+
 // Manual progress: a read drives the device through its own ufab CQ and,
-// when that found work (or every 64th read that found none), empties the
-// domain's other ufab CQs too. An application that never reads a CQ its
-// operations complete into (fi_inject, selective completion: fi_pingpong
-// reads only its receive CQ) would otherwise let that ufab CQ fill up,
-// and a full ufab CQ sends its QP to ERROR.
+// when that found work, empties the domain's other ufab CQs that expect
+// completions (UCq::inflight), and every 64th read all of them (a quiet
+// operation's error). An application that never reads a CQ its signaled
+// operations complete into (a send counter only) would otherwise let that
+// ufab CQ fill up, and a full ufab CQ sends its QP to ERROR.
 ssize_t cq_readfrom(fid_cq* c, void* buf, size_t count, fi_addr_t* src) {
   auto* cq = reinterpret_cast<Cq*>(c);
   ssize_t r = cq_take(cq, buf, count, src);
   if (r != -FI_EAGAIN) return r;
-  int n;
-  {
-    std::lock_guard<std::mutex> lk(cq->dom->mu);
-    n = poll_ucq_locked(cq->dom, &cq->u);
-    if (n > 0 || (++cq->idle_reads & 63) == 0)
-      for (UCq* u : cq->dom->ucqs)
-        if (u != &cq->u)
-          while (poll_ucq_locked(cq->dom, u) == kPollBatch) {
-          }
-  }
+  std::lock_guard<std::mutex> lk(cq->dom->mu);
+  int n = poll_ucq_locked(cq->dom, &cq->u);
+  const bool all = (++cq->reads & 63) == 0;
+  if (n > 0 || all)
+    for (UCq* u : cq->dom->ucqs)
+      if (u != &cq->u && (all || u->inflight != 0))
+        while (poll_ucq_locked(cq->dom, u) == kPollBatch) {
+        }
   if (n == 0) return -FI_EAGAIN;
-  return cq_take(cq, buf, count, src);
+  return cq_take_locked(cq, buf, count, src);  // under the same lock
 }
 
 ssize_t cq_read(fid_cq* c, void* buf, size_t count) { return cq_readfrom(c, buf, count, nullptr); }

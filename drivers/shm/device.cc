@@ -416,9 +416,8 @@ int Device::progress() {
     if (!q || !q->active.load(std::memory_order_relaxed)) continue;
     if (!full && q->idle.load(std::memory_order_relaxed)) {
       const QpCtl& c = seg->ctl[i];
-      if (c.req.tail.load(std::memory_order_relaxed) == c.req.head.load(std::memory_order_relaxed) &&
-          c.resp.tail.load(std::memory_order_relaxed) == c.resp.head.load(std::memory_order_relaxed) &&
-          !c.fatal.load(std::memory_order_relaxed)) {
+      if (!q->in_req.ready(c.req.head.load(std::memory_order_relaxed)) &&
+          !q->in_resp.ready(c.resp.head.load(std::memory_order_relaxed)) && !c.fatal.load(std::memory_order_relaxed)) {
         continue;
       }
     }
@@ -438,8 +437,9 @@ bool Device::pending_input() const {
     const QpCtl& c = seg->ctl[i];
     uint32_t st = c.state.load(std::memory_order_relaxed);
     if (st != UFAB_QPS_RTR && st != UFAB_QPS_RTS && st != UFAB_QPS_ERR) continue;
-    if (c.req.tail.load(std::memory_order_acquire) != c.req.head.load(std::memory_order_relaxed)) return true;
-    if (c.resp.tail.load(std::memory_order_acquire) != c.resp.head.load(std::memory_order_relaxed)) return true;
+    const RingPair& r = seg->rings[i];
+    if (RingView{nullptr, const_cast<unsigned char*>(r.req)}.ready(c.req.head.load(std::memory_order_relaxed))) return true;
+    if (RingView{nullptr, const_cast<unsigned char*>(r.resp)}.ready(c.resp.head.load(std::memory_order_relaxed))) return true;
     if (c.fatal.load(std::memory_order_relaxed)) return true;
   }
   return false;

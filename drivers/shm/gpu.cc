@@ -472,7 +472,7 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
       uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
       out_req.put(tail, 0, &h, sizeof h);
       out_req.put(tail, kHdrSize, &b, sizeof b);
-      out_req.idx->tail.store(tail + h.nslots, std::memory_order_release);
+      out_req.publish(tail, h.nslots);
       f.sent = true;
       f.seq = next_seq++;
       f.ring_end = tail + h.nslots;
@@ -498,7 +498,7 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
     if (ring_room(1)) {
       uint64_t tail = out_req.idx->tail.load(std::memory_order_relaxed);
       out_req.put(tail, 0, &h, sizeof h);
-      out_req.idx->tail.store(tail + 1, std::memory_order_release);
+      out_req.publish(tail, 1);
       t.imm_sent = true;
       t.imm_seq = next_seq++;
       w.seq = t.imm_seq;
@@ -950,7 +950,7 @@ void Qp::gpu_rx_drain() {
       h.value = reinterpret_cast<uint64_t>(pool->slot(*j.slot));
       uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
       out_resp.put(tail, 0, &h, sizeof h);
-      out_resp.idx->tail.store(tail + 1, std::memory_order_release);
+      out_resp.publish(tail, 1);
       notify_ = true;
       rx.held.push_back(GpuRx::Held{j.seq, *j.slot});
       j.slot.reset();

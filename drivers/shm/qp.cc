@@ -339,8 +339,12 @@ void Qp::reset_locked() {
   ctl->consumed.store(0);
   ctl->pulled.store(0);
   ctl->access.store(0);
+  // Positions go on from the producer's tail; no stamp may be left behind
+  // (a message never consumed, payload slots of one).
   ctl->req.head.store(ctl->req.tail.load());
   ctl->resp.head.store(ctl->resp.tail.load());
+  std::memset(in_req.bytes, 0, kRingBytes);
+  std::memset(in_resp.bytes, 0, kRingBytes);
   ctl->state.store(UFAB_QPS_RESET, std::memory_order_release);
 }
 
@@ -375,7 +379,7 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
       // acknowledged before this moment completes as done, not flushed
       // (the peer may acknowledge, then leave at once).
       if ((from == UFAB_QPS_RTS || from == UFAB_QPS_RTR) &&
-          in_resp.idx->tail.load(std::memory_order_acquire) != in_resp.idx->head.load(std::memory_order_relaxed))
+          in_resp.ready(in_resp.idx->head.load(std::memory_order_relaxed)))
         requester_responses();
       enter_error();
     } else {
@@ -586,11 +590,16 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
     }
     uint64_t slot = sq_tail % sq.size();
     SendWqe& w = sq[slot];
-    w = SendWqe{};
+    // Every field set here; only the SGEs in use are copied (not the
+    // whole 16-entry array, zeroed first: most of a small SEND's post).
     w.local_gpu = gpu_sge;
     w.wr = wr;
     w.wr.sg_list = nullptr;
-    std::memcpy(w.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
+    if (wr.num_sge) std::memcpy(w.sge, wr.sg_list, sizeof(ufab_sge) * wr.num_sge);
+    w.seq = 0;
+    w.checked = false;
+    w.data_done = false;
+    w.sent = false;
     w.length = length;
     w.signaled = sig_all || (wr.send_flags & UFAB_SEND_SIGNALED);
     w.is_inline = inl;
@@ -739,7 +748,7 @@ bool Qp::send_resp(uint8_t type, uint32_t seq, uint64_t value) {
   h.value = value;
   uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
   out_resp.put(tail, 0, &h, sizeof h);
-  out_resp.idx->tail.store(tail + 1, std::memory_order_release);
+  out_resp.publish(tail, 1);
   notify_ = true;
   return true;
 }
@@ -808,7 +817,7 @@ bool Qp::send_message(SendWqe& w) {
     AtomicBody b = {w.wr.remote_addr, w.wr.compare_add, w.wr.swap, w.wr.rkey, 0};
     out_req.put(tail, kHdrSize, &b, sizeof b);
   }
-  out_req.idx->tail.store(tail + h.nslots, std::memory_order_release);
+  out_req.publish(tail, h.nslots);
   w.seq = next_seq++;
   w.sent = true;
   ++msgs_sent;
@@ -990,9 +999,8 @@ void Qp::ack_through(uint32_t seq, bool inclusive) {
 int Qp::requester_responses() {
   RingIdx* idx = in_resp.idx;
   uint64_t head = idx->head.load(std::memory_order_relaxed);
-  uint64_t tail = idx->tail.load(std::memory_order_acquire);
   int work = 0;
-  while (head != tail) {
+  while (in_resp.ready(head)) {  // responses are one slot each
     MsgHdr h;
     in_resp.get(head, 0, &h, sizeof h);
     ++head;
@@ -1117,9 +1125,8 @@ int Qp::responder() {
   gpu_rx_drain();
   RingIdx* idx = in_req.idx;
   uint64_t head = idx->head.load(std::memory_order_relaxed);
-  uint64_t tail = idx->tail.load(std::memory_order_acquire);
   int work = 0;
-  while (head != tail) {
+  while (in_req.ready(head)) {
     if (attr.state == UFAB_QPS_ERR || !peer) {
       // An ERROR QP executes nothing. Where soft-RoCE's requester would
       // time out, ours learns it at once: RETRY_EXC_ERR for the oldest.
@@ -1128,7 +1135,7 @@ int Qp::responder() {
         in_req.get(head, 0, &h, sizeof h);
         send_resp(kMsgNak, h.seq, UFAB_WC_RETRY_EXC_ERR);
       }
-      head = tail;
+      head = in_req.drop_all(head);
       break;
     }
     if (!resp_space(2)) {
@@ -1137,8 +1144,8 @@ int Qp::responder() {
     }
     MsgHdr h;
     in_req.get(head, 0, &h, sizeof h);
-    if (h.nslots == 0 || h.nslots > kMaxMsgSlots + 4 || h.nslots > tail - head) {
-      head = tail;
+    if (h.nslots == 0 || h.nslots > kMaxMsgSlots + 4) {
+      head = in_req.drop_all(head);
       dev->log(1, "shm QP " + hex(qpn) + ": a malformed message in its ring; the QP goes to ERROR");
       enter_error();
       break;
@@ -1147,7 +1154,7 @@ int Qp::responder() {
     ++work;
     if (h.seq != expected_seq) {  // behind an RNR NAK: dropped, the requester sends it again
       ++stats.dropped;
-      head += h.nslots;
+      head = in_req.next(head, h.nslots);
       continue;
     }
     // GPU work (gpu.cc): Frag messages, a SEND into a GPU receive. Any
@@ -1163,12 +1170,12 @@ int Qp::responder() {
       int r = gpu_request(h, at);
       if (r == kRxStall) break;
       if (r == kRxDead) {
-        head = tail;
+        head = in_req.drop_all(head);
         peer->dead.store(true);
         break;
       }
       if (r == kRxRnr) {
-        head += h.nslots;
+        head = in_req.next(head, h.nslots);
         continue;
       }
       fatal = r == kRxFatal;
@@ -1176,7 +1183,7 @@ int Qp::responder() {
       if (rq_head == rq_tail) {
         send_resp(kMsgRnrNak, h.seq, attr.min_rnr_timer);
         ++stats.rnr_sent;
-        head += h.nslots;
+        head = in_req.next(head, h.nslots);
         continue;
       }
       RecvWqe& r = rq[rq_head % rq.size()];
@@ -1232,7 +1239,7 @@ int Qp::responder() {
             }
           }
           if (e == ESRCH) {
-            head = tail;
+            head = in_req.drop_all(head);
             peer->dead.store(true);
             break;
           }
@@ -1288,17 +1295,17 @@ int Qp::responder() {
         ack_owed = false;
       }
     } else {
-      head = tail;
+      head = in_req.drop_all(head);
       enter_error();
       break;
     }
-    head += h.nslots;
+    head = in_req.next(head, h.nslots);
     ++stats.rx;
     if (fatal) {
       ++stats.naks_sent;
       ack_owed = false;
       enter_error();
-      head = tail;
+      head = in_req.drop_all(head);
       break;
     }
     ++expected_seq;
@@ -1345,9 +1352,8 @@ int Qp::progress_locked() {
   }
   uint32_t st = attr.state;
   if (st == UFAB_QPS_RTR || st == UFAB_QPS_RTS || st == UFAB_QPS_ERR) {
-    if (in_resp.idx->tail.load(std::memory_order_relaxed) != in_resp.idx->head.load(std::memory_order_relaxed))
-      work += requester_responses();
-    if (in_req.idx->tail.load(std::memory_order_relaxed) != in_req.idx->head.load(std::memory_order_relaxed) || ack_owed ||
+    if (in_resp.ready(in_resp.idx->head.load(std::memory_order_relaxed))) work += requester_responses();
+    if (in_req.ready(in_req.idx->head.load(std::memory_order_relaxed)) || ack_owed ||
         !grx_.jobs.empty() || !grx_.held.empty())
       work += responder();
   }

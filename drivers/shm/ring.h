@@ -13,9 +13,14 @@
 //                      NAKs and atomic replies), kRingSlots 64-byte slots
 //
 // Every ring has one producer (the connected peer QP, under its lock) and
-// one consumer (the owning QP, under its lock): the producer writes slots,
-// then publishes `tail` with release; the consumer reads them after an
-// acquire load of `tail`, then publishes `head`. Nothing else is shared.
+// one consumer (the owning QP, under its lock). The producer writes a
+// message's slots, then its first slot's `stamp` (release: the message is
+// there) and advances `tail`; the consumer polls the stamp of the slot at
+// its `head` (acquire), never `tail`, so a one-slot message costs the
+// consumer one cache line from the producer: stamp, header and (up to 32
+// bytes) data together. The consumer publishes `head`, which the producer
+// re-reads only when the ring looks full. Nothing else is shared per
+// message.
 #pragma once
 
 #include <atomic>
@@ -26,8 +31,11 @@
 namespace ufab::shm {
 
 constexpr uint32_t kSegMagic = 0x7566736d;  // "ufsm"
-constexpr uint32_t kSegVersion = 4;  // 2: KeyEntry names the file behind a MAP_SHARED region; 3: GPU regions, Frag messages;
-                                     // 4: QpCtl::pulled (several GPU work requests in flight per QP)
+// 2: KeyEntry names the file behind a MAP_SHARED region; 3: GPU regions,
+// Frag messages; 4: QpCtl::pulled (several GPU work requests in flight per
+// QP); 5: a message's first slot carries its stamp (the consumer polls
+// slots, not `tail`), 32-byte MsgHdr.
+constexpr uint32_t kSegVersion = 5;
 
 constexpr uint32_t kMaxQp = 256;      // QP index: the low 8 bits of the QPN
 constexpr uint32_t kMaxMr = 4096;     // key index: the low 12 bits of a key
@@ -39,7 +47,7 @@ constexpr uint32_t kRingBytes = kRingSlots * kSlotSize;
 // A message's first slot starts with a MsgHdr; the rest of the message
 // (inline data, an iovec list, atomic operands) follows it byte for byte,
 // across as many slots as it needs, wrapping at the ring's end.
-constexpr uint32_t kHdrSize = 24;
+constexpr uint32_t kHdrSize = 32;
 // SEND payloads up to this many bytes travel inside the ring; larger ones
 // are pulled by the receiver from the sender's memory (CMA).
 constexpr uint32_t kRingInlineMax = 1024;
@@ -76,6 +84,10 @@ enum MsgFlags : uint8_t {
 };
 
 struct MsgHdr {
+  // stamp_of(the ring position of this slot), written last by the producer
+  // (RingView::publish); anything else (0, a stale stamp of an earlier lap)
+  // means the message is not there yet.
+  uint32_t stamp;
   uint8_t type;
   uint8_t nslots;  // slots this message takes, this one included
   uint8_t flags;
@@ -83,9 +95,11 @@ struct MsgHdr {
   uint32_t seq;  // the requester's message sequence number
   uint32_t len;  // SEND: payload bytes; WRITE_IMM: the WRITE's length
   uint32_t imm;
+  uint32_t reserved;
   uint64_t value;  // responses: original value, status or RNR timer code
 };
 static_assert(sizeof(MsgHdr) == kHdrSize);
+static_assert(offsetof(MsgHdr, stamp) == 0 && offsetof(MsgHdr, nslots) == 5);
 
 // Where the payload of a large SEND is in the sender's address space.
 struct RemoteIov {
@@ -200,10 +214,53 @@ struct Segment {
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
+// The stamp of the message starting at ring position `pos`: never 0 and
+// different from the stamps an earlier lap left in the same slot.
+inline uint32_t stamp_of(uint64_t pos) { return static_cast<uint32_t>(pos) | 1u; }
+
 // One ring as one side sees it: its indices and its bytes.
 struct RingView {
   RingIdx* idx = nullptr;
   unsigned char* bytes = nullptr;
+
+  uint32_t* stamp_word(uint64_t pos) const {
+    return reinterpret_cast<uint32_t*>(bytes + (pos % kRingSlots) * kSlotSize);
+  }
+  // Consumer: a message starts at `pos` (its slots are readable).
+  bool ready(uint64_t pos) const { return __atomic_load_n(stamp_word(pos), __ATOMIC_ACQUIRE) == stamp_of(pos); }
+  // Producer: the message of `nslots` slots at `pos` is written (its header
+  // with stamp 0); make it visible and advance tail.
+  void publish(uint64_t pos, uint32_t nslots) const {
+    __atomic_store_n(stamp_word(pos), stamp_of(pos), __ATOMIC_RELEASE);
+    idx->tail.store(pos + nslots, std::memory_order_release);
+  }
+  // Consumer: done with the message at `pos`; returns the position after
+  // it. Its later slots hold payload bytes that a later lap's consumer
+  // could take for a stamp at `head` (where no message starts yet), so
+  // their stamp words are cleared. One-slot messages write nothing.
+  uint64_t next(uint64_t pos, uint32_t nslots) const {
+    for (uint32_t k = 1; k < nslots; ++k) __atomic_store_n(stamp_word(pos + k), 0u, __ATOMIC_RELAXED);
+    return pos + nslots;
+  }
+  // Consumer: drops everything published from `head` on (stamps cleared);
+  // returns the new head. `tail` may lag the stamps (the producer stores it
+  // after the stamp), and may even be behind `head` for a moment; what was
+  // published beyond it is found by its stamps.
+  uint64_t drop_all(uint64_t head) const {
+    uint64_t tail = idx->tail.load(std::memory_order_acquire);
+    if (static_cast<int64_t>(tail - head) > 0) {
+      uint64_t n = tail - head > kRingSlots ? kRingSlots : tail - head;
+      for (uint64_t k = 0; k < n; ++k) __atomic_store_n(stamp_word(head + k), 0u, __ATOMIC_RELAXED);
+      head = tail;
+    }
+    for (uint32_t guard = 0; guard < kRingSlots && ready(head); ++guard) {
+      uint8_t nslots = bytes[(head % kRingSlots) * kSlotSize + 5];  // MsgHdr::nslots
+      if (nslots == 0 || nslots > kMaxMsgSlots + 4) nslots = 1;
+      for (uint32_t k = 0; k < nslots; ++k) __atomic_store_n(stamp_word(head + k), 0u, __ATOMIC_RELAXED);
+      head += nslots;
+    }
+    return head;
+  }
 
   // Copies n bytes into the ring starting `off` bytes into slot `slot`.
   void put(uint64_t slot, uint32_t off, const void* src, size_t n) const {

@@ -171,6 +171,8 @@ struct GpuRx {
   uint32_t last_ack = 0;
 };
 
+// Qp::post_send sets every field (it does not zero the SGE array): a new
+// field must be set there too.
 struct SendWqe {
   ufab_send_wr wr;
   ufab_sge sge[UFAB_MAX_SGE];

@@ -494,6 +494,31 @@ TEST_F(FabricMsgShm, InjectsNeverReadDoNotFillTheCq) {
   EXPECT_EQ(e.op_context, &ctx);
 }
 
+// fi_inject* asks for no completion: the operation goes to ufab unsignaled,
+// with nothing to track. When it fails, the error still reaches the CQ
+// (no context, the operation's flags), the rest is flushed.
+#define FAILED_INJECT_REACHES_THE_CQ_BODY                                                            \
+  connect();                                                                                         \
+  uint64_t v = 1;                                                                                    \
+  uint64_t saddr = reinterpret_cast<uintptr_t>(server.buf.data());                                   \
+  ASSERT_EQ(fi_inject_write(client.ep, &v, 8, FI_ADDR_UNSPEC, saddr, fi_mr_key(server.mr) ^ 0x5500), 0); \
+  fi_cq_data_entry e{};                                                                              \
+  ssize_t rc = -FI_EAGAIN;                                                                           \
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);                          \
+  while ((rc = fi_cq_read(client.txcq, &e, 1)) == -FI_EAGAIN && std::chrono::steady_clock::now() < until) { \
+    fi_cq_read(server.rxcq, &e, 1);                                                                  \
+  }                                                                                                  \
+  ASSERT_EQ(rc, -FI_EAVAIL);                                                                         \
+  fi_cq_err_entry err{};                                                                             \
+  ASSERT_EQ(fi_cq_readerr(client.txcq, &err, 0), 1);                                                 \
+  EXPECT_EQ(err.err, FI_EACCES);                                                                     \
+  EXPECT_EQ(err.flags, FI_RMA | FI_WRITE);                                                           \
+  EXPECT_EQ(err.op_context, nullptr);                                                                \
+  EXPECT_EQ(fi_cq_read(client.txcq, &e, 1), -FI_EAGAIN)
+
+TEST_F(FabricMsg, FailedInjectReachesTheCq) { FAILED_INJECT_REACHES_THE_CQ_BODY; }
+TEST_F(FabricMsgShm, FailedInjectReachesTheCq) { FAILED_INJECT_REACHES_THE_CQ_BODY; }
+
 TEST_F(FabricMsg, ErrorCompletionsAndReaderr) {
   connect();
   fi_cq_data_entry e{};

@@ -61,7 +61,7 @@ bool reg(Side& s, void* p, uint64_t len, uint32_t access, Reg* r) {
   return true;
 }
 
-const uint32_t kSizes[] = {0, 1, 40, 41, 1000, 1024, 1025, 4096, 65537, 1u << 20};
+const uint32_t kSizes[] = {0, 1, 32, 33, 40, 41, 1000, 1024, 1025, 4096, 65537, 1u << 20};
 constexpr uint64_t kSrc = 0;          // requester's source / READ destination
 constexpr uint64_t kDst = 2u << 20;   // responder's receive / WRITE / READ source area
 constexpr uint64_t kWord = 4u << 20;  // atomics target
@@ -390,6 +390,77 @@ TEST(ShmOps, PostListsGatherScatterInlineUnsignaled) {
 }
 
 // Two QPs of one device connected to each other (loopback), in one process.
+// The receiver polls the stamp word of the slot at its ring head. A
+// message of several slots leaves payload bytes where later laps look for
+// a stamp; those words are cleared as the message is consumed, so payload
+// that looks like the stamp a later lap expects is never taken for a
+// message. A fresh device's rings start at position 0: a SEND of 64 bytes
+// takes positions 0 and 1, its payload word at byte 32 lands at the start
+// of slot 1, and it holds stamp_of(257) = 257, what the receiver expects
+// at position 257 (slot 1 again) one lap later; 255 one-slot SENDs bring
+// the head there. Nothing must arrive there, and both QPs stay in RTS.
+TEST(ShmOps, PayloadIsNeverTakenForAMessage) {
+  ufab_rdma_dev* dev = nullptr;
+  std::string name = "shm:" + unique_domain("stamp");
+  ASSERT_EQ(P()->open_device(&kHost, name.c_str(), nullptr, &dev), 0) << g_last_error;
+  ufab_rdma_pd* pd = nullptr;
+  ASSERT_EQ(P()->alloc_pd(dev, &pd), 0);
+  ufab_device_attr da = {};
+  ASSERT_EQ(P()->query_device(dev, &da), 0);
+  Arena a(1 << 16);
+  ufab_mr_attr ma = {sizeof ma, kAll, a.p, a.size, UFAB_MEM_HOST, 0};
+  ufab_rdma_mr* mr;
+  uint32_t lkey, rkey;
+  ASSERT_EQ(P()->reg_mr(pd, &ma, &mr, &lkey, &rkey), 0);
+  ufab_rdma_cq *scq, *rcq;
+  ASSERT_EQ(P()->create_cq(dev, 64, &scq), 0);
+  ASSERT_EQ(P()->create_cq(dev, 64, &rcq), 0);
+  ufab_rdma_qp_init init = {UFAB_QPT_RC, 1, scq, rcq, {16, 16, 2, 2, 64}};
+  ufab_rdma_qp *q1, *q2;
+  uint32_t n1, n2;
+  ASSERT_EQ(P()->create_qp(pd, &init, &q1, &n1), 0);
+  ASSERT_EQ(P()->create_qp(pd, &init, &q2, &n2), 0);
+  ConnOptions o;
+  ASSERT_EQ(connect_qp(q1, Info{da.ip, n2, 0, 0, 0, 0}, o), 0) << g_last_error;
+  ASSERT_EQ(connect_qp(q2, Info{da.ip, n1, 0, 0, 0, 0}, o), 0) << g_last_error;
+  auto one = [&](uint32_t len, uint64_t id) {
+    ufab_sge rs = {a.addr(8192), 128, lkey};
+    ufab_sge ss = {a.addr(0), len, lkey};
+    if (recv1(q2, id, &rs, 1) != 0 || post1(q1, id, UFAB_WR_SEND, &ss, 1) != 0) return false;
+    ufab_wc wc;
+    return expect_wc(rcq, id, UFAB_WC_SUCCESS, UFAB_WC_RECV, 5s, &wc) && wc.byte_len == len &&
+           expect_wc(scq, id, UFAB_WC_SUCCESS, UFAB_WC_SEND, 5s);
+  };
+  fill_pattern(a.p, 64, 9);
+  const uint32_t lookalike = 257;  // stamp_of(257)
+  std::memcpy(a.p + 32, &lookalike, 4);
+  ASSERT_TRUE(one(64, 1));
+  EXPECT_EQ(std::memcmp(a.p + 8192, a.p, 64), 0);
+  for (uint64_t i = 0; i < 255; ++i) ASSERT_TRUE(one(8, 100 + i)) << "SEND " << i;
+  // The receiver's head is at position 257 now, with nothing sent there.
+  ufab_sge rs = {a.addr(8192), 128, lkey};
+  ASSERT_EQ(recv1(q2, 999, &rs, 1), 0);
+  EXPECT_TRUE(expect_none(rcq, 50ms));
+  EXPECT_EQ(qp_state(q1), static_cast<uint32_t>(UFAB_QPS_RTS));
+  EXPECT_EQ(qp_state(q2), static_cast<uint32_t>(UFAB_QPS_RTS));
+  // And the ring goes on: a SEND of several slots, then one of one.
+  ufab_sge ss = {a.addr(0), 100, lkey};
+  fill_pattern(a.p, 100, 10);
+  ASSERT_EQ(post1(q1, 1000, UFAB_WR_SEND, &ss, 1), 0);
+  ufab_wc wc;
+  ASSERT_TRUE(expect_wc(rcq, 999, UFAB_WC_SUCCESS, UFAB_WC_RECV, 5s, &wc));
+  EXPECT_EQ(wc.byte_len, 100u);
+  EXPECT_TRUE(check_pattern(a.p + 8192, 100, 10));
+  ASSERT_TRUE(expect_wc(scq, 1000, UFAB_WC_SUCCESS, UFAB_WC_SEND, 5s));
+  ASSERT_TRUE(one(8, 1001));
+  for (auto* q : {q1, q2}) EXPECT_EQ(P()->destroy_qp(q), 0);
+  EXPECT_EQ(P()->destroy_cq(scq), 0);
+  EXPECT_EQ(P()->destroy_cq(rcq), 0);
+  EXPECT_EQ(P()->dereg_mr(mr), 0);
+  EXPECT_EQ(P()->dealloc_pd(pd), 0);
+  P()->close_device(dev);
+}
+
 TEST(ShmOps, LoopbackInOneDevice) {
   ufab_rdma_dev* dev = nullptr;
   std::string name = "shm:" + unique_domain("loop");
