@@ -18,7 +18,8 @@
 # BENCH_BW_WINDOWS (40 windows of 16 sends below 64 KiB, 10 from 64 KiB,
 # 2 from 1 MiB), BENCH_REPEAT (2), BENCH_TRANSPORTS ("ufab tcp"; ufab9k
 # is ufab with FI_UFAB_PARAMS=mtu=9000: jumbo frames, path MTU 4096),
-# BENCH_SMP (2: one vCPU per rank).
+# BENCH_SMP (2: one vCPU per rank), BENCH_PROVIDER_SO (another
+# libufab-fi.so to measure, for before/after comparisons).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 t_start=$SECONDS
@@ -26,7 +27,7 @@ cmdline="tests/bench/mpi_vm_bench.sh $*"
 out=${BENCH_OUT:-docs/bench/mpi_vm}
 smp=${BENCH_SMP:-2}
 ufab=$PWD/bazel-bin/tools/ufab/ufab
-so=$PWD/bazel-bin/fabric/libufab-fi.so
+so=${BENCH_PROVIDER_SO:-$PWD/bazel-bin/fabric/libufab-fi.so}
 say() { printf 'mpi_vm_bench: %s\n' "$*"; }
 [ -x "$ufab" ] && [ -f "$so" ] || { say "build first: bazel build //fabric:libufab-fi.so //tools/ufab"; exit 1; }
 for t in mpicc mpirun jq; do command -v "$t" >/dev/null || { say "$t missing (scripts/setup.sh installs it)"; exit 1; }; done
