@@ -43,7 +43,7 @@ bool parse_ud_name(const char* s, size_t len, uint32_t* ip, uint32_t* qpn) {
 
 bool Dev::soft_roce() const { return std::strcmp(attr.provider, "soft-roce") == 0; }
 bool Dev::has_msg() const { return soft_roce() || shm_device(this); }
-bool Dev::has_hmem() const { return soft_roce() && (attr.mem_types & (1u << UFAB_MEM_CUDA)) != 0; }
+bool Dev::has_hmem() const { return (attr.mem_types & (1u << UFAB_MEM_CUDA)) != 0; }
 bool Dev::has_pmem() const {
   return soft_roce() && (attr.caps & UFAB_DEVICE_CAP_FLUSH_PERSISTENT) != 0 &&
          (attr.mem_types & (1u << UFAB_MEM_PERSISTENT)) != 0;
@@ -218,7 +218,7 @@ uint64_t msg_caps(Dev* d) {
   uint64_t c = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
                FI_REMOTE_COMM;
   if (d->has_atomics()) c |= FI_ATOMIC;
-  if (d->has_hmem()) c |= FI_HMEM;       // CUDA memory through the staging pipeline
+  if (d->has_hmem()) c |= FI_HMEM;       // CUDA memory through staging (soft-RoCE and shm)
   if (d->has_pmem()) c |= FI_RMA_PMEM;   // FI_COMMIT_COMPLETE writes into persistent memory
   return c;
 }
@@ -716,10 +716,9 @@ int register_region(fid* fid, const void* buf, size_t len, uint64_t access, uint
     return -FI_EOPNOTSUPP;
   }
   if (cuda && !d->dev->has_hmem()) {
-    warn("fi_mr_regattr on " + d->dev->name + ": FI_HMEM_CUDA memory is not supported on this domain (" +
-         (d->dev->soft_roce() ? std::string("this ufab was built without CUDA's headers")
-                              : std::string("the shared-memory device has no GPU staging pipeline")) +
-         "; use a soft-RoCE domain, which advertises FI_HMEM, or copy into host memory)");
+    warn("fi_mr_regattr on " + d->dev->name +
+         ": FI_HMEM_CUDA memory is not supported on this domain (this ufab was built without CUDA's headers; "
+         "rebuild with the CUDA Toolkit installed, or copy into host memory)");
     return -FI_EOPNOTSUPP;
   }
   if (cuda && pmem) {

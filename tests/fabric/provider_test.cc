@@ -57,7 +57,7 @@ struct Env {
     setenv("FI_PROVIDER", "ufab", 1);
     // FI_HMEM without a GPU: host memory registered as FI_HMEM_CUDA stands
     // for GPU memory and moves through slots (16 KiB, so a message spans
-    // many). shm takes no parameters.
+    // many), on the soft-RoCE devices and on shm alike.
     setenv("FI_UFAB_PARAMS", "gpu_copy=fake,gpu_frag=16k", 1);
     // Started as FabricShm's server: serve, and leave before gtest runs.
     if (const char* mode = std::getenv("UFAB_FI_SHM_SERVER")) {
@@ -711,9 +711,10 @@ std::vector<std::string> domains_for(fi_info* h) {
 
 TEST(FabricGetinfo, HmemAndPmemOnlyWhereTheDeviceHasThem) {
   std::vector<std::string> swnics = {dev(0), dev(1)};
-  // FI_HMEM: soft-RoCE (the staging pipeline), not shm, not DGRAM.
+  std::vector<std::string> all = {dev(0), dev(1), "shm:" + g_shm};
+  // FI_HMEM: soft-RoCE and shm (both stage GPU memory), not DGRAM.
   fi_info* h = hints_for(FI_EP_MSG, FI_HMEM);
-  EXPECT_EQ(domains_for(h), swnics);
+  EXPECT_EQ(domains_for(h), all);
   fi_info* info = nullptr;
   ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, h, &info), 0);
   for (fi_info* i = info; i != nullptr; i = i->next) {
@@ -748,14 +749,14 @@ TEST(FabricGetinfo, HmemAndPmemOnlyWhereTheDeviceHasThem) {
   EXPECT_NE(info->tx_attr->op_flags & FI_COMMIT_COMPLETE, 0u);
   fi_freeinfo(info);
   fi_freeinfo(h);
-  // Without hints (fi_info -p ufab) soft-RoCE lists both, shm neither.
+  // Without hints (fi_info -p ufab) soft-RoCE lists both, shm FI_HMEM.
   ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, nullptr, &info), 0);
   int seen = 0;
   for (fi_info* i = info; i != nullptr; i = i->next) {
     if (i->ep_attr->type != FI_EP_MSG) continue;
     seen++;
     bool shm = std::string(i->domain_attr->name) == "shm:" + g_shm;
-    EXPECT_EQ((i->caps & FI_HMEM) != 0, !shm) << i->domain_attr->name;
+    EXPECT_NE(i->caps & FI_HMEM, 0u) << i->domain_attr->name;
     EXPECT_EQ((i->caps & FI_RMA_PMEM) != 0, !shm) << i->domain_attr->name;
   }
   EXPECT_EQ(seen, 3);
@@ -802,6 +803,13 @@ long first_diff(const uint8_t* a, const uint8_t* b, size_t n) {
 class FabricHmem : public FabricMsg {
  protected:
   FabricHmem() { extra_caps_ = FI_HMEM; }
+  void every_transfer();
+};
+// The same over the shared-memory device (its GPU pieces go through the
+// fake engine's slots as on soft-RoCE).
+class FabricHmemShm : public FabricHmem {
+ protected:
+  std::string side_dev(int) override { return "shm:" + g_shm; }
 };
 
 TEST_F(FabricHmem, RegistrationByIface) {
@@ -814,17 +822,16 @@ TEST_F(FabricHmem, RegistrationByIface) {
   EXPECT_EQ(pmem.reg(server.domain, 4096, FI_HMEM_CUDA, FI_RMA_PMEM), -FI_EOPNOTSUPP) << "GPU memory is never durable";
   EXPECT_NE(fi_mr_key(cuda.mr), fi_mr_key(sys.mr));
 
-  // shm moves no GPU memory (no staging pipeline): refused, not copied.
+  // shm stages GPU memory too; it has no durable targets.
   fi_info* si = getinfo(FI_EP_MSG, ("shm:" + g_shm).c_str());
   ASSERT_NE(si, nullptr);
-  EXPECT_EQ(si->caps & FI_HMEM, 0u);
   fid_fabric* fab = nullptr;
   fid_domain* dom = nullptr;
   ASSERT_EQ(fi_fabric(si->fabric_attr, &fab, nullptr), 0);
   ASSERT_EQ(fi_domain(fab, si, &dom, nullptr), 0);
   {
     HmemBuf shm_cuda, shm_pmem;
-    EXPECT_EQ(shm_cuda.reg(dom, 4096, FI_HMEM_CUDA), -FI_EOPNOTSUPP);
+    EXPECT_EQ(shm_cuda.reg(dom, 4096, FI_HMEM_CUDA), 0);
     EXPECT_EQ(shm_pmem.reg(dom, 4096, FI_HMEM_SYSTEM, FI_RMA_PMEM), -FI_EOPNOTSUPP);
   }
   EXPECT_EQ(fi_close(&dom->fid), 0);
@@ -836,7 +843,11 @@ TEST_F(FabricHmem, RegistrationByIface) {
 // on one side, the other, and both; messages of many 16 KiB fragments at
 // odd offsets and lengths; every byte checked, and the bytes around each
 // target untouched.
-TEST_F(FabricHmem, EveryTransferThroughStagingEveryByteChecked) {
+TEST_F(FabricHmem, EveryTransferThroughStagingEveryByteChecked) { every_transfer(); }
+TEST_F(FabricHmemShm, EveryTransferThroughStagingEveryByteChecked) { every_transfer(); }
+
+void FabricHmem::every_transfer() {
+  ASSERT_NE(server.info->caps & FI_HMEM, 0u) << server.info->domain_attr->name;
   connect();
   const size_t kSize = 1 << 20;
   HmemBuf cgpu, sgpu;
