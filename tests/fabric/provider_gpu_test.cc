@@ -1,7 +1,8 @@
 // FI_HMEM with real GPU memory: the libfabric provider moving cuMemAlloc'd
 // buffers registered with fi_mr_regattr (iface FI_HMEM_CUDA) over
 // fi_write, fi_read and fi_send between two soft-RoCE ports of a software
-// NIC in one process; every byte is written to and checked on the GPU
+// NIC in one process, and again between two endpoints of one shm domain;
+// every byte is written to and checked on the GPU
 // through device copies (cuMemcpyHtoD / cuMemcpyDtoH), never touched by
 // the CPU in place. Each test skips with "no GPU: <why>" where there is
 // none (the README test command); tests/gpu/run.sh runs this binary on a
@@ -33,7 +34,9 @@ namespace {
 using ufab::gpu::Allocation;
 using ufab::gpu::Driver;
 
-std::string g_link;
+std::string g_link, g_shm;
+// The devices of the test running: "swnic" (two ports of g_link) or "shm".
+std::string g_kind = "swnic";
 
 // Before libfabric's first call: where the provider is (the runfiles'
 // fabric/, or UFAB_FI_PROVIDER_DIR: tests/gpu/run.sh's staging directory)
@@ -42,10 +45,11 @@ std::string g_link;
 struct Env {
   Env() {
     g_link = "fig" + std::to_string(getpid());
+    g_shm = "fig" + std::to_string(getpid());
     std::string dir = std::filesystem::absolute("fabric").string();
     if (const char* d = std::getenv("UFAB_FI_PROVIDER_DIR")) dir = d;
     setenv("FI_PROVIDER_PATH", dir.c_str(), 1);
-    std::string devs = "swnic:" + g_link + ":0@10.0.9.1,swnic:" + g_link + ":1@10.0.9.2";
+    std::string devs = "swnic:" + g_link + ":0@10.0.9.1,swnic:" + g_link + ":1@10.0.9.2,shm:" + g_shm;
     setenv("FI_UFAB_DEVICES", devs.c_str(), 1);
     setenv("FI_PROVIDER", "ufab", 1);
     unsetenv("FI_UFAB_PARAMS");
@@ -60,7 +64,7 @@ struct Env {
     }                                                                      \
   } while (0)
 
-std::string dev(int port) { return "swnic:" + g_link + ":" + std::to_string(port); }
+std::string dev(int port) { return g_kind == "shm" ? "shm:" + g_shm : "swnic:" + g_link + ":" + std::to_string(port); }
 
 fi_info* getinfo(int port) {
   fi_info* h = fi_allocinfo();
@@ -204,13 +208,14 @@ long first_diff(const std::vector<uint8_t>& a, const uint8_t* b) {
   return -1;
 }
 
-class FabricGpu : public ::testing::Test {
+class FabricGpu : public ::testing::TestWithParam<std::string> {
  protected:
   Side server, client;
   fid_pep* pep = nullptr;
 
   void SetUp() override {
     NEED_GPU();
+    g_kind = GetParam();
     server.open(0);
     client.open(1);
     ASSERT_EQ(fi_passive_ep(server.fabric, server.info, &pep, nullptr), 0);
@@ -249,7 +254,7 @@ constexpr size_t kBuf = 8 << 20;
 // fi_write GPU -> GPU and host -> GPU; fi_read GPU -> GPU and GPU -> host;
 // lengths that are not fragment multiples, at odd offsets; the bytes
 // around each target unchanged.
-TEST_F(FabricGpu, WriteAndReadEveryByteCheckedOnTheGpu) {
+TEST_P(FabricGpu, WriteAndReadEveryByteCheckedOnTheGpu) {
   GpuBuf cg, sg;
   cg.make(client.domain, kBuf);
   sg.make(server.domain, kBuf);
@@ -300,7 +305,7 @@ TEST_F(FabricGpu, WriteAndReadEveryByteCheckedOnTheGpu) {
 
 // fi_send GPU -> GPU, GPU -> host and host -> GPU, and fi_writedata into
 // GPU memory (its remote CQ data consumes a receive).
-TEST_F(FabricGpu, SendEveryByteCheckedOnTheGpu) {
+TEST_P(FabricGpu, SendEveryByteCheckedOnTheGpu) {
   GpuBuf cg, sg;
   cg.make(client.domain, kBuf);
   sg.make(server.domain, kBuf);
@@ -355,7 +360,7 @@ TEST_F(FabricGpu, SendEveryByteCheckedOnTheGpu) {
 // Registration: device memory given to fi_mr_reg (no iface) is recognised
 // by its pointer attributes and moves the same; host memory claimed as
 // FI_HMEM_CUDA is refused.
-TEST_F(FabricGpu, RegistrationChecksTheMemory) {
+TEST_P(FabricGpu, RegistrationChecksTheMemory) {
   GpuBuf sg;
   sg.make(server.domain, 1 << 20);
   if (HasFatalFailure()) return;
@@ -387,5 +392,8 @@ TEST_F(FabricGpu, RegistrationChecksTheMemory) {
   fid_mr* bad = nullptr;
   EXPECT_EQ(fi_mr_regattr(client.domain, &attr, 0, &bad), -FI_EINVAL) << "host memory is not CUDA memory";
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, FabricGpu, ::testing::Values("swnic", "shm"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
