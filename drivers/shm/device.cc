@@ -441,7 +441,7 @@ bool Device::pending_input() const {
     uint32_t st = c.state.load(std::memory_order_relaxed);
     if (st != UFAB_QPS_RTR && st != UFAB_QPS_RTS && st != UFAB_QPS_ERR) continue;
     if (c.type.load(std::memory_order_relaxed) == UFAB_QPT_UD) {
-      if (ud_input(seg->ud[i], c.req.head.load(std::memory_order_relaxed))) return true;
+      if (ud_ready(seg->ud[i], c.req.head.load(std::memory_order_relaxed))) return true;
       continue;
     }
     const RingPair& r = seg->rings[i];

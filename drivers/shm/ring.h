@@ -285,6 +285,12 @@ inline bool ud_input(const UdQueue& q, uint64_t head) {
   uint64_t s = q.cells[head % kUdCells].h.state.load(std::memory_order_acquire);
   return ud_pos(s) == static_cast<uint32_t>(head) && ud_kind(s) != kUdFree;
 }
+// A datagram is published at `head` (what a sleeper waits for: a cell
+// being written wakes it when published, a stuck one is polled).
+inline bool ud_ready(const UdQueue& q, uint64_t head) {
+  uint64_t s = q.cells[head % kUdCells].h.state.load(std::memory_order_acquire);
+  return ud_pos(s) == static_cast<uint32_t>(head) && ud_kind(s) == kUdReady;
+}
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
