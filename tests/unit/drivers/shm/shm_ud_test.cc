@@ -214,9 +214,10 @@ TEST(ShmUd, BothWaysAcrossProcesses) {
 }
 
 // Four sender processes stream 150 datagrams each (1 .. 4096 bytes, the
-// sender and sequence in the immediate data) into one receiver QP with no
-// pacing: every datagram is received intact, in order per sender, or
-// counted in the receiver's rx_dropped (the queue was full); nothing else.
+// sender and sequence in the immediate data; bursts of 4 every 50 us, all
+// at once) into one receiver QP: every datagram is received intact, in
+// order per sender, or counted in the receiver's rx_dropped (the queue was
+// full); nothing else.
 TEST(ShmUd, ManySendersOneReceiver) {
   constexpr uint32_t kSenders = 4, kEach = 150;
   auto size_of = [](uint32_t id, uint32_t seq) { return 1 + (seq * 997 + id * 131) % 4096; };
@@ -232,9 +233,10 @@ TEST(ShmUd, ManySendersOneReceiver) {
     if (kids[id] == 0) {
       g_who = "sender";
       ::close(pipes[id][1]);
-      Chan ch{pipes[id][0]};
       Info dest;
-      if (!ch.recv(&dest, sizeof dest, 10s)) ::_exit(2);
+      struct pollfd pfd = {pipes[id][0], POLLIN, 0};
+      if (::poll(&pfd, 1, 10000) != 1 || ::read(pipes[id][0], &dest, sizeof dest) != static_cast<ssize_t>(sizeof dest))
+        ::_exit(2);
       ufab_rdma_dev* dev = nullptr;
       ufab_rdma_pd* pd = nullptr;
       if (P()->open_device(&kHost, name.c_str(), nullptr, &dev) != 0 || P()->alloc_pd(dev, &pd) != 0) ::_exit(3);
@@ -250,6 +252,7 @@ TEST(ShmUd, ManySendersOneReceiver) {
         ufab_sge ss = {a.addr(), len, lkey};
         if (post_ud(u.qp, seq, &ss, 1, dest.addr, dest.qpn, kQkey, (id << 16) | seq) != 0) ::_exit(5);
         if (!expect_wc(u.scq, seq, UFAB_WC_SUCCESS, UFAB_WC_SEND)) ::_exit(6);
+        if (seq % 4 == 3) std::this_thread::sleep_for(50us);  // bursts of 4, all senders at once
       }
       drop_ud(u);
       P()->dereg_mr(mr);
@@ -261,7 +264,12 @@ TEST(ShmUd, ManySendersOneReceiver) {
   }
   ufab_rdma_dev* dev = nullptr;
   ufab_rdma_pd* pd = nullptr;
-  ASSERT_EQ(P()->open_device(&kHost, name.c_str(), nullptr, &dev), 0) << g_last_error;
+  // The receiver drains its queue on a progress thread while it checks
+  // what it received.
+  ufab_device_opts opts = {};
+  opts.size = sizeof opts;
+  opts.progress_thread = 1;
+  ASSERT_EQ(P()->open_device(&kHost, name.c_str(), &opts, &dev), 0) << g_last_error;
   ASSERT_EQ(P()->alloc_pd(dev, &pd), 0);
   constexpr uint32_t kRecvs = 256;
   Arena a(uint64_t{kRecvs} * kSlot);
@@ -409,9 +417,11 @@ TEST(ShmUd, LimitsDropsAndErrors) {
   // A receive too small for GRH + data: LOC_LEN_ERR, the QP stays in RTS;
   // a receive with a bad key: LOC_PROT_ERR. Both leave the QP working.
   ASSERT_EQ(send_a(15, 64, 4, addr_b, qb.qpn), 0);
+  EXPECT_TRUE(expect_wc(qa.scq, 15, UFAB_WC_SUCCESS));
   ASSERT_TRUE(expect_wc(qb.rcq, 14, UFAB_WC_SUCCESS, UFAB_WC_RECV, 5s, &wc));
   ASSERT_EQ(recv_b(16, 3, kGrh + 10), 0);
   ASSERT_EQ(send_a(17, 11, 5, addr_b, qb.qpn), 0);
+  EXPECT_TRUE(expect_wc(qa.scq, 17, UFAB_WC_SUCCESS));
   ASSERT_TRUE(expect_wc(qb.rcq, 16, UFAB_WC_LOC_LEN_ERR, UFAB_WC_RECV, 5s, &wc));
   const char* d = P()->wc_detail(qb.rcq, wc.detail);
   EXPECT_TRUE(d && std::strstr(d, "+40 GRH")) << (d ? d : "(none)");
@@ -419,6 +429,7 @@ TEST(ShmUd, LimitsDropsAndErrors) {
   ufab_sge badr = {bb.addr(4 * kSlot), kSlot, lb ^ 0x1000};
   ASSERT_EQ(recv1(qb.qp, 18, &badr, 1), 0);
   ASSERT_EQ(send_a(19, 11, 5, addr_b, qb.qpn), 0);
+  EXPECT_TRUE(expect_wc(qa.scq, 19, UFAB_WC_SUCCESS));
   EXPECT_TRUE(expect_wc(qb.rcq, 18, UFAB_WC_LOC_PROT_ERR, UFAB_WC_RECV));
   EXPECT_EQ(qp_state(qb.qp), static_cast<uint32_t>(UFAB_QPS_RTS));
   // A send with a bad lkey: LOC_PROT_ERR, and the QP stays in RTS.
@@ -456,11 +467,13 @@ TEST(ShmUd, LimitsDropsAndErrors) {
   ufab_sge r2 = {ba.addr(kSlot), kSlot, la};
   ASSERT_EQ(recv1(qa2.qp, 30, &r2, 1), 0);
   ASSERT_EQ(send_a(31, 300, 7, addr_a, qa2.qpn), 0);
+  EXPECT_TRUE(expect_wc(qa.scq, 31, UFAB_WC_SUCCESS));
   ASSERT_TRUE(expect_wc(qa2.rcq, 30, UFAB_WC_SUCCESS, UFAB_WC_RECV, 5s, &wc));
   EXPECT_TRUE(check_ud_recv(wc, ba.p + kSlot, 300, 7, addr_a, qa.qpn, std::nullopt));
   ufab_sge r3 = {ba.addr(2 * kSlot), kSlot, la};
   ASSERT_EQ(recv1(qa.qp, 32, &r3, 1), 0);
   ASSERT_EQ(send_a(33, 5, 8, addr_a, qa.qpn), 0);
+  EXPECT_TRUE(expect_wc(qa.scq, 33, UFAB_WC_SUCCESS));
   ASSERT_TRUE(expect_wc(qa.rcq, 32, UFAB_WC_SUCCESS, UFAB_WC_RECV, 5s, &wc));
   EXPECT_TRUE(check_ud_recv(wc, ba.p + 2 * kSlot, 5, 8, addr_a, qa.qpn, std::nullopt));
 
@@ -644,6 +657,7 @@ TEST(ShmUd, ReceiverKilledMidStream) {
           }
           if (i % 16 == 0) std::this_thread::sleep_for(1ms);
         }
+        std::printf("%llu datagrams completed before the receiver was found gone\n", static_cast<unsigned long long>(ok));
         TCHECK(refused);
         TCHECK(ok >= 20);
         TCHECK_EQ(qp_state(u.qp), static_cast<uint32_t>(UFAB_QPS_RTS));
