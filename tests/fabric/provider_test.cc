@@ -1367,31 +1367,36 @@ struct DgramSide {
 };
 
 // The server of DgramAcrossProcesses: says "ready IP PORT NAME" (its
-// DGRAM address) with a receive posted, takes the client's address from
-// the first datagram, then echoes UFAB_FI_SHM_CONNS datagrams back to it,
-// checking each came from the client's AV entry. Receives alternate
-// between two buffers, the next posted before the echo goes out.
+// DGRAM address) with two receives posted, takes the client's address
+// from the first datagram and echoes it, then echoes UFAB_FI_SHM_CONNS
+// datagrams back, checking each came from the client's AV entry. A datagram with no
+// receive posted would be dropped (UD), so one is always posted ahead.
 int shm_dgram_server() {
   const int n = std::atoi(std::getenv("UFAB_FI_SHM_CONNS"));
   DgramSide s;
   if (int rc = s.open(); rc != 0) return 10 + rc;
-  if (s.recv(0) != 0) return 20;
+  if (s.recv(0) != 0 || s.recv(8192) != 0) return 20;
   std::printf("ready 0 %s %s\n", std::getenv("UFAB_FI_SHM_PORT"), s.name.c_str());
   std::fflush(stdout);
   fi_cq_msg_entry e{};
   fi_addr_t from = 0;
-  if (DgramSide::next(s.rxcq, &e, &from) != 1) return 21;
-  if (from != FI_ADDR_NOTAVAIL) return 22;  // not in the AV yet
-  if (s.recv(8192) != 0) return 23;
   fi_addr_t client = FI_ADDR_NOTAVAIL;
-  if (fi_av_insert(s.av, s.buf.data() + 40, 1, &client, 0, nullptr) != 1) return 24;
-  for (int i = 1; i <= n; i++) {
-    const size_t off = (i % 2) * 8192;
+  // Datagram j lands in buffer j % 2; its buffer is posted again once it
+  // was echoed, before the client can send j + 2 (it waits for the echo
+  // of j + 1).
+  for (int j = 0; j <= n; j++) {
+    const size_t off = (j % 2) * 8192;
     if (DgramSide::next(s.rxcq, &e, &from) != 1 || (e.flags & FI_RECV) == 0) return 30;
-    if (from != client) return 31;
-    if (i < n && s.recv(((i + 1) % 2) * 8192) != 0) return 32;
-    if (fi_send(s.ep, s.buf.data() + off + 40, e.len - 40, fi_mr_desc(s.mr), client, nullptr) != 0) return 33;
-    if (DgramSide::next(s.txcq, &e, &from) != 1 || (e.flags & FI_SEND) == 0) return 34;
+    if (j == 0) {
+      if (from != FI_ADDR_NOTAVAIL) return 31;  // not in the AV yet
+      if (fi_av_insert(s.av, s.buf.data() + 40, 1, &client, 0, nullptr) != 1) return 32;
+    } else if (from != client) {
+      return 33;
+    }
+    // The echo (of the address too: the client sends on once we have it).
+    if (fi_send(s.ep, s.buf.data() + off + 40, e.len - 40, fi_mr_desc(s.mr), client, nullptr) != 0) return 34;
+    if (DgramSide::next(s.txcq, &e, &from) != 1 || (e.flags & FI_SEND) == 0) return 35;
+    if (j + 2 <= n && s.recv(off) != 0) return 36;
   }
   return 0;
 }
@@ -1570,15 +1575,23 @@ TEST(FabricShm, DgramAcrossProcesses) {
   char server_name[64] = {};
   ASSERT_EQ(std::sscanf(srv.line.c_str(), "ready %*u %*u %63s", server_name), 1) << srv.line;
   DgramSide c;
+  // The client's part; the server's exit status is checked after it,
+  // whatever happened (it names the server's failing step).
+  [&] {
   ASSERT_EQ(c.open(), 0);
   fi_addr_t server = FI_ADDR_NOTAVAIL;
   ASSERT_EQ(fi_av_insert(c.av, server_name, 1, &server, 0, nullptr), 1) << server_name;
   fi_cq_msg_entry e{};
   fi_addr_t from = FI_ADDR_NOTAVAIL;
-  // Our address, for the server's AV.
+  // Our address, for the server's AV; its echo says the server has it
+  // (a datagram before that would have no source there).
   std::memcpy(c.buf.data() + 32768, c.name.c_str(), c.name.size() + 1);
+  ASSERT_EQ(c.recv(0), 0);
   ASSERT_EQ(fi_send(c.ep, c.buf.data() + 32768, c.name.size() + 1, fi_mr_desc(c.mr), server, nullptr), 0);
   ASSERT_EQ(DgramSide::next(c.txcq, &e, &from), 1);
+  ASSERT_EQ(DgramSide::next(c.rxcq, &e, &from), 1);
+  EXPECT_EQ(from, server);
+  EXPECT_STREQ(reinterpret_cast<char*>(c.buf.data() + 40), c.name.c_str());
   for (size_t k = 0; k < sizes.size(); k++) {
     const size_t n = sizes[k];
     ASSERT_EQ(c.recv(0), 0);
@@ -1591,7 +1604,8 @@ TEST(FabricShm, DgramAcrossProcesses) {
     EXPECT_EQ(std::memcmp(c.buf.data() + 40, c.buf.data() + 32768, n), 0) << "size " << n;
   }
   EXPECT_EQ(fi_send(c.ep, c.buf.data() + 32768, 4097, fi_mr_desc(c.mr), server, nullptr), -FI_EINVAL);
-  EXPECT_EQ(srv.finish(), 0);
+  }();
+  EXPECT_EQ(srv.finish(), 0) << "the server's failing step";
 }
 
 TEST(FabricShm, ManyConnectionsToOneListener) {
