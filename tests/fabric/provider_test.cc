@@ -5,7 +5,8 @@
 // playing both sides. Every data operation, completions and their formats,
 // error completions (fi_cq_readerr, fi_cq_strerror), counters, CQ waits,
 // connection data, refusal, a listener-less port, shutdown, a peer that
-// goes away, and DGRAM with an AV. FI_HMEM without a GPU: the devices run
+// goes away, and DGRAM with an AV (on swnic, and on the shm device within
+// this process and across two). FI_HMEM without a GPU: the devices run
 // with gpu_copy=fake, so host memory registered as FI_HMEM_CUDA moves only
 // through the staging pipeline's slots, as GPU memory does.
 // FI_COMMIT_COMPLETE into a file mapping registered with FI_RMA_PMEM.
