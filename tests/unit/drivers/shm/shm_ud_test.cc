@@ -4,11 +4,13 @@
 // intact and in order per sender, or counted as dropped), sizes up to the
 // 4096-byte limit, what is dropped and counted (bad Q_Key, no receive, a
 // full queue), post-time refusals and address handle errors, a producer
-// that died or stopped holding a cell (skipped, the queue goes on), and a
-// peer process killed mid-stream on either side.
+// that died or stopped holding a cell (skipped, the queue goes on), a
+// receiver asleep in wait_cq woken by a datagram, and a peer process
+// killed mid-stream on either side.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -607,6 +609,54 @@ TEST(ShmUd, AClaimNeverPublishedIsSkipped) {
   P()->dealloc_pd(pb);
   P()->close_device(da);
   P()->close_device(db);
+}
+
+// A receiver asleep in wait_cq is woken by a datagram from another
+// process 200 ms later (the sender wakes its futex), and uses little CPU
+// meanwhile.
+TEST(ShmUd, WaitCqIsWokenByADatagram) {
+  EXPECT_TRUE(run_pair("ud-wait", [](Side& s) {
+    Arena a(2 * kSlot);
+    ufab_mr_attr ma = {sizeof ma, UFAB_ACCESS_LOCAL_WRITE, a.p, a.size, UFAB_MEM_HOST, 0};
+    ufab_rdma_mr* mr;
+    uint32_t lkey, rkey;
+    TREQUIRE_OK(P()->reg_mr(s.pd, &ma, &mr, &lkey, &rkey));
+    Ud u;
+    TREQUIRE(make_ud(s.dev, s.pd, u));
+    Info mine, peer;
+    mine.addr = dev_addr(s.dev);
+    mine.qpn = u.qpn;
+    if (s.parent()) {
+      ufab_sge rs = {a.addr(), kSlot, lkey};
+      TREQUIRE_OK(recv1(u.qp, 1, &rs, 1));
+    }
+    TREQUIRE(s.ch.exchange(mine, &peer));
+    if (!s.parent()) {
+      std::this_thread::sleep_for(200ms);
+      fill_pattern(a.p, 100, 3);
+      ufab_sge ss = {a.addr(), 100, lkey};
+      TREQUIRE_OK(post_ud(u.qp, 2, &ss, 1, peer.addr, peer.qpn));
+      TCHECK(expect_wc(u.scq, 2, UFAB_WC_SUCCESS));
+    } else {
+      timespec c0, c1;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+      auto t0 = Clock::now();
+      TCHECK_EQ(P()->wait_cq(u.rcq, 5000), 1);
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+      const double cpu_ms = (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) / 1e6;
+      std::printf("woken after %lld ms with %.2f ms of CPU\n", static_cast<long long>(ms), cpu_ms);
+      TCHECK(ms >= 150 && ms < 2000);
+      TCHECK(cpu_ms < 50);
+      ufab_wc wc = {};
+      TREQUIRE(expect_wc(u.rcq, 1, UFAB_WC_SUCCESS, UFAB_WC_RECV, 1s, &wc));
+      TCHECK(check_ud_recv(wc, a.p, 100, 3, peer.addr, peer.qpn, std::nullopt));
+    }
+    TREQUIRE(s.ch.sync("end"));
+    drop_ud(u);
+    P()->dereg_mr(mr);
+    return true;
+  }));
 }
 
 // The receiver process is killed while 4096-byte datagrams stream to it:
