@@ -30,8 +30,9 @@ constexpr Clock::duration kSpin = std::chrono::microseconds(30);
 // Longest sleep while nobody else drives progress, so timers
 // (retransmission, RNR back-off, ARP retries) fire close to on time.
 constexpr int kMaxSleepMs = 1;
-// Longest sleep while another thread drives the lanes (it runs their
-// timers): then the waiter sleeps on its CQ's eventfd alone, without
+// Longest sleep while another thread polls the lanes (it runs their
+// timers; another waiter does not count): then the waiter sleeps on its
+// CQ's eventfd alone, without
 // arming the NIC's interrupt, and looks again this often whether the
 // other thread still polls. A connection manager's thread waiting for
 // MADs beside an application that polls its data CQ takes no interrupt
@@ -268,12 +269,14 @@ int Context::progress() {
   return work;
 }
 
-int Context::progress_for(const CompletionQueueImpl& cq) {
+int Context::progress_for(const CompletionQueueImpl& cq, bool waiter) {
   int work = 0;
   for_each_lane(feeding(cq), [&](uint16_t i) {
     Lane& lane = *lanes_[i];
     std::unique_lock lock(lane.mutex(), std::try_to_lock);
-    if (lock.owns_lock()) work += lane.progress_locked();
+    if (!lock.owns_lock()) return;
+    work += lane.progress_locked();
+    if (waiter) lane.note_waiter_round();
   });
   return work;
 }
@@ -292,7 +295,7 @@ void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point dea
   // Spin: poll for up to kSpin, reading the clock every 16 rounds.
   const auto spin_end = std::min(deadline, Clock::now() + (others ? Clock::duration{} : kSpin));
   for (uint32_t i = 1;; ++i) {
-    if (!threads) progress_for(cq);
+    if (!threads) progress_for(cq, /*waiter=*/true);
     if (!cq.empty()) return;
     if (i % 16 == 0 && Clock::now() >= spin_end) break;
   }
@@ -340,7 +343,7 @@ void Context::wait_for_completion(CompletionQueueImpl& cq, Clock::time_point dea
     if (!threads) {
       others = rounds_of(fed) != rounds_before;
       cq.set_others_poll(others);
-      progress_for(cq);
+      progress_for(cq, /*waiter=*/true);
     }
     if (!cq.empty() || Clock::now() >= deadline) return;
   }

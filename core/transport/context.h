@@ -72,7 +72,9 @@ class Context {
   int progress();
   // Progress on the lanes that feed `cq`, skipping a lane another thread
   // is progressing right now.
-  int progress_for(const CompletionQueueImpl& cq);
+  // `waiter`: called by wait_for_completion (its rounds do not count as
+  // another thread polling, see Lane::rounds).
+  int progress_for(const CompletionQueueImpl& cq, bool waiter = false);
 
   // Blocks until `cq` is non-empty or `deadline`: progresses its lanes
   // for a short spin, then sleeps on their RX interrupts and inboxes and

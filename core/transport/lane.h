@@ -104,9 +104,16 @@ class Lane {
   // One round: the inbox, a burst from the RX queue, timers, transmit;
   // returns frames and timers handled.
   int progress_locked();
-  // Rounds of progress_locked so far, by any thread: a waiter that finds
-  // it moved while it slept knows another thread drives this lane.
-  uint64_t rounds() const { return rounds_.load(std::memory_order_relaxed); }
+  // Rounds of progress_locked so far by threads that poll (not by CQ
+  // waiters, which call note_waiter_round() after theirs): a waiter that
+  // finds it moved while it slept knows a polling thread drives this
+  // lane. Two waiters do not count each other.
+  uint64_t rounds() const {
+    return rounds_.load(std::memory_order_relaxed) - waiter_rounds_.load(std::memory_order_relaxed);
+  }
+  void note_waiter_round() {
+    waiter_rounds_.store(waiter_rounds_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
 
   // A frame this lane's RX queue took for another lane (see above). Any
   // thread, no lane lock needed; false when the inbox is full (dropped,
@@ -163,7 +170,8 @@ class Lane {
   uint64_t inbox_tail_ = 0;                // producers (under inbox_mu_)
   std::atomic<uint64_t> inbox_ready_{0};   // inbox_tail_, for the consumer's lock-free look
   std::atomic<uint32_t> sleepers_{0};
-  std::atomic<uint64_t> rounds_{0};  // written under the lane lock only
+  std::atomic<uint64_t> rounds_{0};         // written under the lane lock only
+  std::atomic<uint64_t> waiter_rounds_{0};  // the same
   UniqueFd inbox_fd_;  // eventfd written when a frame is handed over to a sleeping lane
 
   std::thread thread_;

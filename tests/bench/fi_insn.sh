@@ -18,19 +18,22 @@
 # calls: each is an atomic read-modify-write) and system calls.
 #
 # --so takes a libufab-fi.so to measure (default: bazel-bin's, built
-# here); give it several times to compare builds (before/after).
+# here); give it several times to compare builds (before/after). --json
+# FILE (default docs/bench/fi_insn.json) gets the same figures.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n=20000
 sos=()
+json=docs/bench/fi_insn.json
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --n) n="$2"; shift 2 ;;
     --so) sos+=("$2"); shift 2 ;;
-    *) echo "usage: $0 [--n N] [--so PATH]..." >&2; exit 2 ;;
+    --json) json="$2"; shift 2 ;;
+    *) echo "usage: $0 [--n N] [--so PATH]... [--json FILE]" >&2; exit 2 ;;
   esac
 done
-for t in valgrind callgrind_annotate; do
+for t in valgrind callgrind_annotate jq; do
   command -v "$t" >/dev/null || { echo "fi_insn.sh: $t not found" >&2; exit 1; }
 done
 if [ ${#sos[@]} = 0 ]; then
@@ -64,4 +67,11 @@ for so in "${sos[@]}"; do
   awk -v so="$so" -v n="$n" -v t="$total" -v l="$locks" -v s="$sys" -v o="$out" 'BEGIN {
     printf "fi_insn: %s: %.0f instructions per round trip (both sides), %.1f mutex acquisitions, %.2f system calls; %s\n",
       so, t / n, l / n, s / n, o }'
+  jq -nc --arg so "$so" --argjson n "$n" --argjson t "$total" --argjson l "$locks" --argjson s "$sys" \
+    '{library: $so, round_trips: $n, instructions_per_round_trip: ($t / $n), mutex_acquisitions_per_round_trip: ($l / $n),
+      system_calls_per_round_trip: ($s / $n)}' >>"$w/results.jsonl"
 done
+mkdir -p "$(dirname "$json")"
+jq -s --arg date "$(date -u +%FT%TZ)" --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  '{command: "tests/bench/fi_insn.sh", date: $date, commit: $commit, results: .}' "$w/results.jsonl" >"$json"
+echo "fi_insn: written: $json"

@@ -7,9 +7,10 @@
 # for each of the given ufab binaries (e.g. one built before a change and
 # one after), and host memory with the last binary, 64 KiB to 64 MiB,
 # the runs interleaved size by size so a loaded machine hurts all alike.
-# Prints "SIZE LABEL MEDIAN MIN MAX" (MB/s, as `ufab perf` reports).
+# Prints "SIZE LABEL MEDIAN MIN MAX" (MB/s, as `ufab perf` reports) and
+# writes the same to -j FILE (default docs/bench/shm_gpu_fake.json).
 #
-#   tests/bench/shm_gpu_fake.sh [-r REPS] [-p KEY=VALUE]... LABEL=UFAB [LABEL=UFAB...]
+#   tests/bench/shm_gpu_fake.sh [-r REPS] [-p KEY=VALUE]... [-j FILE] LABEL=UFAB [LABEL=UFAB...]
 #
 # -p passes a device parameter to both sides of every GPU run (e.g.
 # gpu_fake_delay_us=10: every copy takes at least 10 us, standing for a
@@ -17,15 +18,19 @@
 set -uo pipefail
 reps=3
 params=()
-while getopts "r:p:" o; do
+json=docs/bench/shm_gpu_fake.json
+while getopts "r:p:j:" o; do
   case $o in
     r) reps=$OPTARG ;;
     p) params+=(--param "$OPTARG") ;;
-    *) echo "usage: $0 [-r REPS] [-p KEY=VALUE]... LABEL=UFAB..." >&2; exit 2 ;;
+    j) json=$OPTARG ;;
+    *) echo "usage: $0 [-r REPS] [-p KEY=VALUE]... [-j FILE] LABEL=UFAB..." >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { echo "usage: $0 [-r REPS] [-p KEY=VALUE]... LABEL=UFAB..." >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 [-r REPS] [-p KEY=VALUE]... [-j FILE] LABEL=UFAB..." >&2; exit 2; }
+command -v jq >/dev/null || { echo "$0: jq not found (scripts/setup.sh installs it)" >&2; exit 1; }
+cmdline="tests/bench/shm_gpu_fake.sh $*"
 tmp=$(mktemp -d)
 server=
 cleanup() {
@@ -69,8 +74,17 @@ for size in 65536 262144 1048576 4194304 16777216 67108864; do
   for spec in "$@" "host=${last#*=}"; do
     label=${spec%%=*}
     # shellcheck disable=SC2086
-    printf '%s %s %s\n' "$size" "$label" "$(printf '%s\n' ${got[$label]} | grep -v FAIL | sort -g |
+    line="$size $label $(printf '%s\n' ${got[$label]} | grep -v FAIL | sort -g |
       awk '{v[NR]=$1} END {if (NR == 0) print "FAIL"; else printf "%.0f %.0f %.0f", (NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2), v[1], v[NR]}')"
+    echo "$line"
+    echo "$line" >>"$tmp/rows"
   done
   unset got
 done
+mkdir -p "$(dirname "$json")"
+jq -R -s --arg cmd "$cmdline" --arg date "$(date -u +%FT%TZ)" --argjson reps "$reps" \
+  '{command: $cmd, date: $date, runs_per_cell: $reps, unit: "MB/s (ufab perf bw_avg)",
+    rows: [split("\n")[] | select(length > 0) | split(" ") |
+           {bytes: (.[0] | tonumber), label: .[1], median: (.[2] | tonumber? // null), min: (.[3] // null | tonumber? // null), max: (.[4] // null | tonumber? // null)}]}' \
+  "$tmp/rows" >"$json"
+echo "written: $json"
