@@ -231,6 +231,7 @@ void Device::close() {
       peer_unref(q->peer);
       q->peer = nullptr;
     }
+    if (q) q->ud_release_dests(false);
   }
   if (listen_fd >= 0) ::close(listen_fd);
   if (ctl_fd >= 0) ::close(ctl_fd);
@@ -416,7 +417,9 @@ int Device::progress() {
     if (!q || !q->active.load(std::memory_order_relaxed)) continue;
     if (!full && q->idle.load(std::memory_order_relaxed)) {
       const QpCtl& c = seg->ctl[i];
-      if (!q->in_req.ready(c.req.head.load(std::memory_order_relaxed)) &&
+      if (q->ud_in) {
+        if (!ud_input(*q->ud_in, c.req.head.load(std::memory_order_relaxed))) continue;
+      } else if (!q->in_req.ready(c.req.head.load(std::memory_order_relaxed)) &&
           !q->in_resp.ready(c.resp.head.load(std::memory_order_relaxed)) && !c.fatal.load(std::memory_order_relaxed)) {
         continue;
       }
@@ -437,6 +440,10 @@ bool Device::pending_input() const {
     const QpCtl& c = seg->ctl[i];
     uint32_t st = c.state.load(std::memory_order_relaxed);
     if (st != UFAB_QPS_RTR && st != UFAB_QPS_RTS && st != UFAB_QPS_ERR) continue;
+    if (c.type.load(std::memory_order_relaxed) == UFAB_QPT_UD) {
+      if (ud_ready(seg->ud[i], c.req.head.load(std::memory_order_relaxed))) return true;
+      continue;
+    }
     const RingPair& r = seg->rings[i];
     if (RingView{nullptr, const_cast<unsigned char*>(r.req)}.ready(c.req.head.load(std::memory_order_relaxed))) return true;
     if (RingView{nullptr, const_cast<unsigned char*>(r.resp)}.ready(c.resp.head.load(std::memory_order_relaxed))) return true;

@@ -33,6 +33,13 @@ struct ufab_rdma_cq {
 struct ufab_rdma_qp {
   ufab::shm::Qp* q;
 };
+// A UD destination: the device at `addr`, connected (peer, a reference)
+// unless it is this device.
+struct ufab_rdma_ah {
+  ufab::shm::Device* dev;
+  uint32_t addr;
+  ufab::shm::Peer* peer;
+};
 
 namespace ufab::shm {
 namespace {
@@ -110,7 +117,7 @@ int query_device(ufab_rdma_dev* dev, ufab_device_attr* out) {
     std::snprintf(out->transport, sizeof out->transport, "shared memory");
     out->ip = dev->d.addr;
     out->active_mtu = 4096;
-    out->caps = UFAB_DEVICE_CAP_ATOMICS;
+    out->caps = UFAB_DEVICE_CAP_ATOMICS | UFAB_DEVICE_CAP_UD;
     out->mem_types = 1u << UFAB_MEM_HOST;
     // GPU memory through the staging pool (docs/gpu.md, "shm"): in a build
     // with the CUDA headers (the driver is needed at registration), and
@@ -149,7 +156,10 @@ int device_stats(ufab_rdma_dev* dev, ufab_device_stats* out) {
     for (uint32_t i = 0; i < n; ++i) {
       Qp* q = d.qps[i].get();
       std::lock_guard<std::mutex> qg(q->mu);
-      if (q->active) add(out, q->stats);
+      if (!q->active) continue;
+      // UD: datagrams senders could not enqueue, counted in our segment.
+      if (q->type == UFAB_QPT_UD) q->stats.dropped += q->ctl->ud_lost.exchange(0);
+      add(out, q->stats);
     }
     return 0;
   });
@@ -467,10 +477,11 @@ int cq_event_fd(ufab_rdma_cq* cq) { return cq->c.event_fd; }
 int create_qp(ufab_rdma_pd* pd, const ufab_rdma_qp_init* init, ufab_rdma_qp** out, uint32_t* qpn) {
   Device& d = *pd->p.dev;
   return guard(&d, nullptr, [&]() -> int {
-    if (init->qp_type != UFAB_QPT_RC) {
+    if (init->qp_type != UFAB_QPT_RC && init->qp_type != UFAB_QPT_UD) {
       throw Error(EOPNOTSUPP, "creating a QP on " + d.name + ": type " + std::to_string(init->qp_type) +
-                                  (init->qp_type == UFAB_QPT_UD ? " (UD)" : "") +
-                                  " is not supported; the shm provider has RC QPs only (UD runs on soft-RoCE)");
+                                  (init->qp_type == UFAB_QPT_GSI ? " (GSI)" : "") +
+                                  " is not supported; the shm provider has RC and UD QPs (the GSI QP and the "
+                                  "connection manager run on soft-RoCE)");
     }
     if (!init->send_cq || !init->recv_cq) throw Error(EINVAL, "creating a QP: send_cq and recv_cq are required");
     const ufab_qp_cap& cap = init->cap;
@@ -519,6 +530,10 @@ int create_qp(ufab_rdma_pd* pd, const ufab_rdma_qp_init* init, ufab_rdma_qp** ou
       }
       q->initial_psn = r & 0xFFFFFF;
       q->ctl = &d.seg->ctl[idx];
+      q->type = init->qp_type;
+      q->ud_in = init->qp_type == UFAB_QPT_UD ? &d.seg->ud[idx] : nullptr;
+      q->ctl->type.store(init->qp_type, std::memory_order_relaxed);
+      q->ctl->ud_lost.store(0, std::memory_order_relaxed);
       q->in_req = RingView{&q->ctl->req, d.seg->rings[idx].req};
       q->in_resp = RingView{&q->ctl->resp, d.seg->rings[idx].resp};
       q->sq.assign(cap.max_send_wr, SendWqe{});
@@ -603,13 +618,35 @@ int post_recv(ufab_rdma_qp* qp, const ufab_recv_wr* wrs, uint32_t n, uint32_t* b
   });
 }
 
-int create_ah(ufab_rdma_pd* pd, const ufab_av*, ufab_rdma_ah**) {
-  pd->p.dev->error("creating an address handle on " + pd->p.dev->name +
-                   ": the shm provider has no UD QPs, so no address handles (use soft-RoCE for UD)");
-  return -EOPNOTSUPP;
+// An address handle names a device of the domain by its address (the
+// peer's ufab_device_attr.ip): connected now, so a bad address fails here
+// and the first datagram does not wait for the connection.
+int create_ah(ufab_rdma_pd* pd, const ufab_av* av, ufab_rdma_ah** out) {
+  Device& d = *pd->p.dev;
+  return guard(&d, nullptr, [&]() -> int {
+    if (av->dest_ip == 0) {
+      throw Error(EINVAL, "creating an address handle on " + d.name +
+                              ": address 0 is no device (an shm address is the peer device's ufab_device_attr.ip)");
+    }
+    Peer* p = nullptr;
+    if (av->dest_ip != d.addr) {
+      try {
+        p = d.connect_peer(av->dest_ip);
+      } catch (Error& e) {
+        e.msg = "creating an address handle on " + d.name + ": " + e.msg;
+        throw;
+      }
+    }
+    *out = new ufab_rdma_ah{&d, av->dest_ip, p};
+    return 0;
+  });
 }
 
-int destroy_ah(ufab_rdma_ah*) { return -EOPNOTSUPP; }
+int destroy_ah(ufab_rdma_ah* ah) {
+  if (ah->peer) peer_unref(ah->peer);
+  delete ah;
+  return 0;
+}
 
 const char* const kPrefixes[] = {"shm", nullptr};
 

@@ -1,11 +1,14 @@
-// An shm RC queue pair: state machine, posting, the requester and the
-// responder. Everything here runs under the QP's mutex.
+// An shm queue pair: state machine, posting, the requester and the
+// responder (RC), datagrams (UD, at the end). Everything here runs under
+// the QP's mutex.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -83,6 +86,29 @@ constexpr Transition kTransitions[] = {
     {UFAB_QPS_RTR, UFAB_QPS_RTS, kRtsRc, UFAB_QP_ACCESS_FLAGS | UFAB_QP_MIN_RNR_TIMER},
     {UFAB_QPS_RTS, UFAB_QPS_RTS, 0, UFAB_QP_ACCESS_FLAGS | UFAB_QP_MIN_RNR_TIMER},
 };
+// UD (IBA 10.3.1, as soft-RoCE takes them): the Q_Key at INIT, nothing at
+// RTR, the send PSN at RTS.
+constexpr uint32_t kInitUd = UFAB_QP_PKEY_INDEX | UFAB_QP_PORT | UFAB_QP_QKEY;
+constexpr Transition kTransitionsUd[] = {
+    {UFAB_QPS_RESET, UFAB_QPS_INIT, kInitUd, 0},
+    {UFAB_QPS_INIT, UFAB_QPS_INIT, 0, kInitUd},
+    {UFAB_QPS_INIT, UFAB_QPS_RTR, 0, UFAB_QP_PKEY_INDEX | UFAB_QP_QKEY},
+    {UFAB_QPS_RTR, UFAB_QPS_RTS, UFAB_QP_SQ_PSN, UFAB_QP_QKEY},
+    {UFAB_QPS_RTS, UFAB_QPS_RTS, 0, UFAB_QP_QKEY},
+};
+
+// Bytes a UD receive starts with: the GRH area (verbs' rule), holding an
+// IPv4 header in its last 20 bytes as RoCEv2 gives it.
+constexpr uint32_t kGrhBytes = 40;
+
+void store_be16(unsigned char* p, uint16_t v) {
+  p[0] = static_cast<unsigned char>(v >> 8);
+  p[1] = static_cast<unsigned char>(v);
+}
+void store_be32(unsigned char* p, uint32_t v) {
+  store_be16(p, static_cast<uint16_t>(v >> 16));
+  store_be16(p + 2, static_cast<uint16_t>(v));
+}
 
 }  // namespace
 
@@ -322,6 +348,12 @@ void Qp::reset_locked() {
   gpu_tx_clear();
   gpu_rx_clear(false);
   release_peer();
+  if (type == UFAB_QPT_UD) {
+    ctl->state.store(UFAB_QPS_RESET, std::memory_order_release);  // senders stop enqueueing
+    ud_release_dests(false);
+    ud_reset_queue();
+    stats.dropped += ctl->ud_lost.exchange(0);
+  }
   for (auto& w : sq) w = SendWqe{};
   sq_head = sq_next = sq_tail = 0;
   rq_head = rq_tail = 0;
@@ -339,12 +371,14 @@ void Qp::reset_locked() {
   ctl->consumed.store(0);
   ctl->pulled.store(0);
   ctl->access.store(0);
-  // Positions go on from the producer's tail; no stamp may be left behind
-  // (a message never consumed, payload slots of one).
-  ctl->req.head.store(ctl->req.tail.load());
-  ctl->resp.head.store(ctl->resp.tail.load());
-  std::memset(in_req.bytes, 0, kRingBytes);
-  std::memset(in_resp.bytes, 0, kRingBytes);
+  if (type == UFAB_QPT_RC) {
+    // Positions go on from the producer's tail; no stamp may be left
+    // behind (a message never consumed, payload slots of one).
+    ctl->req.head.store(ctl->req.tail.load());
+    ctl->resp.head.store(ctl->resp.tail.load());
+    std::memset(in_req.bytes, 0, kRingBytes);
+    std::memset(in_resp.bytes, 0, kRingBytes);
+  }
   ctl->state.store(UFAB_QPS_RESET, std::memory_order_release);
 }
 
@@ -388,8 +422,14 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
     return 0;
   }
   const Transition* t = nullptr;
-  for (const auto& c : kTransitions) {
-    if (c.from == from && c.to == to) t = &c;
+  if (type == UFAB_QPT_UD) {
+    for (const auto& c : kTransitionsUd) {
+      if (c.from == from && c.to == to) t = &c;
+    }
+  } else {
+    for (const auto& c : kTransitions) {
+      if (c.from == from && c.to == to) t = &c;
+    }
   }
   if (!t) return fail(EINVAL, tr + " is not a valid transition (RESET -> INIT -> RTR -> RTS; any -> ERROR or RESET)");
   if (uint32_t missing = t->required & ~given) return fail(EINVAL, tr + ": missing " + mask_names(missing));
@@ -433,7 +473,7 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
     return fail(EINVAL, tr + ": max_rd_atomic must be 1..128");
   }
 
-  if (to == UFAB_QPS_RTR) {
+  if (to == UFAB_QPS_RTR && type == UFAB_QPT_RC) {
     // Reach the peer device, check that the QP exists, and claim its rings.
     Peer* p = nullptr;
     try {
@@ -469,6 +509,7 @@ int Qp::modify(const ufab_qp_attr& a, uint32_t mask) {
     ctl->access.store(a.access_flags, std::memory_order_release);
   }
   if (given & UFAB_QP_PKEY_INDEX) attr.pkey_index = a.pkey_index;
+  if (given & UFAB_QP_QKEY) attr.qkey = a.qkey;
   if (given & UFAB_QP_PORT) attr.port = a.port;
   if (given & UFAB_QP_AV) attr.av = a.av;
   if (given & UFAB_QP_PATH_MTU) attr.path_mtu = a.path_mtu;
@@ -585,6 +626,23 @@ int Qp::post_send(const ufab_send_wr* wrs, uint32_t n, uint32_t* bad) {
                              ": the result SGE is GPU memory; atomics on GPU memory are not supported (SEND/RECV, "
                              "WRITE and READ are, through the staging pipeline: docs/gpu.md); use host memory for "
                              "the result");
+        break;
+      }
+    }
+    if (type == UFAB_QPT_UD) {
+      if (wr.opcode != UFAB_WR_SEND && wr.opcode != UFAB_WR_SEND_WITH_IMM) {
+        fail(EINVAL, std::string(op_name(wr.opcode)) + " needs an RC QP (this one is UD: SEND and SEND_WITH_IMM)");
+        break;
+      }
+      if (length > kUdMaxData) {
+        fail(EINVAL, "a UD message of " + std::to_string(length) + " bytes exceeds the path MTU " +
+                         std::to_string(kUdMaxData) + " (the largest datagram of an shm device)");
+        break;
+      }
+      if (gpu_sge) {
+        fail(EOPNOTSUPP, std::string(op_name(wr.opcode)) +
+                             " from GPU memory on a UD QP: datagrams are not staged; use host memory, or an RC QP "
+                             "(docs/gpu.md)");
         break;
       }
     }
@@ -893,6 +951,7 @@ uint32_t Qp::one_sided(SendWqe& w, std::string* why) {
 }
 
 int Qp::requester_send() {
+  if (type == UFAB_QPT_UD) return ud_send();
   int work = 0;
   stalled_ = false;
   if (rnr_wait && Clock::now() >= rnr_until) rnr_wait = false;
@@ -1335,6 +1394,7 @@ void Qp::peer_died_locked() {
 }
 
 int Qp::progress_locked() {
+  if (type == UFAB_QPT_UD) return ud_progress_locked();
   int work = 0;
   if (peer && peer->dead.load(std::memory_order_relaxed)) {
     peer_died_locked();
@@ -1368,6 +1428,318 @@ int Qp::progress_locked() {
   gpu_wait.store(!gpu_idle(), std::memory_order_relaxed);
   idle.store(!(ack_owed || sq_next < sq_tail || notify_ || rnr_wait || stalled_ || !gpu_idle()),
              std::memory_order_relaxed);
+  return work;
+}
+
+// ----------------------------------------------------------------------- UD
+//
+// Datagrams (ring.h, "UD datagrams"): the sender writes each one into a
+// cell of the destination QP's queue in the destination's segment and
+// completes it at once, delivered or dropped (UD: no acknowledgement); the
+// receiver's progress takes the cells in order, checks them and fills its
+// receives, GRH area first.
+
+void Qp::ud_release_dests(bool dead_only) {
+  for (size_t i = 0; i < ud_dests.size();) {
+    if (!dead_only || (ud_dests[i].peer && ud_dests[i].peer->dead.load(std::memory_order_relaxed))) {
+      if (ud_dests[i].peer) peer_unref(ud_dests[i].peer);
+      ud_dests.erase(ud_dests.begin() + static_cast<ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+// Starts the queue a lap past every position a producer may hold: a
+// producer's claim made before the reset cannot be published, and a
+// producer's stale tail finds no cell free for it.
+void Qp::ud_reset_queue() {
+  const uint64_t head = ctl->req.tail.load(std::memory_order_acquire) + kUdCells;
+  for (uint32_t k = 0; k < kUdCells; ++k) {
+    ud_in->cells[(head + k) % kUdCells].h.state.store(ud_state(head + k, kUdFree, 0), std::memory_order_release);
+  }
+  ctl->req.head.store(head, std::memory_order_relaxed);
+  ctl->req.tail.store(head, std::memory_order_release);
+  ud_stuck = false;
+}
+
+// The segment of the device at `addr`: ours, or a peer's (connected on
+// first use, as soft-RoCE resolves a destination's MAC on its first send).
+Segment* Qp::ud_segment(uint32_t addr, std::string* why) {
+  if (addr == dev->addr) return dev->seg;
+  for (size_t i = 0; i < ud_dests.size(); ++i) {
+    UdDest& d = ud_dests[i];
+    if (d.addr != addr) continue;
+    if (!d.peer->dead.load(std::memory_order_relaxed)) return d.peer->seg;
+    peer_unref(d.peer);
+    ud_dests.erase(ud_dests.begin() + static_cast<ptrdiff_t>(i));
+    break;
+  }
+  try {
+    Peer* p = dev->connect_peer(addr);
+    ud_dests.push_back(UdDest{addr, p});
+    return p->seg;
+  } catch (const Error& e) {
+    *why = "UD destination " + hex(addr) + ": " + e.msg;
+    return nullptr;
+  }
+}
+
+void Qp::ud_enqueue(Segment* s, const SendWqe& w, const unsigned char* inline_data) {
+  const uint32_t idx = w.wr.ud.qpn % kMaxQp;
+  QpCtl& c = s->ctl[idx];
+  // No such QP there (never made, destroyed, not UD): lost, as a datagram
+  // to a QP number nobody has.
+  if (c.qpn.load(std::memory_order_acquire) != w.wr.ud.qpn || c.type.load(std::memory_order_relaxed) != UFAB_QPT_UD) {
+    return;
+  }
+  const uint32_t st = c.state.load(std::memory_order_acquire);
+  if (st != UFAB_QPS_RTR && st != UFAB_QPS_RTS) {
+    c.ud_lost.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  UdQueue& q = s->ud[idx];
+  const uint32_t me = dev->addr & kUdAddrMask;
+  UdCell* cell = nullptr;
+  uint64_t pos = 0;
+  // Bounded: every failed try is another producer's progress.
+  for (int tries = 0; tries < 64 && !cell; ++tries) {
+    uint64_t t = c.req.tail.load(std::memory_order_acquire);
+    UdCell& x = q.cells[t % kUdCells];
+    uint64_t cs = x.h.state.load(std::memory_order_acquire);
+    const int32_t d = static_cast<int32_t>(ud_pos(cs) - static_cast<uint32_t>(t));
+    if (d == 0 && ud_kind(cs) == kUdFree) {
+      if (x.h.state.compare_exchange_strong(cs, ud_state(t, kUdClaimed, me), std::memory_order_acq_rel)) {
+        uint64_t e = t;
+        c.req.tail.compare_exchange_strong(e, t + 1, std::memory_order_acq_rel);
+        cell = &x;
+        pos = t;
+      }
+    } else if (d >= 0) {
+      // Cell t is taken (or already consumed): tail is behind; move it on.
+      uint64_t e = t;
+      c.req.tail.compare_exchange_strong(e, t + 1, std::memory_order_acq_rel);
+    } else {
+      break;  // the cell still holds the previous lap's datagram: full
+    }
+  }
+  if (!cell) {
+    c.ud_lost.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  UdCellHdr& h = cell->h;
+  h.src_addr = dev->addr;
+  h.src_qpn = qpn;
+  h.dst_qpn = w.wr.ud.qpn;
+  h.qkey = w.wr.ud.qkey;
+  h.len = static_cast<uint32_t>(w.length);
+  h.imm = w.wr.opcode == UFAB_WR_SEND_WITH_IMM ? w.wr.imm_data : 0;
+  h.flags = (w.wr.opcode == UFAB_WR_SEND_WITH_IMM ? kFlagImm : 0) |
+            ((w.wr.send_flags & UFAB_SEND_SOLICITED) ? kFlagSolicited : 0);
+  h.traffic_class = w.wr.ud.traffic_class;
+  h.hop_limit = w.wr.ud.hop_limit;
+  if (inline_data) {
+    std::memcpy(cell->data, inline_data, w.length);
+  } else {
+    unsigned char* dst = cell->data;
+    for (uint32_t k = 0; k < w.wr.num_sge; ++k) {
+      std::memcpy(dst, reinterpret_cast<const void*>(w.sge[k].addr), w.sge[k].length);
+      dst += w.sge[k].length;
+    }
+  }
+  uint64_t claimed = ud_state(pos, kUdClaimed, me);
+  // Fails only when the receiver gave up on this cell (we were stopped
+  // for a second) or reset its QP: the datagram is lost, already counted.
+  if (!h.state.compare_exchange_strong(claimed, ud_state(pos, kUdReady, me), std::memory_order_release,
+                                       std::memory_order_relaxed)) {
+    return;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (s->hdr.sleepers.load(std::memory_order_relaxed)) Device::wake(s);
+}
+
+int Qp::ud_send() {
+  int work = 0;
+  while (sq_next < sq_tail && attr.state == UFAB_QPS_RTS) {
+    const uint64_t slot = sq_next % sq.size();
+    SendWqe& w = sq[slot];
+    ++sq_next;
+    ++work;
+    std::string why;
+    uint32_t st = 0;
+    if (!w.is_inline) {
+      for (uint32_t k = 0; k < w.wr.num_sge && !st; ++k) st = check_local(w.sge[k], false, &why);
+    }
+    Segment* s = st ? nullptr : ud_segment(w.wr.ud.ip, &why);
+    if (!st && !s) st = UFAB_WC_RETRY_EXC_ERR;  // soft-RoCE: the destination did not answer ARP
+    if (!st) {
+      ud_enqueue(s, w, w.is_inline ? inline_buf.data() + slot * cap.max_inline_data : nullptr);
+      ++stats.tx;
+    }
+    // A UD QP stays in RTS after a failed datagram (soft-RoCE's).
+    ++sq_head;
+    complete_send(w, st, st ? std::string(op_name(w.wr.opcode)) + ": " + why : std::string());
+  }
+  return work;
+}
+
+void Qp::ud_deliver(const UdCellHdr& h, const unsigned char* data) {
+  ++stats.rx;
+  const char* drop = nullptr;
+  if (attr.state != UFAB_QPS_RTR && attr.state != UFAB_QPS_RTS) {
+    drop = "the QP is not in RTR or RTS";
+  } else if (h.dst_qpn != qpn) {
+    drop = "sent to an earlier QP of this number";
+  } else if (h.qkey != attr.qkey) {
+    drop = "its Q_Key differs from the QP's";
+  } else if (h.len > kUdMaxData) {
+    drop = "its length is larger than a cell";
+  } else if (rq_head == rq_tail) {
+    drop = "no receive is posted";  // UD has no RNR
+  }
+  if (drop) {
+    ++stats.dropped;
+    dev->log(3, "shm UD QP " + hex(qpn) + ": dropped a datagram from QP " + hex(h.src_qpn) + " at " +
+                    hex(h.src_addr) + ": " + drop);
+    return;
+  }
+  RecvWqe& r = rq[rq_head % rq.size()];
+  ++rq_head;
+  ufab_wc wc = {};
+  wc.wr_id = r.wr_id;
+  wc.opcode = UFAB_WC_RECV;
+  wc.qp_num = qpn;
+  wc.src_qp = h.src_qpn;
+  wc.wc_flags = UFAB_WC_GRH;
+  if (h.flags & kFlagImm) {
+    wc.imm_data = h.imm;
+    wc.wc_flags |= UFAB_WC_WITH_IMM;
+  }
+  std::string why;
+  uint64_t room = 0;
+  for (uint32_t k = 0; k < r.num_sge; ++k) room += r.sge[k].length;
+  const uint64_t total = kGrhBytes + uint64_t{h.len};
+  if (total > room) {
+    wc.status = UFAB_WC_LOC_LEN_ERR;
+    why = "UD datagram of " + std::to_string(h.len) + " bytes (+40 GRH) into a receive of " + std::to_string(room);
+  } else {
+    uint64_t need = total;
+    for (uint32_t k = 0; k < r.num_sge && need > 0 && !wc.status; ++k) {
+      ufab_sge s = r.sge[k];
+      if (s.length > need) s.length = static_cast<uint32_t>(need);
+      wc.status = check_local(s, true, &why);
+      need -= s.length;
+    }
+  }
+  if (!wc.status) {
+    // The GRH area: 20 bytes of zeros, then the IPv4 header RoCEv2 would
+    // have carried (the sending device's address as source).
+    unsigned char grh[kGrhBytes] = {};
+    unsigned char* ip = grh + 20;
+    ip[0] = 0x45;
+    ip[1] = h.traffic_class;
+    // IPv4 + UDP + BTH + DETH [+ ImmDt] + payload + ICRC
+    store_be16(ip + 2, static_cast<uint16_t>(20 + 8 + 12 + 8 + ((h.flags & kFlagImm) ? 4 : 0) + h.len + 4));
+    ip[6] = 0x40;  // don't fragment
+    ip[8] = h.hop_limit;
+    ip[9] = 17;  // UDP
+    store_be32(ip + 12, h.src_addr);
+    store_be32(ip + 16, dev->addr);
+    uint32_t sum = 0;
+    for (int i = 0; i < 20; i += 2) sum += (uint32_t{ip[i]} << 8) | ip[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    store_be16(ip + 10, static_cast<uint16_t>(~sum));
+    const unsigned char* src[2] = {grh, data};
+    const uint64_t len[2] = {kGrhBytes, h.len};
+    uint32_t k = 0;
+    uint64_t in = 0;  // bytes used of r.sge[k]
+    for (int part = 0; part < 2; ++part) {
+      uint64_t off = 0;
+      while (off < len[part]) {
+        while (k < r.num_sge && in == r.sge[k].length) {
+          ++k;
+          in = 0;
+        }
+        const uint64_t n = std::min<uint64_t>(r.sge[k].length - in, len[part] - off);
+        std::memcpy(reinterpret_cast<unsigned char*>(r.sge[k].addr) + in, src[part] + off, n);
+        in += n;
+        off += n;
+      }
+    }
+    wc.byte_len = static_cast<uint32_t>(total);
+  }
+  // Error completions leave the QP as it is (UD, soft-RoCE's).
+  if (!rcq->push(wc, wc.status ? ("UD receive: " + why).c_str() : nullptr) && attr.state != UFAB_QPS_ERR) {
+    enter_error();
+  }
+}
+
+int Qp::ud_receive() {
+  int work = 0;
+  uint64_t head = ctl->req.head.load(std::memory_order_relaxed);
+  for (uint32_t n = 0; n < kUdCells; ++n) {
+    UdCell& cell = ud_in->cells[head % kUdCells];
+    uint64_t cs = cell.h.state.load(std::memory_order_acquire);
+    if (ud_pos(cs) != static_cast<uint32_t>(head) || ud_kind(cs) == kUdFree) break;
+    if (ud_kind(cs) == kUdClaimed) {
+      // A producer is writing it. One that takes long is looked at: gone
+      // (its process no longer exists) after 10 ms, or stopped for 1 s,
+      // and the cell is skipped, so nobody wedges the queue.
+      const auto now = Clock::now();
+      if (!ud_stuck || ud_stuck_pos != head) {
+        ud_stuck = true;
+        ud_stuck_pos = head;
+        ud_stuck_since = now;
+        break;
+      }
+      const auto waited = now - ud_stuck_since;
+      bool gone = false;
+      const pid_t pid = static_cast<pid_t>(ud_addr(cs) >> 8);
+      if (waited >= std::chrono::milliseconds(10) && pid != dev->pid) gone = ::kill(pid, 0) != 0 && errno == ESRCH;
+      if (!gone && waited < std::chrono::seconds(1)) break;
+      if (!cell.h.state.compare_exchange_strong(cs, ud_state(head + kUdCells, kUdFree, 0),
+                                                std::memory_order_acq_rel)) {
+        continue;  // published meanwhile: taken in the next pass
+      }
+      ++stats.dropped;
+      dev->log(2, "shm UD QP " + hex(qpn) + ": skipped a datagram that device " + hex(ud_addr(cs)) + " began " +
+                      (gone ? "and died writing" : "and did not finish in 1 s"));
+      ud_stuck = false;
+      ++head;
+      ++work;
+      continue;
+    }
+    ud_stuck = false;
+    // Read once, then checked: the producer is done with the cell.
+    UdCellHdr h;
+    h.src_addr = cell.h.src_addr;
+    h.src_qpn = cell.h.src_qpn;
+    h.dst_qpn = cell.h.dst_qpn;
+    h.qkey = cell.h.qkey;
+    h.len = cell.h.len;
+    h.imm = cell.h.imm;
+    h.flags = cell.h.flags;
+    h.traffic_class = cell.h.traffic_class;
+    h.hop_limit = cell.h.hop_limit;
+    ud_deliver(h, cell.data);
+    cell.h.state.store(ud_state(head + kUdCells, kUdFree, 0), std::memory_order_release);
+    ++head;
+    ++work;
+  }
+  ctl->req.head.store(head, std::memory_order_release);
+  return work;
+}
+
+int Qp::ud_progress_locked() {
+  int work = 0;
+  if (ctl->ud_lost.load(std::memory_order_relaxed)) stats.dropped += ctl->ud_lost.exchange(0);
+  if (!ud_dests.empty()) ud_release_dests(true);  // peers that died: reconnected on the next send
+  const uint32_t st = attr.state;
+  if (st == UFAB_QPS_RTR || st == UFAB_QPS_RTS || st == UFAB_QPS_ERR) work += ud_receive();
+  if (attr.state == UFAB_QPS_RTS && sq_next < sq_tail) work += ud_send();
+  timer.store(ud_stuck, std::memory_order_relaxed);
+  gpu_wait.store(false, std::memory_order_relaxed);
+  idle.store(!(sq_next < sq_tail || ud_stuck), std::memory_order_relaxed);
   return work;
 }
 

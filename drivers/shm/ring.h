@@ -11,6 +11,9 @@
 //     rings            per QP: a request ring (the connected peer's
 //                      requests) and a response ring (the peer's ACKs,
 //                      NAKs and atomic replies), kRingSlots 64-byte slots
+//     ud               per QP: the inbound datagram queue of a UD QP,
+//                      kUdCells cells of one datagram each (pages are
+//                      touched only for UD QPs)
 //
 // Every ring has one producer (the connected peer QP, under its lock) and
 // one consumer (the owning QP, under its lock). The producer writes a
@@ -180,7 +183,14 @@ struct alignas(64) QpCtl {
   // this QP's memory (this QP's slots for them go back to the pool then,
   // before the ACK, which waits for placement).
   std::atomic<uint32_t> pulled;
-  char pad[20];
+  std::atomic<uint32_t> type;  // enum ufab_qp_type (RC or UD)
+  // UD: datagrams for this QP that senders could not enqueue (the queue
+  // was full, or the QP not in RTR/RTS); the owner adds them to its
+  // dropped count.
+  std::atomic<uint32_t> ud_lost;
+  char pad[12];
+  // RC: the request ring's indices. UD: `tail` is the next cell position
+  // producers claim, `head` the owner's next one to take.
   RingIdx req;
   RingIdx resp;
 };
@@ -204,12 +214,83 @@ struct RingPair {
   unsigned char resp[kRingBytes];
 };
 
+// UD datagrams. A UD QP's inbound queue is kUdCells cells, each holding
+// one datagram of up to kUdMaxData bytes, with any number of producers
+// (every process that sends to the QP) and one consumer (the owner).
+//
+// Each cell has a state word: the position (a counter over all laps, low
+// 32 bits) it is for, what it holds, and who claimed it:
+//   bits 63..32  position
+//   bits 31..30  kUdFree (a producer may claim it for that position),
+//                kUdClaimed (a producer is writing it), kUdReady (written)
+//   bits 29..0   the claiming device's address (pid << 8 | n; pids are
+//                below 2^22)
+// A producer reads QpCtl::req.tail = t; if cell t % kUdCells is Free(t) it
+// claims it with a CAS to Claimed(t, itself) and moves tail on (CAS; any
+// producer that finds cell t taken helps tail past it, so a producer that
+// dies after its claim never stops the others), writes the cell, and
+// publishes with a CAS Claimed(t, itself) -> Ready(t, itself). A cell of
+// an earlier lap still unconsumed means the queue is full: the datagram is
+// dropped and counted in QpCtl::ud_lost. The consumer takes Ready(head),
+// then frees the cell for the next lap, Free(head + kUdCells). A cell that
+// stays Claimed (its producer died, or stopped) is skipped by the consumer
+// with a CAS to Free(head + kUdCells) once the claimer's process is gone
+// (checked after 10 ms) or after 1 s; a late producer's publishing CAS
+// then fails and its datagram is lost.
+constexpr uint32_t kUdCells = 32;     // per UD QP
+constexpr uint32_t kUdMaxData = 4096;  // bytes per datagram: the device's active MTU
+constexpr uint32_t kUdFree = 0, kUdClaimed = 1, kUdReady = 2;
+constexpr uint32_t kUdAddrMask = (1u << 30) - 1;
+
+inline uint64_t ud_state(uint64_t pos, uint32_t kind, uint32_t addr) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | (static_cast<uint64_t>(kind) << 30) |
+         (addr & kUdAddrMask);
+}
+inline uint32_t ud_pos(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
+inline uint32_t ud_kind(uint64_t s) { return static_cast<uint32_t>(s >> 30) & 3; }
+inline uint32_t ud_addr(uint64_t s) { return static_cast<uint32_t>(s) & kUdAddrMask; }
+
+struct alignas(64) UdCellHdr {
+  std::atomic<uint64_t> state;
+  // Written by the producer between its claim and its publish; read by
+  // the consumer after Ready, and checked (nothing here is trusted).
+  uint32_t src_addr;  // the sending device
+  uint32_t src_qpn;
+  uint32_t dst_qpn;   // the QP it was sent to (a QP later made at the same index drops it)
+  uint32_t qkey;
+  uint32_t len;
+  uint32_t imm;
+  uint32_t flags;     // kFlagImm, kFlagSolicited
+  uint8_t traffic_class, hop_limit;
+};
+struct UdCell {
+  UdCellHdr h;
+  unsigned char data[kUdMaxData];
+};
+static_assert(sizeof(UdCell) == 64 + kUdMaxData);
+struct UdQueue {
+  UdCell cells[kUdCells];
+};
+
 struct Segment {
   SegHeader hdr;
   KeyEntry keys[kMaxMr];
   QpCtl ctl[kMaxQp];
   RingPair rings[kMaxQp];
+  UdQueue ud[kMaxQp];
 };
+
+// A datagram is waiting (or being written) at the consumer's `head`.
+inline bool ud_input(const UdQueue& q, uint64_t head) {
+  uint64_t s = q.cells[head % kUdCells].h.state.load(std::memory_order_acquire);
+  return ud_pos(s) == static_cast<uint32_t>(head) && ud_kind(s) != kUdFree;
+}
+// A datagram is published at `head` (what a sleeper waits for: a cell
+// being written wakes it when published, a stuck one is polled).
+inline bool ud_ready(const UdQueue& q, uint64_t head) {
+  uint64_t s = q.cells[head % kUdCells].h.state.load(std::memory_order_acquire);
+  return ud_pos(s) == static_cast<uint32_t>(head) && ud_kind(s) == kUdReady;
+}
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

@@ -202,6 +202,13 @@ struct QpStats {
            retransmits = 0, stalls = 0;
 };
 
+// A UD QP's way to a destination device: its segment, through a peer
+// connection (a reference) or this device's own (peer nullptr).
+struct UdDest {
+  uint32_t addr = 0;
+  Peer* peer = nullptr;
+};
+
 struct Qp {
   ~Qp();
   Device* dev = nullptr;
@@ -216,6 +223,7 @@ struct Qp {
   std::atomic<bool> idle{false};
 
   // Everything below is guarded by mu.
+  uint32_t type = UFAB_QPT_RC;  // UFAB_QPT_RC or UFAB_QPT_UD
   Pd* pd = nullptr;
   Cq* scq = nullptr;
   Cq* rcq = nullptr;
@@ -253,6 +261,15 @@ struct Qp {
   bool ack_owed = false;
   uint32_t ack_seq = 0;
 
+  // UD (qp.cc, "UD"): this QP's inbound datagram queue in our segment,
+  // the destinations it sent to, and a cell found Claimed at the head
+  // (since when).
+  UdQueue* ud_in = nullptr;
+  std::vector<UdDest> ud_dests;
+  bool ud_stuck = false;
+  uint64_t ud_stuck_pos = 0;
+  Clock::time_point ud_stuck_since{};
+
   QpStats stats;
 
   // qp.cc
@@ -263,12 +280,22 @@ struct Qp {
   int progress_locked();  // both sides, one round
   void destroy_locked();
   void peer_died_locked();
+  void ud_release_dests(bool dead_only);  // UD: lets go of the destinations' devices (dead_only: those that died)
   void enter_error();
   void reset_locked();
 
  private:
   int requester_send();
   int requester_responses();
+  // UD: sends every posted datagram (each completes once enqueued or
+  // dropped), takes in the queue's datagrams.
+  int ud_send();
+  int ud_receive();
+  int ud_progress_locked();
+  void ud_enqueue(Segment* s, const SendWqe& w, const unsigned char* inline_data);
+  void ud_deliver(const UdCellHdr& h, const unsigned char* data);
+  Segment* ud_segment(uint32_t addr, std::string* why);  // nullptr: unreachable (why says so)
+  void ud_reset_queue();
   int responder();
   void retire_done();
   void complete_send(SendWqe& w, uint32_t status, const std::string& detail);

@@ -5,8 +5,8 @@
 # checks (-c) for FI_EP_MSG (RC + connection manager), FI_EP_DGRAM (UD) and
 # FI_EP_RDM through ofi_rxm layered on ufab (msg and tagged), over a
 # software NIC link: swnic:LINK:0 at 10.0.0.1 (server), swnic:LINK:1 at
-# 10.0.0.2 (client); then msg and rdm over the shared-memory device
-# shm:LINK. fi_pingpong's own control connection goes over
+# 10.0.0.2 (client); then msg, dgram and rdm (through ofi_rxm, and
+# through ofi_rxd over dgram) over the shared-memory device shm:LINK. fi_pingpong's own control connection goes over
 # 127.0.0.1; the fabric addresses travel on it.
 #
 # `bazel test //tests/fabric:fi_pingpong_test`, or from the repository root
@@ -112,9 +112,12 @@ pingpong "-e rdm (ufab;ofi_rxm)" "ufab;ofi_rxm" -e rdm -c -I 50
 pingpong "-e rdm -m tagged (ufab;ofi_rxm)" "ufab;ofi_rxm" -e rdm -m tagged -c -I 50
 
 # 3. The shared-memory device: both processes open shm:DOMAIN (its own
-# connection exchange; no DGRAM: shm has no UD queue pairs).
+# connection exchange for MSG; UD queue pairs for DGRAM).
 server_dev="shm:$link" client_dev="shm:$link"
 pingpong "-e msg over shm" ufab -p ufab -e msg -c -I 50
+pingpong "-e dgram over shm" ufab -p ufab -e dgram -c -I 50
+# libfabric's own reliability layer over our datagrams (RDM over DGRAM).
+pingpong "-e rdm over shm (ufab;ofi_rxd)" "ufab;ofi_rxd" -e rdm -c -I 50
 pingpong "-e rdm over shm (ufab;ofi_rxm)" "ufab;ofi_rxm" -e rdm -m tagged -c -I 50
 unset server_dev client_dev
 

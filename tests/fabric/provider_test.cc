@@ -5,7 +5,8 @@
 // playing both sides. Every data operation, completions and their formats,
 // error completions (fi_cq_readerr, fi_cq_strerror), counters, CQ waits,
 // connection data, refusal, a listener-less port, shutdown, a peer that
-// goes away, and DGRAM with an AV. FI_HMEM without a GPU: the devices run
+// goes away, and DGRAM with an AV (on swnic, and on the shm device within
+// this process and across two). FI_HMEM without a GPU: the devices run
 // with gpu_copy=fake, so host memory registered as FI_HMEM_CUDA moves only
 // through the staging pipeline's slots, as GPU memory does.
 // FI_COMMIT_COMPLETE into a file mapping registered with FI_RMA_PMEM.
@@ -40,6 +41,7 @@ std::string g_shm;  // the shm domain (shared with the server process of FabricS
 
 int shm_server();        // the other process of FabricShm.ConnectAcrossProcesses (below)
 int shm_multi_server();  // the other process of FabricShm.ManyConnectionsToOneListener
+int shm_dgram_server();  // the other process of FabricShm.DgramAcrossProcesses
 
 // Before libfabric initialises (its first call): where the provider is and
 // which devices it serves: two ports of a swnic link and a shm domain.
@@ -61,7 +63,9 @@ struct Env {
     setenv("FI_UFAB_PARAMS", "gpu_copy=fake,gpu_frag=16k", 1);
     // Started as FabricShm's server: serve, and leave before gtest runs.
     if (const char* mode = std::getenv("UFAB_FI_SHM_SERVER")) {
-      int rc = std::strcmp(mode, "multi") == 0 ? shm_multi_server() : shm_server();
+      int rc = std::strcmp(mode, "multi") == 0   ? shm_multi_server()
+               : std::strcmp(mode, "dgram") == 0 ? shm_dgram_server()
+                                                 : shm_server();
       std::filesystem::remove("/dev/shm/ufab-swnic-" + g_link);
       _exit(rc);
     }
@@ -121,11 +125,29 @@ TEST(FabricGetinfo, ListsEachDeviceWithItsAttributes) {
   EXPECT_EQ(n, 2);
   EXPECT_EQ(shm, 1);
   fi_freeinfo(info);
-  // No DGRAM on shm (no UD queue pairs): only the two swnic ports.
+  // DGRAM on every device: the two swnic ports and shm (UD queue pairs
+  // on both). shm's datagrams are at most 4096 bytes (its active MTU), its
+  // address the device's (pid-based) with the QP number.
   info = getinfo(FI_EP_DGRAM);
   n = 0;
-  for (fi_info* i = info; i != nullptr; i = i->next) n++;
-  EXPECT_EQ(n, 2);
+  shm = 0;
+  for (fi_info* i = info; i != nullptr; i = i->next) {
+    n++;
+    EXPECT_EQ(i->ep_attr->type, FI_EP_DGRAM);
+    EXPECT_EQ(i->ep_attr->msg_prefix_size, 40u);
+    EXPECT_NE(i->mode & FI_MSG_PREFIX, 0u);
+    EXPECT_EQ(i->addr_format, static_cast<uint32_t>(FI_ADDR_STR));
+    if (std::string(i->domain_attr->name) != "shm:" + g_shm) {
+      EXPECT_EQ(i->ep_attr->max_msg_size, 1024u) << "soft-RoCE on swnic: rxe's 1024-byte MTU";
+      continue;
+    }
+    shm++;
+    EXPECT_EQ(i->ep_attr->max_msg_size, 4096u);
+    EXPECT_LE(i->tx_attr->inject_size, 4096u);
+    EXPECT_EQ(std::string(static_cast<const char*>(i->src_addr)).rfind("fi_ufab_ud://", 0), 0u);
+  }
+  EXPECT_EQ(n, 3);
+  EXPECT_EQ(shm, 1);
   fi_freeinfo(info);
 
   // What it cannot do is not offered.
@@ -631,7 +653,10 @@ TEST_F(FabricMsg, NobodyListens) {
   EXPECT_EQ(err.prov_errno, 8);  // invalid service id
 }
 
-TEST(FabricDgram, SendRecvWithAv) {
+// Two DGRAM endpoints of this process exchange a datagram through their
+// AVs: on the two swnic ports (soft-RoCE UD), and both on the shm device
+// (shm UD within one device).
+void dgram_send_recv(const std::string& dev0, const std::string& dev1) {
   fi_info* infos[2];
   fid_fabric* fab[2];
   fid_domain* dom[2];
@@ -642,7 +667,7 @@ TEST(FabricDgram, SendRecvWithAv) {
   std::vector<uint8_t> buf[2] = {std::vector<uint8_t>(65536), std::vector<uint8_t>(65536)};
   std::string name[2];
   for (int i = 0; i < 2; i++) {
-    infos[i] = getinfo(FI_EP_DGRAM, dev(i).c_str());
+    infos[i] = getinfo(FI_EP_DGRAM, (i == 0 ? dev0 : dev1).c_str());
     ASSERT_NE(infos[i], nullptr);
     EXPECT_EQ(infos[i]->ep_attr->msg_prefix_size, 40u);
     ASSERT_EQ(fi_fabric(infos[i]->fabric_attr, &fab[i], nullptr), 0);
@@ -695,6 +720,9 @@ TEST(FabricDgram, SendRecvWithAv) {
     fi_freeinfo(infos[i]);
   }
 }
+
+TEST(FabricDgram, SendRecvWithAv) { dgram_send_recv(dev(0), dev(1)); }
+TEST(FabricDgram, SendRecvWithAvOverShm) { dgram_send_recv("shm:" + g_shm, "shm:" + g_shm); }
 
 // ---------------------------------------------- FI_HMEM and FI_RMA_PMEM
 
@@ -1283,14 +1311,106 @@ int shm_multi_server() {
   return 0;
 }
 
+// A DGRAM endpoint of the shm device with its AV, a CQ per direction and
+// a registered buffer. open(): 0 or the step that failed.
+struct DgramSide {
+  fi_info* info = nullptr;
+  fid_fabric* fab = nullptr;
+  fid_domain* dom = nullptr;
+  fid_av* av = nullptr;
+  fid_cq* txcq = nullptr;
+  fid_cq* rxcq = nullptr;
+  fid_ep* ep = nullptr;
+  fid_mr* mr = nullptr;
+  std::vector<uint8_t> buf = std::vector<uint8_t>(1 << 16);
+  std::string name;  // fi_getname's
+  int open() {
+    info = getinfo(FI_EP_DGRAM, ("shm:" + g_shm).c_str());
+    if (info == nullptr) return 1;
+    if (info->ep_attr->max_msg_size != 4096 || info->ep_attr->msg_prefix_size != 40) return 2;
+    if (fi_fabric(info->fabric_attr, &fab, nullptr) != 0 || fi_domain(fab, info, &dom, nullptr) != 0) return 3;
+    fi_av_attr aa{};
+    aa.type = FI_AV_TABLE;
+    fi_cq_attr ca{};
+    ca.format = FI_CQ_FORMAT_MSG;
+    if (fi_av_open(dom, &aa, &av, nullptr) != 0 || fi_cq_open(dom, &ca, &txcq, nullptr) != 0 ||
+        fi_cq_open(dom, &ca, &rxcq, nullptr) != 0)
+      return 4;
+    if (fi_endpoint(dom, info, &ep, nullptr) != 0 || fi_ep_bind(ep, &av->fid, 0) != 0 ||
+        fi_ep_bind(ep, &txcq->fid, FI_TRANSMIT) != 0 || fi_ep_bind(ep, &rxcq->fid, FI_RECV) != 0 || fi_enable(ep) != 0)
+      return 5;
+    if (fi_mr_reg(dom, buf.data(), buf.size(), FI_SEND | FI_RECV, 0, 0, 0, &mr, nullptr) != 0) return 6;
+    char n[64];
+    size_t len = sizeof n;
+    if (fi_getname(&ep->fid, n, &len) != 0) return 7;
+    name = n;
+    return 0;
+  }
+  // The next completion of `cq` (10 s): 1, or 0 / an error.
+  static ssize_t next(fid_cq* cq, fi_cq_msg_entry* e, fi_addr_t* from) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    ssize_t r;
+    while ((r = fi_cq_readfrom(cq, e, 1, from)) == -FI_EAGAIN && std::chrono::steady_clock::now() < end) {
+    }
+    return r;
+  }
+  int recv(size_t off) { return static_cast<int>(fi_recv(ep, buf.data() + off, 8192, fi_mr_desc(mr), FI_ADDR_UNSPEC, nullptr)); }
+  ~DgramSide() {
+    if (ep != nullptr) fi_close(&ep->fid);
+    if (mr != nullptr) fi_close(&mr->fid);
+    if (txcq != nullptr) fi_close(&txcq->fid);
+    if (rxcq != nullptr) fi_close(&rxcq->fid);
+    if (av != nullptr) fi_close(&av->fid);
+    if (dom != nullptr) fi_close(&dom->fid);
+    if (fab != nullptr) fi_close(&fab->fid);
+    if (info != nullptr) fi_freeinfo(info);
+  }
+};
+
+// The server of DgramAcrossProcesses: says "ready IP PORT NAME" (its
+// DGRAM address) with two receives posted, takes the client's address
+// from the first datagram and echoes it, then echoes UFAB_FI_SHM_CONNS
+// datagrams back, checking each came from the client's AV entry. A datagram with no
+// receive posted would be dropped (UD), so one is always posted ahead.
+int shm_dgram_server() {
+  const int n = std::atoi(std::getenv("UFAB_FI_SHM_CONNS"));
+  DgramSide s;
+  if (int rc = s.open(); rc != 0) return 10 + rc;
+  if (s.recv(0) != 0 || s.recv(8192) != 0) return 20;
+  std::printf("ready 0 %s %s\n", std::getenv("UFAB_FI_SHM_PORT"), s.name.c_str());
+  std::fflush(stdout);
+  fi_cq_msg_entry e{};
+  fi_addr_t from = 0;
+  fi_addr_t client = FI_ADDR_NOTAVAIL;
+  // Datagram j lands in buffer j % 2; its buffer is posted again once it
+  // was echoed, before the client can send j + 2 (it waits for the echo
+  // of j + 1).
+  for (int j = 0; j <= n; j++) {
+    const size_t off = (j % 2) * 8192;
+    if (DgramSide::next(s.rxcq, &e, &from) != 1 || (e.flags & FI_RECV) == 0) return 30;
+    if (j == 0) {
+      if (from != FI_ADDR_NOTAVAIL) return 31;  // not in the AV yet
+      if (fi_av_insert(s.av, s.buf.data() + 40, 1, &client, 0, nullptr) != 1) return 32;
+    } else if (from != client) {
+      return 33;
+    }
+    // The echo (of the address too: the client sends on once we have it).
+    if (fi_send(s.ep, s.buf.data() + off + 40, e.len - 40, fi_mr_desc(s.mr), client, nullptr) != 0) return 34;
+    if (DgramSide::next(s.txcq, &e, &from) != 1 || (e.flags & FI_SEND) == 0) return 35;
+    if (j + 2 <= n && s.recv(off) != 0) return 36;
+  }
+  return 0;
+}
+
 // This binary started again as a shm server (UFAB_FI_SHM_SERVER=mode) on
-// `port`: start() waits for its "ready IP PORT" line (20 s) and fills
-// `addr`; finish() waits for it to leave (20 s) and gives its exit status,
-// or -1 (then it is killed).
+// `port`: start() waits for its "ready IP PORT ..." line (20 s), keeps it
+// and fills `addr`; finish() waits for it to leave (20 s) and gives its
+// exit status, or -1 (then it is killed).
 struct ShmServer {
   pid_t child = -1;
   int out = -1;
   sockaddr_in addr{};
+  std::string line;
 
   void start(const char* mode, int port, int conns = 0) {
     // This binary by its path (under valgrind, /proc/self/exe is valgrind).
@@ -1313,7 +1433,6 @@ struct ShmServer {
     }
     close(fds[1]);
     out = fds[0];
-    std::string line;
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until) {
       pollfd p{out, POLLIN, 0};
@@ -1446,6 +1565,50 @@ TEST(FabricShm, ConnectAcrossProcesses) {
 // pass skipped the QP, which the server's own thread was polling), the
 // echo came back flushed, the server gave up and its listener went with
 // it. Before the fix this test failed in 11 of 12 runs.
+// DGRAM between two processes on the shm device: every size up to the
+// 4096-byte limit, echoed, the data checked and each echo's source the
+// server's AV entry; one byte more is refused.
+TEST(FabricShm, DgramAcrossProcesses) {
+  const std::vector<size_t> sizes = {1, 8, 40, 100, 1000, 1024, 2048, 4000, 4096};
+  ShmServer srv;
+  srv.start("dgram", 1, static_cast<int>(sizes.size()));
+  if (HasFatalFailure()) return;
+  char server_name[64] = {};
+  ASSERT_EQ(std::sscanf(srv.line.c_str(), "ready %*u %*u %63s", server_name), 1) << srv.line;
+  DgramSide c;
+  // The client's part; the server's exit status is checked after it,
+  // whatever happened (it names the server's failing step).
+  [&] {
+  ASSERT_EQ(c.open(), 0);
+  fi_addr_t server = FI_ADDR_NOTAVAIL;
+  ASSERT_EQ(fi_av_insert(c.av, server_name, 1, &server, 0, nullptr), 1) << server_name;
+  fi_cq_msg_entry e{};
+  fi_addr_t from = FI_ADDR_NOTAVAIL;
+  // Our address, for the server's AV; its echo says the server has it
+  // (a datagram before that would have no source there).
+  std::memcpy(c.buf.data() + 32768, c.name.c_str(), c.name.size() + 1);
+  ASSERT_EQ(c.recv(0), 0);
+  ASSERT_EQ(fi_send(c.ep, c.buf.data() + 32768, c.name.size() + 1, fi_mr_desc(c.mr), server, nullptr), 0);
+  ASSERT_EQ(DgramSide::next(c.txcq, &e, &from), 1);
+  ASSERT_EQ(DgramSide::next(c.rxcq, &e, &from), 1);
+  EXPECT_EQ(from, server);
+  EXPECT_STREQ(reinterpret_cast<char*>(c.buf.data() + 40), c.name.c_str());
+  for (size_t k = 0; k < sizes.size(); k++) {
+    const size_t n = sizes[k];
+    ASSERT_EQ(c.recv(0), 0);
+    for (size_t i = 0; i < n; i++) c.buf[32768 + i] = static_cast<uint8_t>(i * 7 + k);
+    ASSERT_EQ(fi_send(c.ep, c.buf.data() + 32768, n, fi_mr_desc(c.mr), server, nullptr), 0);
+    ASSERT_EQ(DgramSide::next(c.txcq, &e, &from), 1) << "size " << n;
+    ASSERT_EQ(DgramSide::next(c.rxcq, &e, &from), 1) << "size " << n;
+    EXPECT_EQ(e.len, 40 + n);
+    EXPECT_EQ(from, server) << "the source is the AV's entry for the server";
+    EXPECT_EQ(std::memcmp(c.buf.data() + 40, c.buf.data() + 32768, n), 0) << "size " << n;
+  }
+  EXPECT_EQ(fi_send(c.ep, c.buf.data() + 32768, 4097, fi_mr_desc(c.mr), server, nullptr), -FI_EINVAL);
+  }();
+  EXPECT_EQ(srv.finish(), 0) << "the server's failing step";
+}
+
 TEST(FabricShm, ManyConnectionsToOneListener) {
   constexpr int kSequential = 16;
   constexpr int kOverlapping = 4;  // at once, twice

@@ -63,8 +63,10 @@ struct Traits {
   // The path MTU QPs get. soft-RoCE: rxe's 1024 on swnic's 1500-byte link.
   // shm: no wire and no packets, so the largest verbs MTU, 4096.
   uint32_t active_mtu;
-  // UD QPs and address handles. soft-RoCE has both. shm implements RC QPs
-  // only: creating a UD QP or an address handle fails with EOPNOTSUPP.
+  // UD QPs and address handles. soft-RoCE and shm have both (a provider
+  // without them fails creating either with EOPNOTSUPP). An address handle
+  // names a peer: soft-RoCE's an IPv4 address (not its own), shm's a device
+  // of the domain (its own too).
   bool ud;
   // Whether a QP notices by itself that its peer is gone. soft-RoCE: no; a
   // peer that closed, died or destroyed its QP is silence on the wire, seen
@@ -79,7 +81,7 @@ struct Traits {
 };
 
 constexpr Traits kSoftRoce{.provider = "soft-roce", .active_mtu = 1024, .ud = true, .notices_peer_death = false};
-constexpr Traits kShm{.provider = "shm", .active_mtu = 4096, .ud = false, .notices_peer_death = true};
+constexpr Traits kShm{.provider = "shm", .active_mtu = 4096, .ud = true, .notices_peer_death = true};
 
 // Differences that need no per-provider expectation, only scenarios that
 // hold for both:
@@ -1198,7 +1200,7 @@ TEST_P(Conformance, PostTimeErrors) {
     // An opcode the QP type lacks: RDMA WRITE, READ or an atomic on a UD QP.
     auto ud = s.pd->create_qp({.type = rdma::QpType::kUd, .send_cq = scq->get(), .recv_cq = rcq->get(), .caps = caps});
     if (!traits(s).ud) {
-      // shm has RC QPs only: creating a UD QP is refused, and says so.
+      // A provider without UD QPs refuses to create one, and says so.
       TCHECK(!ud);
       if (!ud) {
         TCHECK_EQ(ud.error().code(), EOPNOTSUPP);
@@ -1553,7 +1555,8 @@ TEST_P(Conformance, DeviceAttributesAndUnsupportedObjects) {
     auto cq = s.dev->create_cq(16);
     TREQUIRE_OK(cq);
     auto ud = s.pd->create_qp({.type = rdma::QpType::kUd, .send_cq = cq->get(), .recv_cq = cq->get()});
-    auto ah = s.pd->create_ah({.dest_ip = s.parent() ? 0x0A000002u : 0x0A000001u});
+    const bool shm = std::string(t.provider) == "shm";
+    auto ah = s.pd->create_ah({.dest_ip = shm ? s.dev->ip() : s.parent() ? 0x0A000002u : 0x0A000001u});
     if (t.ud) {
       TCHECK_MSG(ud.has_value(), ud ? "" : ud.error().message());
       TCHECK_MSG(ah.has_value(), ah ? "" : ah.error().message());

@@ -530,11 +530,13 @@ TEST(ShmOps, LoopbackInOneDevice) {
   EXPECT_TRUE(g_last_error.find("no GPU") != std::string::npos ||
               g_last_error.find("not CUDA memory") != std::string::npos)
       << g_last_error;
-  ufab_rdma_qp_init ud = init;
-  ud.qp_type = UFAB_QPT_UD;
+  // RC and UD QPs (shm_ud_test); no GSI QP (the CM runs on soft-RoCE).
+  ufab_rdma_qp_init gsi = init;
+  gsi.qp_type = UFAB_QPT_GSI;
   ufab_rdma_qp* q4 = nullptr;
   uint32_t n4;
-  EXPECT_EQ(P()->create_qp(pd, &ud, &q4, &n4), -EOPNOTSUPP);
+  EXPECT_EQ(P()->create_qp(pd, &gsi, &q4, &n4), -EOPNOTSUPP);
+  EXPECT_NE(g_last_error.find("GSI"), std::string::npos) << g_last_error;
   for (auto* q : {q1, q2, q3}) EXPECT_EQ(P()->destroy_qp(q), 0);
   EXPECT_EQ(P()->destroy_cq(cq), 0);
   EXPECT_EQ(P()->dereg_mr(mr), 0);
