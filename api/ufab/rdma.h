@@ -44,10 +44,11 @@ extern "C" {
 
 /* The API's version; libufab.so.UFAB_API_MAJOR. Additions bump the minor. */
 #define UFAB_API_MAJOR 1
-#define UFAB_API_MINOR 5 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_*; 2: UFAB_SEND_COMMIT, persistent memory;
+#define UFAB_API_MINOR 6 /* 1: FLUSH, ATOMIC_WRITE, UFAB_ACCESS_FLUSH_*; 2: UFAB_SEND_COMMIT, persistent memory;
                            3: UFAB_QPT_GSI, ufab_qp_type, ufab_qp_device, ufab/cm.h;
                            4: ufab_mr_cache_*, UFAB_MEM_CUDA registration;
-                           5: ufab/stream.h (stream-ordered operations) */
+                           5: ufab/stream.h (stream-ordered operations);
+                           6: ufab_stream_engine_set_wait, UFAB_STREAM_WAIT_* */
 
 struct ufab_device;
 struct ufab_pd;

@@ -8,7 +8,8 @@
  * on their queue pair through the ordinary post path. ufab_stream_wait
  * enqueues on a stream a wait for a ticket's completion word, which the
  * proxy writes when the ticket's last work request completes (or a
- * posted receive, ufab_stream_post_recv). So a kernel produces data, the
+ * posted receive, ufab_stream_post_recv): cuStreamWaitValue32, or a
+ * one-thread kernel that polls the word (ufab_stream_engine_set_wait). So a kernel produces data, the
  * transfer starts when the stream gets there, and a later kernel waits for
  * it, with no CPU synchronisation in the application. It works on every
  * provider: the proxy uses the public API.
@@ -70,6 +71,23 @@ int ufab_stream_wait(struct ufab_stream_engine* engine, uint64_t ticket, void* s
  * status), -ECANCELED when the engine dropped it, -EINVAL for a ticket it
  * never gave or has forgotten (a slot holds one ticket at a time). */
 int ufab_stream_ticket_status(struct ufab_stream_engine* engine, uint64_t ticket);
+/* How ufab_stream_wait makes a stream wait (API 1.6).
+ * UFAB_STREAM_WAIT_MEMOP (the default): cuStreamWaitValue32, which holds
+ * no SM; the GPU notices the word 3.5 to 9.5 us after it is written
+ * (measured, docs/gpu.md). UFAB_STREAM_WAIT_KERNEL (sm_70 on; loaded on
+ * first use): a kernel of one thread that reads the word until the ticket
+ * is complete; it notices within about 1 us, adds a kernel to the stream
+ * and holds one block slot of an SM while it waits. Not yet proven on a
+ * GPU: docs/gpu.md, "Wait modes", says what is open. A stream the kernel
+ * cannot be launched on (another context) gets the memory operation.
+ * Applies to waits enqueued from then on. 0, -EINVAL for another value,
+ * -ENOTSUP for the kernel where it cannot be loaded (ufab_last_error()
+ * says why). */
+#define UFAB_STREAM_WAIT_KERNEL 0
+#define UFAB_STREAM_WAIT_MEMOP 1
+int ufab_stream_engine_set_wait(struct ufab_stream_engine* engine, int mode);
+/* The mode waits are enqueued with now (UFAB_STREAM_WAIT_*). */
+int ufab_stream_engine_wait_mode(struct ufab_stream_engine* engine);
 /* The completions of the engine's CQ, in order, with the application's
  * wr_ids (signaled work requests of tickets, receives, and anything else
  * posted on the CQ's queue pairs). Returns how many (0..n). */

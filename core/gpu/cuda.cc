@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "base/hex.h"
 
@@ -73,6 +74,8 @@ Status Allocation::write(size_t, const void*, size_t) const { return fail(ENOTSU
 Result<uint64_t> Allocation::device_address() const { return fail(ENOTSUP, kNotBuilt); }
 Status Driver::stream_write_value32(void*, uint64_t, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
 Status Driver::stream_wait_value32_geq(void*, uint64_t, uint32_t) const { return fail(ENOTSUP, kNotBuilt); }
+Result<void*> Driver::kernel(int, const char*, const char*) const { return fail(ENOTSUP, kNotBuilt); }
+Status Driver::launch(void*, void*, unsigned, void**) const { return fail(ENOTSUP, kNotBuilt); }
 Status Allocation::read(size_t, void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
 
 Result<AsyncStream> AsyncStream::create(const Driver&) { return fail(ENOTSUP, kNotBuilt); }
@@ -119,7 +122,10 @@ Result<uint64_t> host_device_pointer(const Driver&, void*) { return fail(ENOTSUP
 #define UFAB_CUDA_OPTIONAL(X) \
   X(cuStreamWriteValue32)     \
   X(cuStreamWaitValue32)      \
-  X(cuMemHostGetDevicePointer)
+  X(cuMemHostGetDevicePointer) \
+  X(cuModuleLoadData)          \
+  X(cuModuleGetFunction)       \
+  X(cuLaunchKernel)
 
 struct Driver::Api {
 #define UFAB_CUDA_MEMBER(name) decltype(&::name) name = nullptr;
@@ -632,6 +638,51 @@ Status Driver::stream_wait_value32_geq(void* stream, uint64_t word, uint32_t val
                                              CU_STREAM_WAIT_VALUE_GEQ);
       r != CUDA_SUCCESS) {
     return fail(errno_for(r), "cuStreamWaitValue32: " + error_text(r));
+  }
+  return {};
+}
+
+Result<void*> Driver::kernel(int ordinal, const char* ptx, const char* name) const {
+  const std::string who = "GPU " + std::to_string(ordinal) + ": loading the kernel " + name;
+  if (!api_->cuModuleLoadData || !api_->cuModuleGetFunction || !api_->cuLaunchKernel) {
+    return fail(ENOSYS, who + ": this CUDA driver has no cuModuleLoadData/cuModuleGetFunction/cuLaunchKernel");
+  }
+  struct Loaded {
+    int ordinal;
+    const char* ptx;
+    std::string name;
+    CUfunction function;
+  };
+  // Loaded once per GPU, module and name; the primary contexts they live
+  // in stay retained (never released: a stream may launch them later).
+  static std::mutex mu;
+  static auto* loaded = new std::vector<Loaded>;
+  static auto* contexts = new std::vector<PrimaryContext>;
+  std::lock_guard lock(mu);
+  for (const Loaded& l : *loaded) {
+    if (l.ordinal == ordinal && l.ptx == ptx && l.name == name) return static_cast<void*>(l.function);
+  }
+  auto ctx = PrimaryContext::retain(*this, ordinal);
+  if (!ctx) return std::unexpected(ctx.error().context(who));
+  CUmodule module = nullptr;
+  if (CUresult r = api_->cuModuleLoadData(&module, ptx); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), who + ": cuModuleLoadData (JIT of its PTX): " + error_text(r));
+  }
+  CUfunction function = nullptr;
+  if (CUresult r = api_->cuModuleGetFunction(&function, module, name); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), who + ": cuModuleGetFunction: " + error_text(r));
+  }
+  contexts->push_back(std::move(*ctx));
+  loaded->push_back({ordinal, ptx, name, function});
+  return static_cast<void*>(function);
+}
+
+Status Driver::launch(void* function, void* stream, unsigned threads, void** args) const {
+  if (!api_->cuLaunchKernel) return fail(ENOSYS, "this CUDA driver has no cuLaunchKernel");
+  if (CUresult r = api_->cuLaunchKernel(static_cast<CUfunction>(function), 1, 1, 1, threads, 1, 1, 0,
+                                        static_cast<CUstream>(stream), args, nullptr);
+      r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuLaunchKernel: " + error_text(r));
   }
   return {};
 }

@@ -197,6 +197,16 @@ class Driver {
   // stream's context current.
   Status stream_write_value32(void* stream, uint64_t word, uint32_t value) const;
   Status stream_wait_value32_geq(void* stream, uint64_t word, uint32_t value) const;
+  // A kernel (a CUfunction) named `name` of the PTX module `ptx`, loaded
+  // into GPU `ordinal`'s primary context on first use and kept, with that
+  // context retained, until the process ends (a stream may still hold a
+  // launch of it). ENOSYS: a driver without cuModuleLoadData/cuLaunchKernel;
+  // the JIT's own error when the GPU cannot run the PTX.
+  Result<void*> kernel(int ordinal, const char* ptx, const char* name) const;
+  // One block of `threads` threads of `function` (from kernel()) on
+  // `stream`, with `args` (cuLaunchKernel). The caller has the stream's
+  // context current.
+  Status launch(void* function, void* stream, unsigned threads, void** args) const;
 
   // "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)".
   std::string error_text(int cu_result) const;

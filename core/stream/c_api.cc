@@ -61,6 +61,17 @@ int ufab_stream_ticket_status(ufab_stream_engine* engine, uint64_t ticket) {
   return *s;
 }
 
+int ufab_stream_engine_set_wait(ufab_stream_engine* engine, int mode) {
+  if (engine == nullptr) return invalid("ufab_stream_engine_set_wait: engine is NULL");
+  if (auto s = engine->engine->set_wait_mode(mode); !s) return report(s.error().context("ufab_stream_engine_set_wait"));
+  return 0;
+}
+
+int ufab_stream_engine_wait_mode(ufab_stream_engine* engine) {
+  if (engine == nullptr) return invalid("ufab_stream_engine_wait_mode: engine is NULL");
+  return engine->engine->wait_mode();
+}
+
 int ufab_stream_engine_poll(ufab_stream_engine* engine, ufab_wc* wc, uint32_t n) {
   if (engine == nullptr || (wc == nullptr && n != 0)) return invalid("ufab_stream_engine_poll: engine and wc are required");
   return int(engine->engine->poll({wc, n}));

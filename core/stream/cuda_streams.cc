@@ -1,10 +1,17 @@
 // The engine's streams on a CUDA GPU: doorbell and completion words in
-// pinned host memory (cuMemHostAlloc), written and waited on with the
-// stream memory operations (docs/gpu.md).
+// pinned host memory (cuMemHostAlloc). A doorbell is written with a stream
+// memory operation (cuStreamWriteValue32); a wait is cuStreamWaitValue32,
+// or, when the application asks for it, a one-thread kernel that polls the
+// completion word (wait_kernel.h; docs/gpu.md, "Wait modes").
+#include <atomic>
+#include <mutex>
 #include <optional>
+#include <string>
 
 #include "core/gpu/cuda.h"
 #include "core/stream/engine.h"
+#include "core/stream/wait_kernel.h"
+#include "ufab/stream.h"
 
 namespace ufab::stream {
 namespace {
@@ -31,8 +38,39 @@ class CudaStreams final : public Streams {
   }
   Status wait_geq(void* stream, uint32_t* word, uint32_t value) override {
     if (auto c = ctx_.make_current(); !c) return c;
-    return driver_.stream_wait_value32_geq(stream, device_address(word), value);
+    uint64_t address = device_address(word);
+    if (mode_.load(std::memory_order_relaxed) == UFAB_STREAM_WAIT_KERNEL) {
+      void* args[] = {&address, &value};
+      auto s = driver_.launch(wait_kernel_, stream, 1, args);
+      if (s) return s;
+      // A stream the kernel cannot run on (another context, say): the
+      // memory operation waits just the same, only reacts later.
+      if (auto m = driver_.stream_wait_value32_geq(stream, address, value); m) return m;
+      return std::unexpected(s.error().context("launching the wait kernel"));
+    }
+    return driver_.stream_wait_value32_geq(stream, address, value);
   }
+  Status set_wait_mode(int mode) override {
+    if (mode == UFAB_STREAM_WAIT_MEMOP) {
+      mode_.store(mode);
+      return {};
+    }
+    if (mode != UFAB_STREAM_WAIT_KERNEL) {
+      return fail(EINVAL, "unknown wait mode " + std::to_string(mode) +
+                              " (UFAB_STREAM_WAIT_KERNEL or UFAB_STREAM_WAIT_MEMOP)");
+    }
+    // Loaded on first use (a JIT of a few lines of PTX), kept for the
+    // process (gpu::Driver::kernel).
+    std::lock_guard lock(kernel_mu_);
+    if (wait_kernel_ == nullptr) {
+      auto k = driver_.kernel(ctx_.ordinal(), kWaitKernelPtx, kWaitKernelName);
+      if (!k) return fail(ENOTSUP, "the wait kernel is not available on this GPU: " + k.error().message());
+      wait_kernel_ = *k;
+    }
+    mode_.store(mode);
+    return {};
+  }
+  int wait_mode() const override { return mode_.load(); }
 
  private:
   uint64_t device_address(uint32_t* word) const {
@@ -42,6 +80,9 @@ class CudaStreams final : public Streams {
   gpu::PrimaryContext ctx_;
   std::optional<gpu::Allocation> words_;
   uint64_t device_base_ = 0;
+  std::mutex kernel_mu_;
+  void* wait_kernel_ = nullptr;  // CUfunction, loaded for the process's lifetime (gpu::Driver::kernel)
+  std::atomic<int> mode_{UFAB_STREAM_WAIT_MEMOP};
 };
 
 }  // namespace

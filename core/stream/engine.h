@@ -32,6 +32,12 @@ class Streams {
   virtual Status write(void* stream, uint32_t* word, uint32_t value) = 0;
   // `stream` waits here until *word >= value.
   virtual Status wait_geq(void* stream, uint32_t* word, uint32_t value) = 0;
+  // How wait_geq waits, where there is a choice (CUDA: a polling kernel or
+  // a stream memory operation, <ufab/stream.h>'s UFAB_STREAM_WAIT_*).
+  virtual Status set_wait_mode(int mode) {
+    return mode == 0 ? Status{} : fail(ENOTSUP, "these streams have one way to wait");
+  }
+  virtual int wait_mode() const { return 0; }
 };
 
 // CUDA's streams on GPU `ordinal`: cuStreamWriteValue32 / cuStreamWaitValue32
@@ -51,6 +57,9 @@ class Engine {
   // 1 complete, 0 not yet, or the error (EIO, ECANCELED, EINVAL).
   Result<int> status(uint64_t ticket);
   size_t poll(std::span<ufab_wc> out);
+  // How later waits wait (Streams::set_wait_mode).
+  Status set_wait_mode(int mode) { return streams_->set_wait_mode(mode); }
+  int wait_mode() const { return streams_->wait_mode(); }
 
  private:
   enum class State : uint8_t { kFree, kArmed, kPosted, kDone, kFailed, kCancelled };
