@@ -470,8 +470,11 @@ int main(int argc, char** argv) {
   stream_wait(b, never);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(cu.cuStreamQuery_(b.stream) == CUDA_ERROR_NOT_READY, "the stream did not wait for a ticket never completed");
-  ufab_stream_engine_destroy(a.engine);
+  // b first: destroying a (no ticket pending) frees its pinned words, and
+  // CUDA frees pinned memory only once the device is idle, which it is not
+  // while b's stream waits (docs/gpu.md, "The deadlock to avoid").
   ufab_stream_engine_destroy(b.engine);
+  ufab_stream_engine_destroy(a.engine);
   {
     auto deadline = Clock::now() + std::chrono::seconds(5);
     CUresult q;
