@@ -379,6 +379,13 @@ Result<Cache::Entry*> Cache::hold_locked(Entry* e) {
 
 Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t access, std::optional<uint64_t> gpu_buffer) {
   std::lock_guard lock(mu_);
+  if (Parking* pk = my_parking(); pk != nullptr && pk->taking != nullptr) [[unlikely]] {
+    // hit_parked() left a hold it could not keep and no hit_rest() came
+    // (a caller that skipped it): given back, unless the cache took it.
+    Entry* p = pk->taking;
+    pk->taking = nullptr;
+    if (!(pk->stolen == p && pk->stolen_epoch > pk->taking_epoch)) release_locked(p);
+  }
   drain_events_locked();
   park_here_locked();  // this thread's place for the entry it releases last
   Key key{reinterpret_cast<uintptr_t>(addr), length, access};
