@@ -164,13 +164,15 @@ void Cache::release_locked(Entry* e) {
 
 bool Cache::parked_taken_back(Parking* pk, Entry* p, uint64_t epoch) {
   std::lock_guard lock(mu_);
-  return pk->stolen == p && pk->stolen_epoch > epoch;
+  const unsigned i = p->park_slot.load(std::memory_order_relaxed);
+  return pk->stolen[i] == p && pk->stolen_epoch[i] > epoch;
 }
 
 void Cache::unpark_dead(Parking* pk, Entry* e) {
   std::lock_guard lock(mu_);
   Entry* expected = e;
-  if (pk->parked.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
+  if (pk->parked[e->park_slot.load(std::memory_order_relaxed)].compare_exchange_strong(expected, nullptr,
+                                                                                         std::memory_order_acq_rel)) {
     stats_.unparked++;
     release_locked(e);
   }
@@ -195,15 +197,17 @@ void Cache::unpark_locked(bool only_dead) {
     return;
   }
   for (auto& pk : parkings_) {
-    Entry* p = pk->parked.load(std::memory_order_acquire);
-    if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
-        pk->parked.compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
-      pk->stolen = p;
-      pk->stolen_epoch = pk->epoch.load(std::memory_order_relaxed);
-      stats_.unparked++;
-      // Parked means used lately: a second chance for CLOCK.
-      if (!only_dead) p->state.fetch_or(kReferenced, std::memory_order_relaxed);
-      release_locked(p);
+    for (unsigned i = 0; i < detail::kParkSlots; ++i) {
+      Entry* p = pk->parked[i].load(std::memory_order_acquire);
+      if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
+          pk->parked[i].compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
+        pk->stolen[i] = p;
+        pk->stolen_epoch[i] = pk->epoch.load(std::memory_order_relaxed);
+        stats_.unparked++;
+        // Parked means used lately: a second chance for CLOCK.
+        if (!only_dead) p->state.fetch_or(kReferenced, std::memory_order_relaxed);
+        release_locked(p);
+      }
     }
     pk->epoch.fetch_add(1, std::memory_order_release);  // even again
   }
@@ -319,7 +323,9 @@ void Cache::evict_locked() {
     // Parked holds do not keep entries: taken back (a membarrier), then
     // the hand goes round again.
     bool parked = false;
-    for (auto& pk : parkings_) parked = parked || pk->parked.load(std::memory_order_relaxed) != nullptr;
+    for (auto& pk : parkings_) {
+      for (auto& slot : pk->parked) parked = parked || slot.load(std::memory_order_relaxed) != nullptr;
+    }
     if (parked) {
       unpark_locked(false);
       clock_locked();
@@ -384,10 +390,11 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
     // (a caller that skipped it): given back, unless the cache took it.
     Entry* p = pk->taking;
     pk->taking = nullptr;
-    if (!(pk->stolen == p && pk->stolen_epoch > pk->taking_epoch)) release_locked(p);
+    const unsigned i = p->park_slot.load(std::memory_order_relaxed);
+    if (!(pk->stolen[i] == p && pk->stolen_epoch[i] > pk->taking_epoch)) release_locked(p);
   }
   drain_events_locked();
-  park_here_locked();  // this thread's place for the entry it releases last
+  park_here_locked();  // this thread's place for the entries it releases
   Key key{reinterpret_cast<uintptr_t>(addr), length, access};
   if (auto it = map_.find(key); it != map_.end()) {
     Entry* e = it->second;
@@ -413,6 +420,7 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
   e->addr.store(key.addr, std::memory_order_relaxed);
   e->length.store(length, std::memory_order_relaxed);
   e->access.store(access, std::memory_order_relaxed);
+  e->park_slot.store(static_cast<uint8_t>(detail::park_slot_of(key.addr)), std::memory_order_relaxed);
   e->gpu_buffer.store(gpu ? *gpu_buffer : 0, std::memory_order_relaxed);
   e->handle = *h;
   e->live = true;
@@ -452,7 +460,9 @@ Stats Cache::stats() const {
   for (const auto& pk : parkings_) {
     s.hits += pk->hits.load(std::memory_order_relaxed);
     s.parked_hits += pk->hits.load(std::memory_order_relaxed);
-    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+    for (const auto& slot : pk->parked) {
+      if (const Entry* p = slot.load(std::memory_order_acquire)) parked.push_back(p);
+    }
   }
   for (const Entry* e : all_) {
     if (!e->live) continue;
@@ -467,7 +477,9 @@ bool Cache::busy() const {
   std::lock_guard lock(mu_);
   std::vector<const Entry*> parked;
   for (const auto& pk : parkings_) {
-    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+    for (const auto& slot : pk->parked) {
+      if (const Entry* p = slot.load(std::memory_order_acquire)) parked.push_back(p);
+    }
   }
   for (const Entry* e : all_) {
     if (e->live && holders(e, refs_of(e->state.load(std::memory_order_acquire)), parked) != 0) return true;

@@ -21,10 +21,10 @@
 // decrement. Entries live in a pool for the life of the cache (a stale
 // pointer always points at an Entry), and the generation, bumped each time
 // an entry is reused, makes a hit on a reused entry fail.
-// Cheaper still, each thread parks the last entry it released, keeping
-// that hold: its next hit of the same range takes it back, and the release
-// parks it again, with plain loads and stores (no atomic read-modify-write
-// at all). The mutex holder takes parked holds back when it must evict and
+// Cheaper still, each thread parks the entries it released, keeping those
+// holds (up to 16 per cache, one per slot of its parking, by address): its
+// next hit of the same range takes the hold back, and the release parks it
+// again, with plain loads and stores (no atomic read-modify-write at all). The mutex holder takes parked holds back when it must evict and
 // the hand found nothing else, and after it kills entries (unmapped
 // memory, a stale GPU buffer), behind a process-wide memory barrier
 // (membarrier(2)): a thread parking a dying entry, or taking its parked
@@ -73,7 +73,7 @@ struct Options {
   // not cached at all (every acquire registers), for tests and for
   // processes that cannot have userfaultfd.
   bool watch_host = true;
-  // Let each thread park the entry it released last (needs membarrier(2);
+  // Let each thread park the entries it released (needs membarrier(2);
   // without it nothing is parked anyway). false: every hit is the
   // compare-and-swap path, for tests and comparisons.
   bool park_released = true;
@@ -254,6 +254,18 @@ inline constexpr uint64_t kHitMask = ((1ull << 20) - 1) << kHitShift;
 inline constexpr uint64_t kReferenced = 1ull << 40;
 inline constexpr uint64_t kDead = 1ull << 41;
 inline constexpr uint64_t kGenOne = 1ull << 42;
+
+// Holds a thread keeps parked per cache, and the slot an entry parks in,
+// by its address: the page number times a multiplier with a bit every
+// four places, top four bits. Ranges that lie 2^k pages apart fill
+// distinct slots (the product's top bits are their index, rotated, plus
+// at most a carry), so a thread cycling through 8 such buffers keeps a
+// hold on each (through 16, on all but one or two). (Entries of one address with other lengths or
+// access share a slot: the one parked first keeps it.)
+inline constexpr unsigned kParkSlots = 16;
+inline unsigned park_slot_of(uint64_t addr) {
+  return static_cast<unsigned>(((addr >> 12) * 0x1111111111111111ull) >> 60);
+}
 }  // namespace detail
 
 // A pool entry, on a cache line of its own (a hit reads its key, state and
@@ -265,6 +277,7 @@ struct alignas(64) Cache::Entry {
   // its compare-and-swap on the new generation).
   std::atomic<uint64_t> addr{0}, length{0}, gpu_buffer{0};  // gpu_buffer 0: host memory
   std::atomic<uint32_t> access{0};
+  std::atomic<uint8_t> park_slot{0};  // park_slot_of(addr): where a thread parks it
   void* handle = nullptr;  // written before the entry is published, read by its holders
   // Under the mutex:
   bool live = false;    // registered (in use from the pool)
@@ -279,24 +292,25 @@ struct alignas(64) Cache::Entry {
   }
 };
 
-// A thread's parked hold, on a cache line of its own. Its thread parks and
-// takes back with plain stores; the mutex holder takes it back with a
-// compare-and-swap, between two increments of `epoch` (odd while it does)
-// and behind a membarrier, so that a thread taking its hold at the same
-// moment sees the epoch move (then it asks, under the mutex, whether its
-// entry was taken: `stolen`).
+// A thread's parked holds, kParkSlots of them, each entry in the slot its
+// key hashes to (park_slot_of). Its thread parks and takes back with plain
+// stores; the mutex holder takes them back with compare-and-swaps, between
+// two increments of `epoch` (odd while it does) and behind a membarrier,
+// so that a thread taking a hold at the same moment sees the epoch move
+// (then it asks, under the mutex, whether its entry was taken: `stolen`).
 struct alignas(64) Cache::Parking {
-  std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null
-  std::atomic<uint64_t> epoch{0};       // odd while the mutex holder takes parked holds back
-  std::atomic<uint64_t> hits{0};        // hits through the parked hold; written by its thread only
+  std::atomic<uint64_t> epoch{0};  // odd while the mutex holder takes parked holds back
+  std::atomic<uint64_t> hits{0};   // hits through parked holds; written by its thread only
   // Its thread's only: a parked hold hit_parked() took (stored null) but
   // found the epoch moved or the entry dead; hit_rest() settles it.
   Entry* taking = nullptr;
   uint64_t taking_epoch = 0;
+  std::atomic<Entry*> parked[detail::kParkSlots] = {};  // holds; only its thread stores non-null
   std::thread::id owner;
-  // Under the mutex: the last entry taken back, and the epoch (odd) then.
-  Entry* stolen = nullptr;
-  uint64_t stolen_epoch = 0;
+  // Under the mutex: per slot, the last entry taken back, and the epoch
+  // (odd) then.
+  Entry* stolen[detail::kParkSlots] = {};
+  uint64_t stolen_epoch[detail::kParkSlots] = {};
 };
 
 namespace detail {
@@ -336,16 +350,15 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   // epoch and runs membarrier before it looks, so either it sees the store
   // (and leaves the hold alone) or the epoch read after the store has
   // moved (and the mutex says who has the hold: hit_rest() asks).
+  const uint64_t a = reinterpret_cast<uintptr_t>(addr);
+  std::atomic<Entry*>& slot = pk->parked[detail::park_slot_of(a)];
   const uint64_t epoch = pk->epoch.load(std::memory_order_acquire);
-  Entry* p = pk->parked.load(std::memory_order_acquire);
-  if (p == nullptr || (epoch & 1) != 0 || !p->is(reinterpret_cast<uintptr_t>(addr), length, access, gpu_buffer))
-      [[unlikely]] {
-    return nullptr;
-  }
+  Entry* p = slot.load(std::memory_order_acquire);
+  if (p == nullptr || (epoch & 1) != 0 || !p->is(a, length, access, gpu_buffer)) [[unlikely]] return nullptr;
 #ifdef UFAB_REGCACHE_TEST_HOOKS
   if (test_hooks::between_look_and_take != nullptr) test_hooks::between_look_and_take();
 #endif
-  pk->parked.store(nullptr, std::memory_order_relaxed);
+  slot.store(nullptr, std::memory_order_relaxed);
   std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the loads below
   if (pk->epoch.load(std::memory_order_acquire) != epoch ||
       (p->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] {
@@ -364,12 +377,14 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
 }
 
 [[gnu::always_inline]] inline void Cache::release(Entry* e) {
-  // Parked: this thread keeps the hold for its next hit. Not while over
-  // the bounds (the release may let one go), not where the thread's place
-  // is taken, not without membarrier.
-  if (Parking* pk = my_parking(); pk != nullptr && pk->parked.load(std::memory_order_relaxed) == nullptr &&
-                                  release_flags_.load(std::memory_order_relaxed) == 0) [[likely]] {
-    pk->parked.store(e, std::memory_order_release);
+  // Parked: this thread keeps the hold for its next hit of the entry. Not
+  // while over the bounds (the release may let one go), not where the
+  // entry's slot in the thread's parking is taken, not without membarrier.
+  Parking* pk = my_parking();
+  std::atomic<Entry*>* slot = pk != nullptr ? &pk->parked[e->park_slot.load(std::memory_order_relaxed)] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_relaxed) == nullptr &&
+      release_flags_.load(std::memory_order_relaxed) == 0) [[likely]] {
+    slot->store(e, std::memory_order_release);
     std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
     // Dead (before or meanwhile)? The killer marks it dead, runs
     // membarrier, then looks at the parked holds: either it sees this one,
