@@ -118,7 +118,9 @@ Cache::Entry* Cache::hit_settle(Parking* pk, uint64_t a, uint64_t length, uint32
   Entry* p = pk->taking;
   const uint64_t epoch = pk->taking_epoch;
   pk->taking = nullptr;
-  if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, p, epoch)) p = nullptr;
+  if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, pk->taking_slot, p, epoch)) {
+    p = nullptr;
+  }
   if (p != nullptr) {
     if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
       pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -162,17 +164,15 @@ void Cache::release_locked(Entry* e) {
   if (refs_of(old) == 1 && (old & kDead) != 0) destroy_locked(e);
 }
 
-bool Cache::parked_taken_back(Parking* pk, Entry* p, uint64_t epoch) {
+bool Cache::parked_taken_back(Parking* pk, unsigned slot, Entry* p, uint64_t epoch) {
   std::lock_guard lock(mu_);
-  const unsigned i = p->park_slot.load(std::memory_order_relaxed);
-  return pk->stolen[i] == p && pk->stolen_epoch[i] > epoch;
+  return pk->stolen[slot] == p && pk->stolen_epoch[slot] > epoch;
 }
 
-void Cache::unpark_dead(Parking* pk, Entry* e) {
+void Cache::unpark_dead(Parking* pk, unsigned slot, Entry* e) {
   std::lock_guard lock(mu_);
   Entry* expected = e;
-  if (pk->parked[e->park_slot.load(std::memory_order_relaxed)].compare_exchange_strong(expected, nullptr,
-                                                                                         std::memory_order_acq_rel)) {
+  if (pk->parked[slot].compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
     stats_.unparked++;
     release_locked(e);
   }
@@ -390,7 +390,7 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
     // (a caller that skipped it): given back, unless the cache took it.
     Entry* p = pk->taking;
     pk->taking = nullptr;
-    const unsigned i = p->park_slot.load(std::memory_order_relaxed);
+    const unsigned i = pk->taking_slot;
     if (!(pk->stolen[i] == p && pk->stolen_epoch[i] > pk->taking_epoch)) release_locked(p);
   }
   drain_events_locked();

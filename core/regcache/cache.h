@@ -171,8 +171,11 @@ class Cache {
   // Takes parked holds back (behind a membarrier): all of them (to evict),
   // or, after entries were killed, those of dead entries.
   void unpark_locked(bool only_dead);
-  bool parked_taken_back(Parking* pk, Entry* p, uint64_t epoch);  // takes the mutex
-  void unpark_dead(Parking* pk, Entry* e);                          // takes the mutex
+  // Both take the mutex. `slot`: where the thread took or parked `p`
+  // (not p->park_slot: taken back meanwhile, p may have been destroyed and
+  // reused for another range by now).
+  bool parked_taken_back(Parking* pk, unsigned slot, Entry* p, uint64_t epoch);
+  void unpark_dead(Parking* pk, unsigned slot, Entry* e);
   void park_here_locked();
   void set_over_bound(bool over);
   void clock_locked();  // one CLOCK sweep (two passes at most) while over the bounds
@@ -305,6 +308,7 @@ struct alignas(64) Cache::Parking {
   // found the epoch moved or the entry dead; hit_rest() settles it.
   Entry* taking = nullptr;
   uint64_t taking_epoch = 0;
+  unsigned taking_slot = 0;
   std::atomic<Entry*> parked[detail::kParkSlots] = {};  // holds; only its thread stores non-null
   std::thread::id owner;
   // Under the mutex: per slot, the last entry taken back, and the epoch
@@ -351,7 +355,8 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   // (and leaves the hold alone) or the epoch read after the store has
   // moved (and the mutex says who has the hold: hit_rest() asks).
   const uint64_t a = reinterpret_cast<uintptr_t>(addr);
-  std::atomic<Entry*>& slot = pk->parked[detail::park_slot_of(a)];
+  const unsigned i = detail::park_slot_of(a);
+  std::atomic<Entry*>& slot = pk->parked[i];
   const uint64_t epoch = pk->epoch.load(std::memory_order_acquire);
   Entry* p = slot.load(std::memory_order_acquire);
   if (p == nullptr || (epoch & 1) != 0 || !p->is(a, length, access, gpu_buffer)) [[unlikely]] return nullptr;
@@ -364,6 +369,7 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
       (p->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] {
     pk->taking = p;
     pk->taking_epoch = epoch;
+    pk->taking_slot = i;
     return nullptr;
   }
   pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -381,16 +387,16 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   // while over the bounds (the release may let one go), not where the
   // entry's slot in the thread's parking is taken, not without membarrier.
   Parking* pk = my_parking();
-  std::atomic<Entry*>* slot = pk != nullptr ? &pk->parked[e->park_slot.load(std::memory_order_relaxed)] : nullptr;
-  if (slot != nullptr && slot->load(std::memory_order_relaxed) == nullptr &&
+  const unsigned i = e->park_slot.load(std::memory_order_relaxed);  // e is held: its key stays
+  if (pk != nullptr && pk->parked[i].load(std::memory_order_relaxed) == nullptr &&
       release_flags_.load(std::memory_order_relaxed) == 0) [[likely]] {
-    slot->store(e, std::memory_order_release);
+    pk->parked[i].store(e, std::memory_order_release);
     std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
     // Dead (before or meanwhile)? The killer marks it dead, runs
     // membarrier, then looks at the parked holds: either it sees this one,
     // or this load sees dead (then the hold is given up here, unless it
     // was taken; a dead entry's last release deregisters it).
-    if ((e->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] unpark_dead(pk, e);
+    if ((e->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] unpark_dead(pk, i, e);
     return;
   }
   release_hold(e);

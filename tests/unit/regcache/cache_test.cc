@@ -706,4 +706,64 @@ TEST(RegCache, ParkedHoldTakenBackMidHitIsSettledByHitRestOrAcquire) {
   }
 }
 
+// A thread keeps a parked hold per slot of its parking: cycling through
+// eight page-apart ranges, every hit after the first round takes a parked
+// hold back (no atomic read-modify-write). An unmapping takes back that
+// range's hold alone (and deregisters it); the others stay parked.
+TEST(RegCache, ThreadParksAHoldPerRangeAndUnmapTakesBackOnlyItsOwn) {
+  ThreadSafeFake f;
+  auto made = Cache::create(f.registrar());
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  constexpr int kRanges = 8;
+  char* p = map_anon(kRanges * 4096);
+  std::vector<void*> handles;
+  for (int i = 0; i < kRanges; ++i) {
+    Cache::Entry* e = get(c, p + i * 4096, 4096);
+    ASSERT_NE(e, nullptr);
+    handles.push_back(Cache::handle(e));
+    c.release(e);
+  }
+  const uint64_t parked_before = c.stats().parked_hits;
+  for (int round = 0; round < 100; ++round) {
+    for (int i = 0; i < kRanges; ++i) {
+      Cache::Entry* e = c.hit_parked(p + i * 4096, 4096, 7);
+      if (e == nullptr) {
+        if (round == 0 && i == 0) GTEST_SKIP() << "nothing is parked here (no membarrier)";
+        FAIL() << "range " << i << " was not parked (round " << round << ")";
+      }
+      EXPECT_EQ(Cache::handle(e), handles[i]);
+      c.release(e);
+    }
+  }
+  auto s = c.stats();
+  EXPECT_EQ(s.parked_hits - parked_before, 100u * kRanges);
+  EXPECT_EQ(s.held, 0u);
+  EXPECT_FALSE(c.busy());
+  // The fourth range goes away: its parked hold is taken back and it is
+  // deregistered; the rest stay parked.
+  ASSERT_EQ(munmap(p + 3 * 4096, 4096), 0);
+  EXPECT_EQ(c.acquire_hit(p, 4096, 7), nullptr);  // the unmapping is not taken yet: the slow path
+  auto r = c.acquire(p, 4096, 7, std::nullopt);  // takes it, then hits
+  ASSERT_TRUE(r);
+  EXPECT_EQ(Cache::handle(*r), handles[0]);
+  c.release(*r);
+  s = c.stats();
+  EXPECT_EQ(s.invalidations, 1u);
+  EXPECT_EQ(s.unparked, 1u);
+  EXPECT_FALSE(f.live(handles[3]));
+  for (int i = 0; i < kRanges; ++i) {
+    if (i == 3) continue;
+    EXPECT_TRUE(f.live(handles[i]));
+    Cache::Entry* e = c.hit_parked(p + i * 4096, 4096, 7);
+    EXPECT_NE(e, nullptr) << "range " << i << " lost its parked hold";
+    if (e != nullptr) c.release(e);
+  }
+  made->reset();
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+  munmap(p, kRanges * 4096);
+}
+
 }  // namespace
