@@ -531,6 +531,7 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
       f.lkey = s.lkey;
       f.laddr = s.addr + t.sge_off;
       f.staged = true;
+      f.released = true;  // no slot: outside the gpu_depth budget (which paces slots)
       t.used_ipc = true;
     } else if (!g) {
       f.laddr = s.addr + t.sge_off;
@@ -556,7 +557,7 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
     t.frags.push_back(f);
     t.next_off += n;
     t.sge_off += n;
-    --*budget;
+    if (!ipc) --*budget;
     ++gtx_work_;
   }
   if (!may_send) return kGpuPending;
@@ -848,6 +849,11 @@ int Qp::gpu_request_ipc(const MsgHdr& h, const FragBody& b, bool write, uint32_t
     // Looked up and submitted under ipc_mu: a close (ipc_forget, an
     // eviction) queued after this copy runs after it.
     std::lock_guard<std::mutex> g(dev->ipc_mu);
+    if (peer->dead.load()) {
+      // Its mappings are being closed (ipc_forget): none opened again.
+      unpin();
+      return kRxDead;
+    }
     std::shared_ptr<IpcMap> m;
     for (auto& e : dev->ipc_maps) {
       if (e->peer == peer && e->pid == peer->pid && e->base == want.base &&
