@@ -77,6 +77,11 @@ Status Driver::stream_wait_value32_geq(void*, uint64_t, uint32_t) const { return
 Result<void*> Driver::kernel(int, const char*, const char*) const { return fail(ENOTSUP, kNotBuilt); }
 Status Driver::launch(void*, void*, unsigned, void**) const { return fail(ENOTSUP, kNotBuilt); }
 Status Allocation::read(size_t, void*, size_t) const { return fail(ENOTSUP, kNotBuilt); }
+Result<Driver::IpcExport> Driver::ipc_export(const void*, int) const { return fail(ENOTSUP, kNotBuilt); }
+Result<uint64_t> Driver::ipc_open(const uint8_t (&)[kIpcHandleBytes]) const { return fail(ENOTSUP, kNotBuilt); }
+Status Driver::ipc_close(uint64_t) const { return fail(ENOTSUP, kNotBuilt); }
+Result<bool> Driver::can_access_peer(int, int) const { return fail(ENOTSUP, kNotBuilt); }
+Result<int> Driver::ordinal_of_pci(const std::string&) const { return fail(ENOTSUP, kNotBuilt); }
 
 Result<AsyncStream> AsyncStream::create(const Driver&) { return fail(ENOTSUP, kNotBuilt); }
 AsyncStream::~AsyncStream() = default;
@@ -125,7 +130,12 @@ Result<uint64_t> host_device_pointer(const Driver&, void*) { return fail(ENOTSUP
   X(cuMemHostGetDevicePointer) \
   X(cuModuleLoadData)          \
   X(cuModuleGetFunction)       \
-  X(cuLaunchKernel)
+  X(cuLaunchKernel)            \
+  X(cuMemGetAddressRange)     \
+  X(cuIpcGetMemHandle)        \
+  X(cuIpcOpenMemHandle)       \
+  X(cuIpcCloseMemHandle)      \
+  X(cuDeviceCanAccessPeer)
 
 struct Driver::Api {
 #define UFAB_CUDA_MEMBER(name) decltype(&::name) name = nullptr;
@@ -685,6 +695,75 @@ Status Driver::launch(void* function, void* stream, unsigned threads, void** arg
     return fail(errno_for(r), "cuLaunchKernel: " + error_text(r));
   }
   return {};
+}
+
+// ------------------------------------------------------------------- IPC
+
+static_assert(sizeof(CUipcMemHandle) == Driver::kIpcHandleBytes);
+
+Result<Driver::IpcExport> Driver::ipc_export(const void* p, int ordinal) const {
+  const std::string who = "CUDA IPC export of " + hex(reinterpret_cast<uintptr_t>(p));
+  if (!api_->cuIpcGetMemHandle || !api_->cuMemGetAddressRange) {
+    return fail(ENOSYS, who + ": the driver has no cuIpcGetMemHandle/cuMemGetAddressRange");
+  }
+  auto ctx = PrimaryContext::retain(*this, ordinal);
+  if (!ctx) return std::unexpected(ctx.error().context(who));
+  IpcExport out;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (CUresult r = api_->cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(p)); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), who + ": cuMemGetAddressRange: " + error_text(r));
+  }
+  CUipcMemHandle h;
+  if (CUresult r = api_->cuIpcGetMemHandle(&h, base); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), who + ": cuIpcGetMemHandle: " + error_text(r));
+  }
+  std::memcpy(out.handle, &h, sizeof h);
+  out.base = base;
+  out.size = size;
+  return out;
+}
+
+Result<uint64_t> Driver::ipc_open(const uint8_t (&handle)[kIpcHandleBytes]) const {
+  if (!api_->cuIpcOpenMemHandle) return fail(ENOSYS, "the driver has no cuIpcOpenMemHandle");
+  CUipcMemHandle h;
+  std::memcpy(&h, handle, sizeof h);
+  CUdeviceptr p = 0;
+  if (CUresult r = api_->cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuIpcOpenMemHandle: " + error_text(r));
+  }
+  return static_cast<uint64_t>(p);
+}
+
+Status Driver::ipc_close(uint64_t mapped) const {
+  if (!api_->cuIpcCloseMemHandle) return fail(ENOSYS, "the driver has no cuIpcCloseMemHandle");
+  if (CUresult r = api_->cuIpcCloseMemHandle(static_cast<CUdeviceptr>(mapped)); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuIpcCloseMemHandle(" + hex(mapped) + "): " + error_text(r));
+  }
+  return {};
+}
+
+Result<bool> Driver::can_access_peer(int a, int b) const {
+  if (a == b) return true;
+  if (!api_->cuDeviceCanAccessPeer) return fail(ENOSYS, "the driver has no cuDeviceCanAccessPeer");
+  CUdevice da = 0, db = 0;
+  if (CUresult r = api_->cuDeviceGet(&da, a); r != CUDA_SUCCESS) return fail(errno_for(r), "cuDeviceGet: " + error_text(r));
+  if (CUresult r = api_->cuDeviceGet(&db, b); r != CUDA_SUCCESS) return fail(errno_for(r), "cuDeviceGet: " + error_text(r));
+  int can = 0;
+  if (CUresult r = api_->cuDeviceCanAccessPeer(&can, da, db); r != CUDA_SUCCESS) {
+    return fail(errno_for(r), "cuDeviceCanAccessPeer: " + error_text(r));
+  }
+  return can != 0;
+}
+
+Result<int> Driver::ordinal_of_pci(const std::string& pci) const {
+  auto n = device_count();
+  if (!n) return std::unexpected(n.error());
+  for (int i = 0; i < *n; ++i) {
+    auto d = device(i);
+    if (d && d->pci_address == pci) return i;
+  }
+  return fail(ENODEV, "no GPU at PCI address " + pci + " is visible to this process (CUDA_VISIBLE_DEVICES)");
 }
 
 #endif  // UFAB_HAVE_CUDA_TOOLKIT

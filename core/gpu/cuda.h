@@ -208,6 +208,32 @@ class Driver {
   // context current.
   Status launch(void* function, void* stream, unsigned threads, void** args) const;
 
+  // CUDA IPC (cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle),
+  // for two processes on one host moving GPU memory device to device
+  // (the shm provider, docs/gpu.md "shm"). The driver entry points are
+  // optional: a driver without them says so here (ENOSYS).
+  static constexpr size_t kIpcHandleBytes = 64;  // sizeof(CUipcMemHandle)
+  struct IpcExport {
+    uint8_t handle[kIpcHandleBytes] = {};
+    uint64_t base = 0, size = 0;  // the allocation holding the pointer (cuMemGetAddressRange)
+  };
+  // The IPC handle of the allocation that holds `p` (device memory of GPU
+  // `ordinal`, whose primary context is made current on this thread).
+  // Fails for memory cuIpcGetMemHandle refuses: virtual memory management
+  // (cuMemCreate/cuMemMap) and stream-ordered pool allocations
+  // (cuMemAllocAsync), managed memory.
+  Result<IpcExport> ipc_export(const void* p, int ordinal) const;
+  // Maps another process's exported allocation into this one
+  // (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS); the caller has a context
+  // current. Its device address, valid until ipc_close.
+  Result<uint64_t> ipc_open(const uint8_t (&handle)[kIpcHandleBytes]) const;
+  Status ipc_close(uint64_t mapped) const;
+  // cuDeviceCanAccessPeer(a, b); a == b is true.
+  Result<bool> can_access_peer(int a, int b) const;
+  // The ordinal of the GPU at PCI address `pci` ("0000:01:00.0") as this
+  // process numbers them; ENODEV when it does not see it.
+  Result<int> ordinal_of_pci(const std::string& pci) const;
+
   // "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)".
   std::string error_text(int cu_result) const;
 

@@ -61,7 +61,9 @@ struct ufab_pd {
   ufab_rdma_pd* p;
 };
 
-struct ufab_mr {
+// On a cache line of its own: a cached region is read by every hit's
+// release (cache, entry), so nothing another thread writes shares it.
+struct alignas(64) ufab_mr {
   ufab_pd* pd;
   ufab_rdma_mr* p;
   uint32_t lkey, rkey;
@@ -319,13 +321,18 @@ int ufab_mr_cache_destroy(ufab_mr_cache* c) {
   return 0;
 }
 
-int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
-  UFAB_REQUIRE(c != nullptr && out != nullptr, "cache and out are required");
-  // Host memory first, without asking CUDA anything (cache.h says why).
-  if (auto* hit = c->cache->acquire_hit(addr, length, access)) {
-    *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
-    return 0;
-  }
+}  // extern "C"
+
+namespace {
+
+// The cold end of the cache's C calls: argument errors, and everything but
+// a hit, out of line so that the hit path has no frame to set up.
+[[gnu::cold, gnu::noinline]] int invalid_argument(const char* func, const char* what) {
+  return error(EINVAL, std::string(func) + ": " + what);
+}
+
+// A miss, or GPU memory (cache_reg_rest's tail call).
+[[gnu::noinline]] int cache_reg_miss(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
   std::optional<uint64_t> gpu_buffer;
   if (addr != nullptr && length > 0) {
     // GPU memory hits on its buffer id: one cuPointerGetAttributes of one
@@ -354,9 +361,34 @@ int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t ac
   return 0;
 }
 
+// Everything after a failed parked hit (ufab_mr_cache_reg's tail call):
+// the rest of the host look, then cache_reg_miss.
+[[gnu::noinline]] int cache_reg_rest(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
+  if (auto* hit = c->cache->hit_rest(addr, length, access)) {
+    *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
+    return 0;
+  }
+  return cache_reg_miss(c, addr, length, access, out);
+}
+
+}  // namespace
+
+extern "C" {
+
+int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
+  if (c == nullptr || out == nullptr) [[unlikely]] return invalid_argument(__func__, "cache and out are required");
+  // The thread's parked entry, inline, with no call (so no frame): host
+  // memory first, without asking CUDA anything (cache.h says why).
+  if (auto* hit = c->cache->hit_parked(addr, length, access)) [[likely]] {
+    *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
+    return 0;
+  }
+  return cache_reg_rest(c, addr, length, access, out);
+}
+
 int ufab_mr_cache_release(ufab_mr_cache* c, ufab_mr* mr) {
-  UFAB_REQUIRE(c != nullptr && mr != nullptr, "cache and mr are required");
-  UFAB_REQUIRE(mr->cache == c, "this region is not from this registration cache");
+  if (c == nullptr || mr == nullptr) [[unlikely]] return invalid_argument(__func__, "cache and mr are required");
+  if (mr->cache != c) [[unlikely]] return invalid_argument(__func__, "this region is not from this registration cache");
   c->cache->release(static_cast<ufab::regcache::Cache::Entry*>(mr->entry));
   return 0;
 }

@@ -20,25 +20,14 @@ void (*between_look_and_take)() = nullptr;
 
 namespace {
 
-// An entry's state word:
-//   bits  0-19  holders (refs)
-//   bits 20-39  hits since they were last folded into the cache's count
-//   bit  40     referenced (CLOCK): set by every hit, cleared by the hand
-//   bit  41     dead: no hit may hold it any more; the party that sees it
-//               dead with no holders (the one that killed it, or its last
-//               releaser) deregisters it
-//   bits 42-63  generation, bumped each time the pool entry is reused
-// Only holders, hits and referenced change without the mutex (a hit's
-// compare-and-swap, a release's decrement); dead and the generation
-// change only under it.
-constexpr uint64_t kRefOne = 1;
-constexpr uint64_t kRefMask = (1ull << 20) - 1;
-constexpr int kHitShift = 20;
-constexpr uint64_t kHitOne = 1ull << kHitShift;
-constexpr uint64_t kHitMask = ((1ull << 20) - 1) << kHitShift;
-constexpr uint64_t kReferenced = 1ull << 40;
-constexpr uint64_t kDead = 1ull << 41;
-constexpr uint64_t kGenOne = 1ull << 42;
+using detail::kDead;
+using detail::kGenOne;
+using detail::kHitMask;
+using detail::kHitOne;
+using detail::kHitShift;
+using detail::kReferenced;
+using detail::kRefMask;
+using detail::kRefOne;
 
 constexpr uint64_t refs_of(uint64_t s) { return s & kRefMask; }
 constexpr uint64_t hits_of(uint64_t s) { return (s & kHitMask) >> kHitShift; }
@@ -53,64 +42,28 @@ bool membarrier_ready() {
 
 std::atomic<uint64_t> next_uid{1};
 
-}  // namespace
-
-// A thread's parked hold. Its thread parks and takes back with plain
-// stores; the mutex holder takes it back with a compare-and-swap, between
-// two increments of `epoch` (odd while it does) and behind a membarrier,
-// so that a thread taking its hold at the same moment sees the epoch move
-// (then it asks, under the mutex, whether its entry was taken: `stolen`).
-struct Cache::Parking {
-  std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null
-  std::atomic<uint64_t> epoch{0};       // odd while the mutex holder takes parked holds back
-  std::atomic<uint64_t> hits{0};        // hits through the parked hold; written by its thread only
-  std::thread::id owner;
-  // Under the mutex: the last entry taken back, and the epoch (odd) then.
-  Entry* stolen = nullptr;
-  uint64_t stolen_epoch = 0;
-};
-
-namespace {
-
-// Each thread's parkings of the caches it used lately, by cache uid (a
-// uid is never reused, so a dead cache's slot is never followed).
-struct ParkingSlot {
-  uint64_t uid = 0;
-  Cache::Parking* parking = nullptr;
-};
-constexpr size_t kParkingSlots = 8;
-thread_local ParkingSlot tl_parkings[kParkingSlots];
+// Where host memory is not watched: an event word that never moves.
+const std::atomic<uint64_t> kNoEvents{0};
 
 }  // namespace
 
-struct Cache::Entry {
-  std::atomic<uint64_t> state{kDead};
-  // The key: written under the mutex while the entry is dead, read by
-  // hits without it (atomics: a hit may read a reused entry's, then fail
-  // its compare-and-swap on the new generation).
-  std::atomic<uint64_t> addr{0}, length{0}, gpu_buffer{0};  // gpu_buffer 0: host memory
-  std::atomic<uint32_t> access{0};
-  void* handle = nullptr;  // written before the entry is published, read by its holders
-  // Under the mutex:
-  bool live = false;    // registered (in use from the pool)
-  bool cached = false;  // in map_ and maybe a slot
-  Key key() const {
-    return Key{addr.load(std::memory_order_relaxed), length.load(std::memory_order_relaxed),
-               access.load(std::memory_order_relaxed)};
-  }
-};
+namespace detail {
+__thread ParkingSlot tl_parkings[kParkingSlots] __attribute__((tls_model("initial-exec")));
+}  // namespace detail
 
 Cache::Cache(Registrar registrar, Options options)
-    : reg_(std::move(registrar)),
-      options_(options),
+    : events_(&kNoEvents),
       uid_(next_uid.fetch_add(1, std::memory_order_relaxed)),
-      park_ok_(options.park_released && membarrier_ready()) {
+      release_flags_(options.park_released && membarrier_ready() ? 0 : kNoParking),
+      reg_(std::move(registrar)),
+      options_(options) {
   // Twice the entries kept, a power of two from 64 to 64 Ki slots.
   uint64_t want = std::min<uint64_t>(std::max<uint64_t>(2ull * options_.max_entries, 64), 65536);
   slot_count_ = std::bit_ceil(want);
   slot_shift_ = 64 - std::countr_zero(slot_count_);
   slots_.reset(new std::atomic<Entry*>[slot_count_]);
   for (size_t i = 0; i < slot_count_; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
+  slot_table_ = slots_.get();
 }
 
 Result<std::unique_ptr<Cache>> Cache::create(Registrar registrar, Options options) {
@@ -121,7 +74,8 @@ Result<std::unique_ptr<Cache>> Cache::create(Registrar registrar, Options option
     auto m = UnmapMonitor::get();
     if (m) {
       c->monitor_ = *m;
-      c->seen_seq_.store((*m)->sequence(), std::memory_order_relaxed);
+      c->seen_events_.store((*m)->sequence() << 1, std::memory_order_relaxed);
+      c->events_ = &(*m)->events();
       c->host_watch_ = "userfaultfd";
     } else {
       c->host_watch_ = m.error().message();
@@ -139,49 +93,8 @@ Cache::~Cache() {
   }
 }
 
-void* Cache::handle(const Entry* e) { return e->handle; }
-
-[[gnu::always_inline]] inline bool Cache::events_pending() const {
-  return monitor_ != nullptr && monitor_->sequence() != seen_seq_.load(std::memory_order_acquire);
-}
-
-[[gnu::always_inline]] inline Cache::Parking* Cache::my_parking() const {
-  const ParkingSlot& slot = tl_parkings[uid_ % kParkingSlots];
-  return slot.uid == uid_ ? slot.parking : nullptr;
-}
-
-Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
-  // Unmappings not yet taken: the slow path takes them first.
-  if (events_pending()) return nullptr;
-  const uint64_t a = reinterpret_cast<uintptr_t>(addr);
-  if (Parking* pk = my_parking()) {
-    // The entry this thread parked: its key cannot change while it is
-    // parked (held). Taken back with a plain store; the mutex holder bumps
-    // the epoch and runs membarrier before it looks, so either it sees
-    // the store (and leaves the hold alone) or the epoch read after the
-    // store has moved (and the mutex says who has the hold).
-    const uint64_t epoch = pk->epoch.load(std::memory_order_acquire);
-    Entry* p = pk->parked.load(std::memory_order_acquire);
-    if ((epoch & 1) == 0 && p != nullptr && p->addr.load(std::memory_order_relaxed) == a &&
-        p->length.load(std::memory_order_relaxed) == length &&
-        p->access.load(std::memory_order_relaxed) == access &&
-        p->gpu_buffer.load(std::memory_order_relaxed) == gpu_buffer) {
-#ifdef UFAB_REGCACHE_TEST_HOOKS
-      if (test_hooks::between_look_and_take != nullptr) test_hooks::between_look_and_take();
-#endif
-      pk->parked.store(nullptr, std::memory_order_relaxed);
-      std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
-      if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, p, epoch)) p = nullptr;
-      if (p != nullptr) {
-        if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
-          pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-          return p;
-        }
-        release_hold(p);  // it died while parked
-      }
-    }
-  }
-  Entry* e = slots_[slot_of(a, length, access)].load(std::memory_order_acquire);
+inline Cache::Entry* Cache::hit_shared(uint64_t a, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
+  Entry* e = slot_table_[slot_of(a, length, access)].load(std::memory_order_acquire);
   if (e == nullptr) return nullptr;
   uint64_t s = e->state.load(std::memory_order_acquire);
   // A few tries against other threads' hits and releases of the same
@@ -190,11 +103,7 @@ Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, u
     if ((s & kDead) != 0 || refs_of(s) == kRefMask || (s & kHitMask) == kHitMask) return nullptr;
     // Read after the state: a key from a later reuse comes with a later
     // generation, and the compare-and-swap below fails.
-    if (e->addr.load(std::memory_order_relaxed) != a || e->length.load(std::memory_order_relaxed) != length ||
-        e->access.load(std::memory_order_relaxed) != access ||
-        e->gpu_buffer.load(std::memory_order_relaxed) != gpu_buffer) {
-      return nullptr;
-    }
+    if (!e->is(a, length, access, gpu_buffer)) return nullptr;
     if (e->state.compare_exchange_weak(s, (s + kRefOne + kHitOne) | kReferenced, std::memory_order_acq_rel,
                                        std::memory_order_acquire)) {
       return e;
@@ -203,29 +112,39 @@ Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access, u
   return nullptr;
 }
 
-void Cache::release(Entry* e) {
-  // Parked: this thread keeps the hold for its next hit. Not a dead entry
-  // (its last release deregisters it), not while over the bounds (the
-  // release may let one go), not where the thread's place is taken.
-  if (Parking* pk = my_parking();
-      pk != nullptr && pk->parked.load(std::memory_order_relaxed) == nullptr &&
-      !over_bound_.load(std::memory_order_relaxed) && park_ok_.load(std::memory_order_relaxed) &&
-      (e->state.load(std::memory_order_relaxed) & kDead) == 0) {
-    pk->parked.store(e, std::memory_order_release);
-    std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
-    // Dying meanwhile? The killer marks it dead, runs membarrier, then
-    // looks at the parked holds: either it sees this one, or this load
-    // sees dead (then the hold is given up here, unless it was taken).
-    if ((e->state.load(std::memory_order_acquire) & kDead) != 0) unpark_dead(pk, e);
-    return;
+Cache::Entry* Cache::hit_settle(Parking* pk, uint64_t a, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
+  // hit_parked() took the parked entry (stored null) but the epoch moved
+  // meanwhile, or the entry died while parked.
+  Entry* p = pk->taking;
+  const uint64_t epoch = pk->taking_epoch;
+  pk->taking = nullptr;
+  if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, pk->taking_slot, p, epoch)) {
+    p = nullptr;
   }
-  release_hold(e);
+  if (p != nullptr) {
+    if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
+      pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      return p;
+    }
+    release_hold(p);  // it died while parked
+  }
+  if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) return nullptr;
+  return hit_shared(a, length, access, gpu_buffer);
+}
+
+Cache::Entry* Cache::hit_rest(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
+  const uint64_t a = reinterpret_cast<uintptr_t>(addr);
+  if (Parking* pk = my_parking(); pk != nullptr && pk->taking != nullptr) [[unlikely]] {
+    return hit_settle(pk, a, length, access, gpu_buffer);
+  }
+  if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) return nullptr;
+  return hit_shared(a, length, access, gpu_buffer);
 }
 
 void Cache::release_hold(Entry* e) {
   const uint64_t old = e->state.fetch_sub(kRefOne, std::memory_order_acq_rel);
   if (refs_of(old) != 1) return;  // others still hold it
-  if ((old & kDead) == 0 && !over_bound_.load(std::memory_order_relaxed)) return;
+  if ((old & kDead) == 0 && (release_flags_.load(std::memory_order_relaxed) & kOverBound) == 0) return;
   release_slow(e, old);
 }
 
@@ -245,15 +164,15 @@ void Cache::release_locked(Entry* e) {
   if (refs_of(old) == 1 && (old & kDead) != 0) destroy_locked(e);
 }
 
-bool Cache::parked_taken_back(Parking* pk, Entry* p, uint64_t epoch) {
+bool Cache::parked_taken_back(Parking* pk, unsigned slot, Entry* p, uint64_t epoch) {
   std::lock_guard lock(mu_);
-  return pk->stolen == p && pk->stolen_epoch > epoch;
+  return pk->stolen[slot] == p && pk->stolen_epoch[slot] > epoch;
 }
 
-void Cache::unpark_dead(Parking* pk, Entry* e) {
+void Cache::unpark_dead(Parking* pk, unsigned slot, Entry* e) {
   std::lock_guard lock(mu_);
   Entry* expected = e;
-  if (pk->parked.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
+  if (pk->parked[slot].compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
     stats_.unparked++;
     release_locked(e);
   }
@@ -273,27 +192,29 @@ void Cache::unpark_locked(bool only_dead) {
     // Registered at start, so this cannot fail; if it did, taking holds
     // back would be unsafe: none is taken (their threads give them back
     // on their next hit) and nothing is parked from now on.
-    park_ok_.store(false, std::memory_order_relaxed);
+    release_flags_.fetch_or(kNoParking, std::memory_order_relaxed);
     for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_release);  // even again
     return;
   }
   for (auto& pk : parkings_) {
-    Entry* p = pk->parked.load(std::memory_order_acquire);
-    if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
-        pk->parked.compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
-      pk->stolen = p;
-      pk->stolen_epoch = pk->epoch.load(std::memory_order_relaxed);
-      stats_.unparked++;
-      // Parked means used lately: a second chance for CLOCK.
-      if (!only_dead) p->state.fetch_or(kReferenced, std::memory_order_relaxed);
-      release_locked(p);
+    for (unsigned i = 0; i < detail::kParkSlots; ++i) {
+      Entry* p = pk->parked[i].load(std::memory_order_acquire);
+      if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
+          pk->parked[i].compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
+        pk->stolen[i] = p;
+        pk->stolen_epoch[i] = pk->epoch.load(std::memory_order_relaxed);
+        stats_.unparked++;
+        // Parked means used lately: a second chance for CLOCK.
+        if (!only_dead) p->state.fetch_or(kReferenced, std::memory_order_relaxed);
+        release_locked(p);
+      }
     }
     pk->epoch.fetch_add(1, std::memory_order_release);  // even again
   }
 }
 
 void Cache::park_here_locked() {
-  if (!park_ok_.load(std::memory_order_relaxed) || my_parking() != nullptr) return;
+  if ((release_flags_.load(std::memory_order_relaxed) & kNoParking) != 0 || my_parking() != nullptr) return;
   const std::thread::id me = std::this_thread::get_id();
   Parking* mine = nullptr;
   for (auto& pk : parkings_) {
@@ -304,7 +225,7 @@ void Cache::park_here_locked() {
     mine = parkings_.back().get();
     mine->owner = me;
   }
-  tl_parkings[uid_ % kParkingSlots] = ParkingSlot{uid_, mine};
+  detail::tl_parkings[uid_ % detail::kParkingSlots] = detail::ParkingSlot{uid_, mine};
 }
 
 Cache::Entry* Cache::new_entry_locked() {
@@ -367,7 +288,7 @@ void Cache::invalidate_locked(uint64_t start, uint64_t end) {
 
 void Cache::drain_events_locked() {
   if (monitor_ == nullptr) return;
-  const uint64_t seen = seen_seq_.load(std::memory_order_relaxed);
+  const uint64_t seen = seen_events_.load(std::memory_order_relaxed) >> 1;
   const uint64_t now = monitor_->sequence();
   if (now == seen) return;
   for (uint64_t s = seen; s < now; ++s) {
@@ -383,7 +304,7 @@ void Cache::drain_events_locked() {
   unpark_locked(true);
   // Published after the entries are dead: a hit that sees `now` finds
   // them dead.
-  seen_seq_.store(now, std::memory_order_release);
+  seen_events_.store(now << 1, std::memory_order_release);
 }
 
 void Cache::evict_locked() {
@@ -394,7 +315,7 @@ void Cache::evict_locked() {
   // the first every released entry has its bit clear, unless a hit sets
   // it again meanwhile.
   if (!over()) {
-    over_bound_.store(false, std::memory_order_relaxed);
+    set_over_bound(false);
     return;
   }
   clock_locked();
@@ -402,13 +323,21 @@ void Cache::evict_locked() {
     // Parked holds do not keep entries: taken back (a membarrier), then
     // the hand goes round again.
     bool parked = false;
-    for (auto& pk : parkings_) parked = parked || pk->parked.load(std::memory_order_relaxed) != nullptr;
+    for (auto& pk : parkings_) {
+      for (auto& slot : pk->parked) parked = parked || slot.load(std::memory_order_relaxed) != nullptr;
+    }
     if (parked) {
       unpark_locked(false);
       clock_locked();
     }
   }
-  over_bound_.store(over(), std::memory_order_relaxed);
+  set_over_bound(over());
+}
+
+void Cache::set_over_bound(bool over) {
+  const uint32_t f = release_flags_.load(std::memory_order_relaxed);
+  const uint32_t want = over ? (f | kOverBound) : (f & ~kOverBound);
+  if (want != f) release_flags_.store(want, std::memory_order_relaxed);  // only the mutex holder writes it
 }
 
 void Cache::clock_locked() {
@@ -456,8 +385,16 @@ Result<Cache::Entry*> Cache::hold_locked(Entry* e) {
 
 Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t access, std::optional<uint64_t> gpu_buffer) {
   std::lock_guard lock(mu_);
+  if (Parking* pk = my_parking(); pk != nullptr && pk->taking != nullptr) [[unlikely]] {
+    // hit_parked() left a hold it could not keep and no hit_rest() came
+    // (a caller that skipped it): given back, unless the cache took it.
+    Entry* p = pk->taking;
+    pk->taking = nullptr;
+    const unsigned i = pk->taking_slot;
+    if (!(pk->stolen[i] == p && pk->stolen_epoch[i] > pk->taking_epoch)) release_locked(p);
+  }
   drain_events_locked();
-  park_here_locked();  // this thread's place for the entry it releases last
+  park_here_locked();  // this thread's place for the entries it releases
   Key key{reinterpret_cast<uintptr_t>(addr), length, access};
   if (auto it = map_.find(key); it != map_.end()) {
     Entry* e = it->second;
@@ -483,6 +420,7 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
   e->addr.store(key.addr, std::memory_order_relaxed);
   e->length.store(length, std::memory_order_relaxed);
   e->access.store(access, std::memory_order_relaxed);
+  e->park_slot.store(static_cast<uint8_t>(detail::park_slot_of(key.addr)), std::memory_order_relaxed);
   e->gpu_buffer.store(gpu ? *gpu_buffer : 0, std::memory_order_relaxed);
   e->handle = *h;
   e->live = true;
@@ -521,7 +459,10 @@ Stats Cache::stats() const {
   std::vector<const Entry*> parked;
   for (const auto& pk : parkings_) {
     s.hits += pk->hits.load(std::memory_order_relaxed);
-    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+    s.parked_hits += pk->hits.load(std::memory_order_relaxed);
+    for (const auto& slot : pk->parked) {
+      if (const Entry* p = slot.load(std::memory_order_acquire)) parked.push_back(p);
+    }
   }
   for (const Entry* e : all_) {
     if (!e->live) continue;
@@ -536,7 +477,9 @@ bool Cache::busy() const {
   std::lock_guard lock(mu_);
   std::vector<const Entry*> parked;
   for (const auto& pk : parkings_) {
-    if (const Entry* p = pk->parked.load(std::memory_order_acquire)) parked.push_back(p);
+    for (const auto& slot : pk->parked) {
+      if (const Entry* p = slot.load(std::memory_order_acquire)) parked.push_back(p);
+    }
   }
   for (const Entry* e : all_) {
     if (e->live && holders(e, refs_of(e->state.load(std::memory_order_acquire)), parked) != 0) return true;

@@ -21,16 +21,19 @@
 // decrement. Entries live in a pool for the life of the cache (a stale
 // pointer always points at an Entry), and the generation, bumped each time
 // an entry is reused, makes a hit on a reused entry fail.
-// Cheaper still, each thread parks the last entry it released, keeping
-// that hold: its next hit of the same range takes it back, and the release
-// parks it again, with plain loads and stores (no atomic read-modify-write
-// at all). The mutex holder takes parked holds back when it must evict and
+// Cheaper still, each thread parks the entries it released, keeping those
+// holds (up to 16 per cache, one per slot of its parking, by address): its
+// next hit of the same range takes the hold back, and the release parks it
+// again, with plain loads and stores (no atomic read-modify-write at all). The mutex holder takes parked holds back when it must evict and
 // the hand found nothing else, and after it kills entries (unmapped
 // memory, a stale GPU buffer), behind a process-wide memory barrier
 // (membarrier(2)): a thread parking a dying entry, or taking its parked
 // one, at that moment sees it (Parking in cache.cc). Without membarrier
 // nothing is parked. The mutex is taken for misses, invalidation,
 // eviction, the last release of a dead entry, and stats.
+// The parked hit and release are inline (below the class), so a caller's
+// hit is a few loads and stores with no call; everything else is out of
+// line in cache.cc.
 // docs/gpu.md ("Registration cache").
 #pragma once
 
@@ -41,6 +44,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -69,7 +73,7 @@ struct Options {
   // not cached at all (every acquire registers), for tests and for
   // processes that cannot have userfaultfd.
   bool watch_host = true;
-  // Let each thread park the entry it released last (needs membarrier(2);
+  // Let each thread park the entries it released (needs membarrier(2);
   // without it nothing is parked anyway). false: every hit is the
   // compare-and-swap path, for tests and comparisons.
   bool park_released = true;
@@ -85,6 +89,7 @@ struct Stats {
   uint64_t bytes = 0;          // bytes those cover
   uint64_t held = 0;           // entries acquired and not released (a thread's parked hold is not one)
   uint64_t unparked = 0;       // parked holds the cache took back (to evict, or their entry died)
+  uint64_t parked_hits = 0;    // of the hits, those that took the thread's parked hold back
 };
 
 class Cache {
@@ -112,13 +117,22 @@ class Cache {
   // remapping, a GPU allocation's included, starts with) drops it. Else the
   // CUDA buffer id the caller has just learned at `addr`: only an entry of
   // that buffer hits.
+  // Inline: hit_parked(), then hit_rest().
   Entry* acquire_hit(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer = 0);
+  // acquire_hit() in two, for callers that want the first part inline and
+  // nothing else (no call, so no frame): the thread's parked entry when it
+  // is this one (inline, below the class), else nullptr; then hit_rest()
+  // (out of line), which must follow a nullptr from hit_parked() before
+  // this thread's next hit or release of this cache (it also settles a
+  // parked hold that hit_parked() took but could not keep).
+  Entry* hit_parked(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer = 0);
+  Entry* hit_rest(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer = 0);
   // Gives back one hold (lock-free unless it is the last hold of a dead
   // entry, or the cache is over its bounds), from any thread; the calling
   // thread may park it (keep it for its next hit). Each release matches
-  // one acquire.
+  // one acquire. Inline: parking (below the class).
   void release(Entry* e);
-  static void* handle(const Entry* e);
+  static void* handle(const Entry* e);  // inline
 
   Stats stats() const;
   bool busy() const;
@@ -146,17 +160,24 @@ class Cache {
     uint64_t h = (addr ^ (length * 0x9E3779B97F4A7C15ull) ^ access) * 0xC2B2AE3D27D4EB4Full;
     return static_cast<size_t>(h >> slot_shift_);
   }
-  bool events_pending() const;
   Parking* my_parking() const;
+  // Out of line, behind the inline hit and release:
+  Entry* hit_shared(uint64_t addr, uint64_t length, uint32_t access, uint64_t gpu_buffer);  // the slot table's CAS
+  [[gnu::cold]] Entry* hit_settle(Parking* pk, uint64_t addr, uint64_t length, uint32_t access,
+                                  uint64_t gpu_buffer);  // after hit_parked() left a hold in pk->taking
   void release_hold(Entry* e);  // gives back one hold through the state word
   void release_slow(Entry* e, uint64_t old_state);
   void release_locked(Entry* e);
   // Takes parked holds back (behind a membarrier): all of them (to evict),
   // or, after entries were killed, those of dead entries.
   void unpark_locked(bool only_dead);
-  bool parked_taken_back(Parking* pk, Entry* p, uint64_t epoch);  // takes the mutex
-  void unpark_dead(Parking* pk, Entry* e);                          // takes the mutex
+  // Both take the mutex. `slot`: where the thread took or parked `p`
+  // (not p->park_slot: taken back meanwhile, p may have been destroyed and
+  // reused for another range by now).
+  bool parked_taken_back(Parking* pk, unsigned slot, Entry* p, uint64_t epoch);
+  void unpark_dead(Parking* pk, unsigned slot, Entry* e);
   void park_here_locked();
+  void set_over_bound(bool over);
   void clock_locked();  // one CLOCK sweep (two passes at most) while over the bounds
   void drain_events_locked();
   void invalidate_locked(uint64_t start, uint64_t end);
@@ -167,19 +188,30 @@ class Cache {
   Result<Entry*> hold_locked(Entry* e);  // a valid cached entry found: held once more
   Entry* new_entry_locked();
 
+  // What a hit and a release read, together on one cache line (written
+  // only under the mutex, and rarely):
+  //   events_: the unmap monitor's event word (UnmapMonitor::events(): its
+  //   sequence number shifted left once, the low bit set while its reader
+  //   is recording), or a word that stays 0 where host memory is not
+  //   watched; seen_events_: that word as of the last events this cache
+  //   took (even). They differ: unmappings not taken yet.
+  //   release_flags_: kOverBound (the cache is over its bounds: releases
+  //   try to evict, nothing is parked), kNoParking (no membarrier, or
+  //   Options::park_released off).
+  static constexpr uint32_t kOverBound = 1, kNoParking = 2;
+  alignas(64) const std::atomic<uint64_t>* events_ = nullptr;
+  std::atomic<uint64_t> seen_events_{0};
+  uint64_t uid_ = 0;  // this cache among all of the process's, for the threads' parking lookup
+  std::atomic<uint32_t> release_flags_{0};
+  int slot_shift_ = 0;
+  std::atomic<Entry*>* slot_table_ = nullptr;  // slots_'s array
+
   Registrar reg_;
   Options options_;
   UnmapMonitor* monitor_ = nullptr;
   std::string host_watch_;
-  // Lock-free side: the slot table, the unmap events taken so far, and
-  // whether the cache is over its bounds (then releases try to evict).
-  std::unique_ptr<std::atomic<Entry*>[]> slots_;
+  std::unique_ptr<std::atomic<Entry*>[]> slots_;  // the slot table (the lock-free hit's)
   size_t slot_count_ = 0;
-  int slot_shift_ = 0;
-  std::atomic<uint64_t> seen_seq_{0};
-  std::atomic<bool> over_bound_{false};
-  uint64_t uid_ = 0;       // this cache among all of the process's, for the threads' parking lookup
-  std::atomic<bool> park_ok_{false};  // membarrier is there: threads park released entries
   // Under mu_:
   mutable std::mutex mu_;
   std::unordered_map<Key, Entry*, KeyHash> map_;
@@ -201,5 +233,173 @@ namespace test_hooks {
 extern void (*between_look_and_take)();
 }
 #endif
+
+// ---------------------------------------------------------------------------
+// Internals the inline hit and release need (cache.cc has the rest).
+
+namespace detail {
+// An entry's state word:
+//   bits  0-19  holders (refs)
+//   bits 20-39  hits since they were last folded into the cache's count
+//   bit  40     referenced (CLOCK): set by every hit, cleared by the hand
+//   bit  41     dead: no hit may hold it any more; the party that sees it
+//               dead with no holders (the one that killed it, or its last
+//               releaser) deregisters it
+//   bits 42-63  generation, bumped each time the pool entry is reused
+// Only holders, hits and referenced change without the mutex (a hit's
+// compare-and-swap, a release's decrement); dead and the generation
+// change only under it.
+inline constexpr uint64_t kRefOne = 1;
+inline constexpr uint64_t kRefMask = (1ull << 20) - 1;
+inline constexpr int kHitShift = 20;
+inline constexpr uint64_t kHitOne = 1ull << kHitShift;
+inline constexpr uint64_t kHitMask = ((1ull << 20) - 1) << kHitShift;
+inline constexpr uint64_t kReferenced = 1ull << 40;
+inline constexpr uint64_t kDead = 1ull << 41;
+inline constexpr uint64_t kGenOne = 1ull << 42;
+
+// Holds a thread keeps parked per cache, and the slot an entry parks in,
+// by its address: the page number times a multiplier with a bit every
+// four places, top four bits. Ranges that lie 2^k pages apart fill
+// distinct slots (the product's top bits are their index, rotated, plus
+// at most a carry), so a thread cycling through 8 such buffers keeps a
+// hold on each (through 16, on all but one or two). (Entries of one address with other lengths or
+// access share a slot: the one parked first keeps it.)
+inline constexpr unsigned kParkSlots = 16;
+inline unsigned park_slot_of(uint64_t addr) {
+  return static_cast<unsigned>(((addr >> 12) * 0x1111111111111111ull) >> 60);
+}
+}  // namespace detail
+
+// A pool entry, on a cache line of its own (a hit reads its key, state and
+// handle; nothing another thread writes often shares the line).
+struct alignas(64) Cache::Entry {
+  std::atomic<uint64_t> state{detail::kDead};
+  // The key: written under the mutex while the entry is dead, read by
+  // hits without it (atomics: a hit may read a reused entry's, then fail
+  // its compare-and-swap on the new generation).
+  std::atomic<uint64_t> addr{0}, length{0}, gpu_buffer{0};  // gpu_buffer 0: host memory
+  std::atomic<uint32_t> access{0};
+  std::atomic<uint8_t> park_slot{0};  // park_slot_of(addr): where a thread parks it
+  void* handle = nullptr;  // written before the entry is published, read by its holders
+  // Under the mutex:
+  bool live = false;    // registered (in use from the pool)
+  bool cached = false;  // in map_ and maybe a slot
+  Key key() const {
+    return Key{addr.load(std::memory_order_relaxed), length.load(std::memory_order_relaxed),
+               access.load(std::memory_order_relaxed)};
+  }
+  bool is(uint64_t a, uint64_t n, uint32_t acc, uint64_t gpu) const {
+    return addr.load(std::memory_order_relaxed) == a && length.load(std::memory_order_relaxed) == n &&
+           access.load(std::memory_order_relaxed) == acc && gpu_buffer.load(std::memory_order_relaxed) == gpu;
+  }
+};
+
+// A thread's parked holds, kParkSlots of them, each entry in the slot its
+// key hashes to (park_slot_of). Its thread parks and takes back with plain
+// stores; the mutex holder takes them back with compare-and-swaps, between
+// two increments of `epoch` (odd while it does) and behind a membarrier,
+// so that a thread taking a hold at the same moment sees the epoch move
+// (then it asks, under the mutex, whether its entry was taken: `stolen`).
+struct alignas(64) Cache::Parking {
+  std::atomic<uint64_t> epoch{0};  // odd while the mutex holder takes parked holds back
+  std::atomic<uint64_t> hits{0};   // hits through parked holds; written by its thread only
+  // Its thread's only: a parked hold hit_parked() took (stored null) but
+  // found the epoch moved or the entry dead; hit_rest() settles it.
+  Entry* taking = nullptr;
+  uint64_t taking_epoch = 0;
+  unsigned taking_slot = 0;
+  std::atomic<Entry*> parked[detail::kParkSlots] = {};  // holds; only its thread stores non-null
+  std::thread::id owner;
+  // Under the mutex: per slot, the last entry taken back, and the epoch
+  // (odd) then.
+  Entry* stolen[detail::kParkSlots] = {};
+  uint64_t stolen_epoch[detail::kParkSlots] = {};
+};
+
+namespace detail {
+// Each thread's parkings of the caches it used lately, by cache uid (a uid
+// is never reused, so a destroyed cache's slot is never followed). Plain
+// thread-local data (__thread: no constructor, no access wrapper), in the
+// initial-exec model: one %fs-relative load where libufab.so is a shared
+// object, not a call to __tls_get_addr. (A library loaded with dlopen takes
+// it from glibc's surplus of static TLS, which is there for this: 128
+// bytes.)
+struct ParkingSlot {
+  uint64_t uid;
+  Cache::Parking* parking;
+};
+inline constexpr size_t kParkingSlots = 8;
+extern __thread ParkingSlot tl_parkings[kParkingSlots] __attribute__((tls_model("initial-exec")));
+}  // namespace detail
+
+inline void* Cache::handle(const Entry* e) { return e->handle; }
+
+[[gnu::always_inline]] inline Cache::Parking* Cache::my_parking() const {
+  const detail::ParkingSlot& slot = detail::tl_parkings[uid_ % detail::kParkingSlots];
+  return slot.uid == uid_ ? slot.parking : nullptr;
+}
+
+[[gnu::always_inline]] inline Cache::Entry* Cache::hit_parked(void* addr, uint64_t length, uint32_t access,
+                                                              uint64_t gpu_buffer) {
+  // Unmappings not yet taken (or being recorded): the slow path takes them
+  // first.
+  if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) [[unlikely]] {
+    return nullptr;
+  }
+  Parking* pk = my_parking();
+  if (pk == nullptr) [[unlikely]] return nullptr;
+  // The entry this thread parked: its key cannot change while it is parked
+  // (held). Taken back with a plain store; the mutex holder bumps the
+  // epoch and runs membarrier before it looks, so either it sees the store
+  // (and leaves the hold alone) or the epoch read after the store has
+  // moved (and the mutex says who has the hold: hit_rest() asks).
+  const uint64_t a = reinterpret_cast<uintptr_t>(addr);
+  const unsigned i = detail::park_slot_of(a);
+  std::atomic<Entry*>& slot = pk->parked[i];
+  const uint64_t epoch = pk->epoch.load(std::memory_order_acquire);
+  Entry* p = slot.load(std::memory_order_acquire);
+  if (p == nullptr || (epoch & 1) != 0 || !p->is(a, length, access, gpu_buffer)) [[unlikely]] return nullptr;
+#ifdef UFAB_REGCACHE_TEST_HOOKS
+  if (test_hooks::between_look_and_take != nullptr) test_hooks::between_look_and_take();
+#endif
+  slot.store(nullptr, std::memory_order_relaxed);
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the loads below
+  if (pk->epoch.load(std::memory_order_acquire) != epoch ||
+      (p->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] {
+    pk->taking = p;
+    pk->taking_epoch = epoch;
+    pk->taking_slot = i;
+    return nullptr;
+  }
+  pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return p;
+}
+
+[[gnu::always_inline]] inline Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access,
+                                                               uint64_t gpu_buffer) {
+  if (Entry* e = hit_parked(addr, length, access, gpu_buffer)) [[likely]] return e;
+  return hit_rest(addr, length, access, gpu_buffer);
+}
+
+[[gnu::always_inline]] inline void Cache::release(Entry* e) {
+  // Parked: this thread keeps the hold for its next hit of the entry. Not
+  // while over the bounds (the release may let one go), not where the
+  // entry's slot in the thread's parking is taken, not without membarrier.
+  Parking* pk = my_parking();
+  const unsigned i = e->park_slot.load(std::memory_order_relaxed);  // e is held: its key stays
+  if (pk != nullptr && pk->parked[i].load(std::memory_order_relaxed) == nullptr &&
+      release_flags_.load(std::memory_order_relaxed) == 0) [[likely]] {
+    pk->parked[i].store(e, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
+    // Dead (before or meanwhile)? The killer marks it dead, runs
+    // membarrier, then looks at the parked holds: either it sees this one,
+    // or this load sees dead (then the hold is given up here, unless it
+    // was taken; a dead entry's last release deregisters it).
+    if ((e->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] unpark_dead(pk, i, e);
+    return;
+  }
+  release_hold(e);
+}
 
 }  // namespace ufab::regcache

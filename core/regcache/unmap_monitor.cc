@@ -95,15 +95,17 @@ Status UnmapMonitor::watch(uint64_t start, uint64_t end) {
 }
 
 uint64_t UnmapMonitor::sequence_after_reader() const {
-  for (uint32_t spins = 0; busy_.load(std::memory_order_acquire) && spins < (1u << 20); ++spins) {
+  uint64_t w = events_.load(std::memory_order_acquire);
+  for (uint32_t spins = 0; (w & 1) != 0 && spins < (1u << 20); ++spins) {
     std::this_thread::yield();
+    w = events_.load(std::memory_order_acquire);
   }
-  return seq_.load(std::memory_order_acquire);
+  return w >> 1;
 }
 
 bool UnmapMonitor::event(uint64_t seq, Range* out) const {
   std::lock_guard lock(ring_mu_);
-  uint64_t now = seq_.load(std::memory_order_relaxed);
+  uint64_t now = events_.load(std::memory_order_relaxed) >> 1;
   if (seq >= now || now - seq > kRing) return false;
   *out = ring_[seq % kRing];
   return true;
@@ -118,10 +120,11 @@ void UnmapMonitor::run() {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 || (fds[1].revents & POLLIN)) return;
     uffd_msg msgs[16];
-    busy_.store(true, std::memory_order_seq_cst);  // before read(): see sequence()
+    uint64_t w = events_.load(std::memory_order_relaxed);  // even: only this thread writes it
+    events_.store(w | 1, std::memory_order_seq_cst);       // busy, before read(): see sequence()
     ssize_t got = ::read(uffd_, msgs, sizeof msgs);
     if (got <= 0) {  // EAGAIN: another wakeup
-      busy_.store(false, std::memory_order_release);
+      events_.store(w, std::memory_order_release);
       continue;
     }
     for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
@@ -137,11 +140,12 @@ void UnmapMonitor::run() {
         default: continue;  // page faults are never asked for
       }
       std::lock_guard lock(ring_mu_);
-      uint64_t s = seq_.load(std::memory_order_relaxed);
+      const uint64_t s = w >> 1;
       ring_[s % kRing] = r;
-      seq_.store(s + 1, std::memory_order_release);
+      w = (s + 1) << 1;
+      events_.store(w | 1, std::memory_order_release);  // still busy
     }
-    busy_.store(false, std::memory_order_release);
+    events_.store(w, std::memory_order_release);
   }
 }
 

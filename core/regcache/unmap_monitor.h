@@ -46,13 +46,18 @@ class UnmapMonitor {
   // Waits (briefly) while the reader holds events it has read but not yet
   // recorded: the kernel lets a munmap return once its event is read, so
   // after a munmap returns its range is in the ring or being put there.
-  // Two loads when the reader is idle (a cache hit's check); the wait is
-  // out of line.
+  // One load when the reader is idle; the wait is out of line.
   uint64_t sequence() const {
-    if (busy_.load(std::memory_order_acquire)) [[unlikely]] return sequence_after_reader();
-    return seq_.load(std::memory_order_acquire);
+    const uint64_t w = events_.load(std::memory_order_acquire);
+    if ((w & 1) != 0) [[unlikely]] return sequence_after_reader();
+    return w >> 1;
   }
   bool event(uint64_t seq, Range* out) const;
+  // The word a cache hit compares with the one it saw last (one load): the
+  // sequence number shifted left once, the low bit set while the reader is
+  // between read() and recording what it read (so a busy reader never
+  // compares equal to a cache's last, even, word).
+  const std::atomic<uint64_t>& events() const { return events_; }
   static constexpr uint64_t kRing = 4096;
 
   ~UnmapMonitor();
@@ -67,8 +72,10 @@ class UnmapMonitor {
   std::thread thread_;
   mutable std::mutex ring_mu_;  // held for a few loads/stores only
   Range ring_[kRing];
-  std::atomic<uint64_t> seq_{0};
-  std::atomic<bool> busy_{false};
+  // (sequence << 1) | busy; written by the reader only, on its own cache
+  // line (hits of every cache read it).
+  alignas(64) std::atomic<uint64_t> events_{0};
+  char pad_[64 - sizeof(std::atomic<uint64_t>)] = {};
 };
 
 }  // namespace ufab::regcache

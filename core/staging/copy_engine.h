@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -43,10 +44,23 @@ class CopyEngine {
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
+  // Run on the copy thread before a job's copies (so the progress path
+  // never makes the CUDA call itself): it may rewrite the segments'
+  // addresses (a CUDA IPC mapping opened there); a non-empty answer fails
+  // the job with those words.
+  using Prepare = std::function<std::string(std::vector<CopySegment>&)>;
+
   // Queues one copy (the segments in order; they must stay valid until it
   // is done) and returns its ticket. EAGAIN when kTickets are in flight.
   // Takes a mutex for a few instructions; never waits for a copy.
-  Result<uint32_t> submit(std::span<const CopySegment> segments);
+  // `device_to_device`: both ends are GPU memory (the CUDA engine gives
+  // those their own stream, so they never wait behind staging copies).
+  Result<uint32_t> submit(std::span<const CopySegment> segments, Prepare prepare = {},
+                          bool device_to_device = false);
+  // Runs `fn` on the copy thread once every copy submitted before it has
+  // finished (CUDA: its streams synchronized): closing a CUDA IPC mapping
+  // those copies used. No ticket; never waits here.
+  void after_copies(std::function<void()> fn);
   // kPending, kDone or kFailed: one acquire load of the ticket's word.
   uint32_t state(uint32_t ticket) const { return __atomic_load_n(&words_[ticket], __ATOMIC_ACQUIRE); }
   // Why a kFailed ticket failed.
@@ -64,6 +78,9 @@ class CopyEngine {
   struct Job {
     uint32_t ticket = 0;
     std::vector<CopySegment> segments;
+    Prepare prepare;
+    bool device_to_device = false;
+    std::function<void()> after;  // an after_copies job (no ticket, no segments)
   };
   // The copy thread's half: hands the job over (under mu_).
   virtual void queue_locked(Job&& job) = 0;

@@ -65,18 +65,20 @@ void CudaCopyEngine::queue_locked(Job&& job) {
 }
 
 void CudaCopyEngine::run() {
-  std::optional<gpu::AsyncStream> d2h, h2d;
+  std::optional<gpu::AsyncStream> d2h, h2d, d2d;
   {
     std::string err;
     if (auto s = ctx_->make_current(); !s) err = s.error().message();
     if (err.empty()) {
       auto a = gpu::AsyncStream::create(*driver_);
       auto b = gpu::AsyncStream::create(*driver_);
-      if (a && b) {
+      auto c = gpu::AsyncStream::create(*driver_);
+      if (a && b && c) {
         d2h.emplace(std::move(*a));
         h2d.emplace(std::move(*b));
+        d2d.emplace(std::move(*c));
       } else {
-        err = (!a ? a.error() : b.error()).message();
+        err = (!a ? a.error() : !b ? b.error() : c.error()).message();
       }
     }
     std::lock_guard lock(mu_);
@@ -109,11 +111,36 @@ void CudaCopyEngine::run() {
     queue_.pop_front();
     queued_.store(queue_.size(), std::memory_order_release);
     lock.unlock();
+    if (job.after) {
+      // Every copy queued before it is on a stream: wait for them here
+      // (the copy thread may block), then run it.
+      (void)d2h->synchronize();
+      (void)h2d->synchronize();
+      (void)d2d->synchronize();
+      job.after();
+      lock.lock();
+      continue;
+    }
+    if (job.prepare) {
+      std::string why = job.prepare(job.segments);
+      if (!why.empty()) {
+        finish(job.ticket, false, why);
+        lock.lock();
+        continue;
+      }
+    }
     // A job whose first destination is pinned slot memory copies out of
-    // the GPU; the direction only picks the stream.
-    auto dst_info = driver_->pointer_info(job.segments.empty() ? nullptr : job.segments[0].dst);
-    const bool to_host = dst_info && dst_info->type != gpu::MemoryType::kDevice;
-    gpu::AsyncStream& s = to_host ? *d2h : *h2d;
+    // the GPU; the direction only picks the stream. Device to device (CUDA
+    // IPC) has a stream of its own.
+    gpu::AsyncStream* sp = nullptr;
+    if (job.device_to_device) {
+      sp = &*d2d;
+    } else {
+      auto dst_info = driver_->pointer_info(job.segments.empty() ? nullptr : job.segments[0].dst);
+      const bool to_host = dst_info && dst_info->type != gpu::MemoryType::kDevice;
+      sp = to_host ? &*d2h : &*h2d;
+    }
+    gpu::AsyncStream& s = *sp;
     Status st;
     for (const CopySegment& seg : job.segments) {
       if (!st) break;
@@ -135,6 +162,7 @@ void CudaCopyEngine::run() {
   lock.unlock();
   if (d2h) (void)d2h->synchronize();
   if (h2d) (void)h2d->synchronize();
+  if (d2d) (void)d2d->synchronize();
 }
 
 }  // namespace ufab::staging

@@ -70,8 +70,9 @@ Result<void*> FakeCopyEngine::alloc_host(size_t bytes) {
 void FakeCopyEngine::free_host(void* p) { std::free(p); }
 
 void FakeCopyEngine::queue_locked(Job&& job) {
+  const bool copy = !job.after;
   queue_.push_back(Queued{std::move(job), std::chrono::steady_clock::now() + options_.delay});
-  g_queued.fetch_add(1);
+  if (copy) g_queued.fetch_add(1);
 }
 
 void FakeCopyEngine::run() {
@@ -82,9 +83,18 @@ void FakeCopyEngine::run() {
       cv_.wait_for(lock, std::chrono::microseconds(200));
       continue;
     }
+    if (queue_.front().job.after) {
+      // Everything before it is done: it runs now.
+      Queued q = std::move(queue_.front());
+      queue_.erase(queue_.begin());
+      lock.unlock();
+      q.job.after();
+      lock.lock();
+      continue;
+    }
     const auto now = std::chrono::steady_clock::now();
     std::vector<size_t> due;
-    for (size_t i = 0; i < queue_.size(); ++i) {
+    for (size_t i = 0; i < queue_.size() && !queue_[i].job.after; ++i) {
       if (queue_[i].due <= now) due.push_back(i);
     }
     if (due.empty()) {
@@ -97,17 +107,27 @@ void FakeCopyEngine::run() {
     Queued q = std::move(queue_[pick]);
     queue_.erase(queue_.begin() + static_cast<ptrdiff_t>(pick));
     lock.unlock();
-    for (const CopySegment& s : q.job.segments) std::memcpy(s.dst, s.src, s.bytes);
+    std::string why = q.job.prepare ? q.job.prepare(q.job.segments) : std::string();
+    if (why.empty()) {
+      for (const CopySegment& s : q.job.segments) std::memcpy(s.dst, s.src, s.bytes);
+    }
     g_queued.fetch_sub(1);
     g_completed.fetch_add(1);
-    finish(q.job.ticket, true);
+    finish(q.job.ticket, why.empty(), why);
     lock.lock();
   }
   // Copies still queued at the end are done now: slots and flags are freed after.
   for (Queued& q : queue_) {
-    for (const CopySegment& s : q.job.segments) std::memcpy(s.dst, s.src, s.bytes);
+    if (q.job.after) {
+      q.job.after();
+      continue;
+    }
+    std::string why = q.job.prepare ? q.job.prepare(q.job.segments) : std::string();
+    if (why.empty()) {
+      for (const CopySegment& s : q.job.segments) std::memcpy(s.dst, s.src, s.bytes);
+    }
     g_queued.fetch_sub(1);
-    finish(q.job.ticket, true);
+    finish(q.job.ticket, why.empty(), why);
   }
   queue_.clear();
 }

@@ -221,6 +221,7 @@ void Device::close() {
     control.join();
   }
   reap_quarantine(true);
+  ipc_forget(nullptr);
   for (Peer* p : peers) {
     p->dead = true;
     peer_unref(p);
@@ -395,6 +396,7 @@ void Device::control_loop() {
       log(2, "shm device " + name + ": peer " + hex(p->addr) + " (pid " + std::to_string(p->pid) + ") is gone");
       p->dead.store(true);
       dead_gen.fetch_add(1);
+      ipc_forget(p);  // its GPU allocations opened here: closed after the copies queued before
       peer_unref(p);  // the table's; QPs keep theirs until they let go
       wake_self();
     }

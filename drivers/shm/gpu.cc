@@ -14,15 +14,30 @@
 // A peer reads a requester's slot (kMsgFragWrite/Send) and a requester
 // reads a responder's slot (kMsgFragReady); nobody writes into a peer's
 // slot, so a slot is reused only once nobody can still be reading it.
+//
+// CUDA IPC (GPU memory on both sides of a WRITE, WRITE_WITH_IMM or READ,
+// two processes, the CUDA engine): a GPU region's allocation is exported
+// at registration (Segment::ipc); the requester sends its GPU pieces as
+// Frag messages with kFlagIpc (laddr: its GPU address, up to kIpcPiece
+// bytes, no slot) and the responder, after the checks it makes for any
+// Frag message, has its copy thread open the requester's allocation
+// (cached per peer and handle) and copy device to device, one
+// cuMemcpyAsync, on the engine's device-to-device stream; the completion
+// word and the ACK / kMsgFragReady (kFlagIpc: nothing to read) follow as
+// for staged pieces. Whatever cannot go that way stages as above.
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <algorithm>
+#include <functional>
 #include <map>
 
 #include "core/gpu/cuda.h"
 #include "core/gpu/region.h"
 #include "core/staging/fake_engine.h"
+#include "drivers/shm/shm.h"
 #include "drivers/shm/shm_impl.h"
 
 namespace ufab::shm {
@@ -34,7 +49,23 @@ bool seq_lt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) < 0; }
 using staging::CopyEngine;
 using staging::CopySegment;
 
+// A piece of a GPU work request copied through CUDA IPC: one copy (and
+// one Frag message) per this many bytes of an SGE.
+constexpr uint64_t kIpcPiece = 64ull << 20;
+
 }  // namespace
+
+GpuPathCounters& gpu_counters() {
+  static GpuPathCounters c;
+  return c;
+}
+
+GpuPathStats gpu_path_stats() {
+  GpuPathCounters& c = gpu_counters();
+  return GpuPathStats{c.ipc_wrs.load(),          c.staged_wrs.load(), c.ipc_copies.load(),
+                      c.staged_pieces.load(),    c.ipc_opens.load(),  c.ipc_closes.load(),
+                      c.ipc_open_failures.load(), c.ipc_exports.load(), c.ipc_export_refused.load()};
+}
 
 // ------------------------------------------------------------------ device
 
@@ -49,13 +80,22 @@ void Device::take_gpu_params(const ufab_device_opts* opts) {
     }
   }
   // The gpu_* keys only: other parameters (a swnic's loss=, ...) are not
-  // the shm provider's and are ignored, as before.
+  // the shm provider's and are ignored, as before. gpu_ipc is ours.
+  if (auto it = kv.find("gpu_ipc"); it != kv.end()) {
+    if (it->second != "0" && it->second != "1") {
+      throw Error(EINVAL, "opening \"" + name + "\": gpu_ipc=" + it->second +
+                              ": say 1 (GPU<->GPU through CUDA IPC when possible, the default) or 0 (always "
+                              "through the staging slots)");
+    }
+    ipc_param = it->second == "1";
+    kv.erase(it);
+  }
   auto p = staging::take_params(kv);
   if (!p) throw Error(p.error().code(), "opening \"" + name + "\": " + p.error().message());
   if (!kv.empty()) {
     throw Error(EINVAL, "opening \"" + name + "\": unknown parameter " + kv.begin()->first +
-                            "; the shm provider takes gpu_copy, gpu_frag, gpu_depth, gpu_slots, gpu_fake_delay_us "
-                            "and gpu_fake_order");
+                            "; the shm provider takes gpu_copy, gpu_frag, gpu_depth, gpu_slots, gpu_ipc, "
+                            "gpu_fake_delay_us and gpu_fake_order");
   }
   gparams = *p;
 }
@@ -74,7 +114,36 @@ staging::Pool* Device::staging_for(int ordinal) {
   if (!p) throw Error(p.error().code(), "GPU staging pipeline of " + name + ": " + p.error().message());
   pool = std::move(*p);
   pool_ptr.store(pool.get(), std::memory_order_release);
+  // Peers may send us their GPU pieces through CUDA IPC: say so, with our
+  // GPU's PCI address (peers check they can reach it).
+  if (ipc_param && !gparams.fake && std::string(pool->engine().name()) == "cuda") {
+    if (auto d = gpu::Driver::get()) {
+      if (auto info = (*d)->device(ordinal)) {
+        std::snprintf(seg->hdr.gpu_pci, sizeof seg->hdr.gpu_pci, "%s", info->pci_address.c_str());
+        seg->hdr.gpu_ipc.store(1, std::memory_order_release);
+      }
+    }
+  }
   return pool.get();
+}
+
+void Device::ipc_forget(const Peer* p) {
+  staging::Pool* pl = pool_ptr.load(std::memory_order_acquire);
+  std::lock_guard<std::mutex> g(ipc_mu);
+  std::erase_if(ipc_maps, [&](const std::shared_ptr<IpcMap>& m) {
+    if (p && m->peer != p) return false;
+    if (pl) {
+      const gpu::Driver* d = gpu::Driver::if_loaded();
+      pl->engine().after_copies([m, d] {
+        if (m->mapped && d) {
+          (void)d->ipc_close(m->mapped);
+          gpu_counters().ipc_closes.fetch_add(1, std::memory_order_relaxed);
+        }
+        m->mapped = 0;
+      });
+    }
+    return true;
+  });
 }
 
 bool Device::gpu_buffer_ok(uint32_t index, uint64_t addr, std::string* why) const {
@@ -130,6 +199,45 @@ bool Qp::remote_gpu(const SendWqe& w) const {
   if (!peer || w.length == 0) return false;
   const KeyEntry& e = peer->seg->keys[w.wr.rkey & (kMaxMr - 1)];
   return e.key.load(std::memory_order_acquire) == w.wr.rkey && (e.flags.load(std::memory_order_relaxed) & kKeyGpu);
+}
+
+// Whether the peer's device copies our GPU pieces through CUDA IPC: the
+// CUDA engine here with gpu_ipc on, a peer in another process whose pool
+// says it opens IPC handles (SegHeader::gpu_ipc), on our GPU or one with
+// peer access to it. Decided once per peer.
+bool Qp::ipc_usable() {
+  if (!dev->ipc_param || dev->gparams.fake || !peer) return false;
+  int known = peer->ipc_ok.load(std::memory_order_acquire);
+  if (known >= 0) return known == 1;
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  bool ok = false;
+  std::string why;
+  if (!pool || std::string(pool->engine().name()) != "cuda") {
+    why = "no CUDA copy engine here";
+  } else if (peer->pid == dev->pid) {
+    why = "the peer device is in this process (CUDA IPC is between processes)";
+  } else if (peer->seg->hdr.gpu_ipc.load(std::memory_order_acquire) != 1) {
+    why = "the peer device does not open CUDA IPC handles (gpu_ipc=0, or no CUDA engine there yet)";
+  } else if (auto d = gpu::Driver::get(); !d) {
+    why = d.error().message();
+  } else {
+    char pci[sizeof peer->seg->hdr.gpu_pci + 1] = {};
+    std::memcpy(pci, peer->seg->hdr.gpu_pci, sizeof peer->seg->hdr.gpu_pci);
+    auto theirs = (*d)->ordinal_of_pci(pci);
+    if (!theirs) {
+      why = theirs.error().message();
+    } else if (auto can = (*d)->can_access_peer(pool->ordinal(), *theirs); !can) {
+      why = can.error().message();
+    } else if (!*can) {
+      why = "GPU " + std::to_string(pool->ordinal()) + " has no peer access to the peer's GPU " + pci;
+    } else {
+      ok = true;
+    }
+  }
+  if (!ok) dev->log(2, "shm device " + dev->name + ": GPU memory to peer pid " + std::to_string(peer->pid) +
+                           " goes through the staging slots, not CUDA IPC: " + why);
+  peer->ipc_ok.store(ok ? 1 : 0, std::memory_order_release);
+  return ok;
 }
 
 // The one-sided copy of host bytes between `local` and the peer's region
@@ -238,6 +346,7 @@ uint32_t Qp::gpu_tx_start(SendWqe& w, std::string* why) {
     t.messages = (pin->flags.load(std::memory_order_relaxed) & kKeyGpu) != 0;
     pin->pins.fetch_sub(1, std::memory_order_release);
     t.type = read ? kMsgFragRead : kMsgFragWrite;
+    t.ipc = t.messages && w.local_gpu && ipc_usable();
   } else {
     t.messages = true;
     t.type = kMsgFragSend;
@@ -282,6 +391,19 @@ uint32_t Qp::gpu_tx_ready(const MsgHdr& h, std::string* why) {
       if (h.imm > f.len || h.len > f.len - h.imm) {
         *why = "the responder answered a READ fragment with bytes outside it";
         return UFAB_WC_REM_OP_ERR;
+      }
+      if (h.flags & kFlagIpc) {
+        // Placed in our GPU memory by the responder's copy through CUDA IPC.
+        if (!f.ipc) {
+          *why = "the responder answered a staged READ fragment as a CUDA IPC one";
+          return UFAB_WC_REM_OP_ERR;
+        }
+        f.pulled += h.len;
+        if (f.pulled == f.len) {
+          f.acked = true;
+          peer_ctl->consumed.store(f.seq + 1, std::memory_order_release);
+        }
+        return 0;
       }
       struct iovec l = {reinterpret_cast<void*>(f.laddr + h.imm), h.len},
                    r = {reinterpret_cast<void*>(h.value), h.len};
@@ -394,17 +516,28 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
       t.sge_off = 0;
     }
     const ufab_sge& s = w.sge[t.sge];
+    const GpuKey& gk = dev->gpu_keys[s.lkey & (kMaxMr - 1)];
+    const bool g = gk.gpu;
+    const bool ipc = g && t.ipc && gk.ipc;
     uint64_t n = s.length - t.sge_off;
-    if (n > frag) n = frag;
+    if (n > (ipc ? kIpcPiece : frag)) n = ipc ? kIpcPiece : frag;
     if (n > t.total - t.next_off) n = t.total - t.next_off;
     TxFrag f;
     f.off = t.next_off;
     f.len = static_cast<uint32_t>(n);
-    const bool g = dev->gpu_keys[s.lkey & (kMaxMr - 1)].gpu;
-    if (!g) {
+    if (ipc) {
+      // The responder copies it from / into our GPU memory directly.
+      f.ipc = true;
+      f.lkey = s.lkey;
+      f.laddr = s.addr + t.sge_off;
+      f.staged = true;
+      f.released = true;  // no slot: outside the gpu_depth budget (which paces slots)
+      t.used_ipc = true;
+    } else if (!g) {
       f.laddr = s.addr + t.sge_off;
       f.staged = true;
     } else {
+      t.used_slots = true;
       if (!pool) return failed(UFAB_WC_LOC_PROT_ERR, "GPU memory without a staging pool");
       auto slot = pool->take();
       if (!slot) break;  // all slots taken: next round
@@ -424,7 +557,7 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
     t.frags.push_back(f);
     t.next_off += n;
     t.sge_off += n;
-    --*budget;
+    if (!ipc) --*budget;
     ++gtx_work_;
   }
   if (!may_send) return kGpuPending;
@@ -453,6 +586,10 @@ int Qp::gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_
       FragBody b = {};
       b.laddr = f.laddr;
       b.rkey = w.wr.rkey;
+      if (f.ipc) {
+        h.flags |= kFlagIpc;
+        b.lkey = f.lkey;
+      }
       if (t.type == kMsgFragSend) {
         b.off = f.off;
         h.value = t.total;
@@ -559,6 +696,8 @@ int Qp::gpu_tx_run() {
       return work + 1;
     }
     if (!t.finished()) break;
+    if (t.used_ipc) gpu_counters().ipc_wrs.fetch_add(1, std::memory_order_relaxed);
+    if (t.used_slots) gpu_counters().staged_wrs.fetch_add(1, std::memory_order_relaxed);
     gtxq_.pop_front();
     ++sq_head;
     rnr_left = attr.rnr_retry;
@@ -663,6 +802,139 @@ int Qp::gpu_pull(const MsgHdr& h, uint64_t at, uint64_t laddr, uint64_t pos, str
   return cma(peer->pid, false, local, nl, remote, nr);
 }
 
+// kMsgFragWrite/Read with kFlagIpc: the requester's GPU memory at laddr
+// (key lkey, its allocation exported in its segment) and ours at raddr of
+// rkey, copied device to device by our copy thread through CUDA IPC, the
+// whole message as one copy. The checks are those of a staged piece
+// (rights, the key, our buffer id) plus the requester's export.
+int Qp::gpu_request_ipc(const MsgHdr& h, const FragBody& b, bool write, uint32_t right,
+                        const std::function<int(uint32_t, const std::string&)>& nak) {
+  GpuRx& rx = grx_;
+  staging::Pool* pool = dev->pool_ptr.load(std::memory_order_acquire);
+  const uint64_t n = h.len;
+  std::string why;
+  KeyEntry* pin = nullptr;
+  if (check_remote_key(b.rkey, b.raddr, n, right, dev->seg, pd->id, &pin, &why)) {
+    return nak(UFAB_WC_REM_ACCESS_ERR, why);
+  }
+  const uint32_t index = b.rkey & (kMaxMr - 1);
+  auto unpin = [&] { pin->pins.fetch_sub(1, std::memory_order_release); };
+  if (!(pin->flags.load(std::memory_order_relaxed) & kKeyGpu) || !pool) {
+    unpin();
+    return nak(UFAB_WC_REM_ACCESS_ERR, "rkey " + hex(b.rkey) + " is not GPU memory (registered again?)");
+  }
+  if (!dev->gpu_buffer_ok(index, b.raddr, &why)) {
+    unpin();
+    return nak(UFAB_WC_REM_ACCESS_ERR, "rkey " + hex(b.rkey) + ": " + why);
+  }
+  // The requester's export: its key still that one, the bytes inside the
+  // exported allocation (read twice around the copy of the handle).
+  const IpcExport& x = peer->seg->ipc[b.lkey & (kMaxMr - 1)];
+  const KeyEntry& lk = peer->seg->keys[b.lkey & (kMaxMr - 1)];
+  IpcMap want;
+  const bool before = x.key.load(std::memory_order_acquire) == b.lkey && lk.key.load(std::memory_order_acquire) == b.lkey;
+  want.base = x.base;
+  want.size = x.size;
+  std::memcpy(want.handle, x.handle, sizeof want.handle);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const bool after = x.key.load(std::memory_order_relaxed) == b.lkey;
+  if (!before || !after || b.laddr < want.base || n > want.size || b.laddr - want.base > want.size - n) {
+    unpin();
+    return nak(UFAB_WC_REM_OP_ERR, "the requester's GPU memory under lkey " + hex(b.lkey) +
+                                       " is not exported for CUDA IPC any more (deregistered?) or the piece is "
+                                       "outside it");
+  }
+  std::optional<uint32_t> ticket;
+  {
+    // Looked up and submitted under ipc_mu: a close (ipc_forget, an
+    // eviction) queued after this copy runs after it.
+    std::lock_guard<std::mutex> g(dev->ipc_mu);
+    if (peer->dead.load()) {
+      // Its mappings are being closed (ipc_forget): none opened again.
+      unpin();
+      return kRxDead;
+    }
+    std::shared_ptr<IpcMap> m;
+    for (auto& e : dev->ipc_maps) {
+      if (e->peer == peer && e->pid == peer->pid && e->base == want.base &&
+          std::memcmp(e->handle, want.handle, sizeof want.handle) == 0) {
+        m = e;
+        break;
+      }
+    }
+    if (!m) {
+      if (dev->ipc_maps.size() >= Device::kIpcMaps) {
+        auto lru = std::min_element(dev->ipc_maps.begin(), dev->ipc_maps.end(),
+                                    [](const auto& a, const auto& c) { return a->last_use < c->last_use; });
+        std::shared_ptr<IpcMap> old = *lru;
+        dev->ipc_maps.erase(lru);
+        const gpu::Driver* d = gpu::Driver::if_loaded();
+        pool->engine().after_copies([old, d] {
+          if (old->mapped && d) {
+            (void)d->ipc_close(old->mapped);
+            gpu_counters().ipc_closes.fetch_add(1, std::memory_order_relaxed);
+          }
+          old->mapped = 0;
+        });
+      }
+      m = std::make_shared<IpcMap>(want);
+      m->peer = peer;
+      m->pid = peer->pid;
+      dev->ipc_maps.push_back(m);
+    }
+    m->last_use = ++dev->ipc_clock;
+    const uint64_t off = b.laddr - want.base;
+    const pid_t pid = peer->pid;
+    // Theirs is filled in on the copy thread, once the handle is open.
+    CopySegment seg = write ? CopySegment{reinterpret_cast<void*>(b.raddr), nullptr, n}
+                            : CopySegment{nullptr, reinterpret_cast<const void*>(b.raddr), n};
+    auto prepare = [m, off, write, pid](std::vector<CopySegment>& segs) -> std::string {
+      if (!m->mapped && m->error.empty()) {
+        auto d = gpu::Driver::get();
+        auto p = d ? (*d)->ipc_open(m->handle) : Result<uint64_t>(std::unexpected(d.error()));
+        if (p) {
+          m->mapped = *p;
+          gpu_counters().ipc_opens.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          m->error = p.error().message();
+          gpu_counters().ipc_open_failures.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      if (!m->mapped) {
+        return "CUDA IPC: opening the GPU allocation of process " + std::to_string(pid) + " failed: " + m->error +
+               " (open both shm devices with gpu_ipc=0 to stage GPU<->GPU through host slots instead)";
+      }
+      void* theirs = reinterpret_cast<void*>(static_cast<uintptr_t>(m->mapped + off));
+      if (write) {
+        segs[0].src = theirs;
+      } else {
+        segs[0].dst = theirs;
+      }
+      return std::string();
+    };
+    auto t = pool->engine().submit(std::span<const CopySegment>(&seg, 1), std::move(prepare), true);
+    if (t) ticket = *t;
+  }
+  if (!ticket) {
+    unpin();
+    return kRxStall;  // the engine is full: next round
+  }
+  RxJob j;
+  j.seq = h.seq;
+  j.ticket = *ticket;
+  j.pin = pin;
+  j.ready = !write;
+  j.ipc = true;
+  j.piece_off = 0;
+  j.piece_len = static_cast<uint32_t>(n);
+  rx.jobs.push_back(j);
+  rx.done = n;
+  rx.partial = false;
+  gpu_counters().ipc_copies.fetch_add(1, std::memory_order_relaxed);
+  if (write) peer_ctl->pulled.store(h.seq + 1, std::memory_order_release);
+  return kRxNext;
+}
+
 // A message that carries GPU work (a Frag message, or a SEND into a GPU
 // receive), started or resumed at the ring's head. kRxNext: done with it;
 // kRxStall: try again next round (no slot, copies to finish first);
@@ -695,6 +967,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
       rx.partial_seq = h.seq;
       rx.done = 0;
     }
+    if ((h.flags & kFlagIpc) && rx.done < h.len) return gpu_request_ipc(h, b, write, right, nak);
     while (rx.done < h.len) {
       uint64_t n = h.len - rx.done;
       if (n > frag) n = frag;
@@ -747,6 +1020,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
       j.piece_len = static_cast<uint32_t>(n);
       rx.jobs.push_back(j);
       rx.done += n;
+      gpu_counters().staged_pieces.fetch_add(1, std::memory_order_relaxed);
     }
     rx.partial = false;
     // The requester's slot is read: it may have it back before the ACK.
@@ -879,6 +1153,7 @@ int Qp::gpu_request(const MsgHdr& h, uint64_t at) {
       j.ticket = *t;
       j.slot = *slot;
       rx.jobs.push_back(j);
+      gpu_counters().staged_pieces.fetch_add(1, std::memory_order_relaxed);
     }
     rx.done += n;
   }
@@ -947,13 +1222,20 @@ void Qp::gpu_rx_drain() {
       h.seq = j.seq;
       h.len = j.piece_len;
       h.imm = j.piece_off;
-      h.value = reinterpret_cast<uint64_t>(pool->slot(*j.slot));
+      if (j.ipc) {
+        h.flags = kFlagIpc;  // placed in the requester's GPU memory: nothing to read or hold
+      } else {
+        h.value = reinterpret_cast<uint64_t>(pool->slot(*j.slot));
+      }
       uint64_t tail = out_resp.idx->tail.load(std::memory_order_relaxed);
       out_resp.put(tail, 0, &h, sizeof h);
       out_resp.publish(tail, 1);
       notify_ = true;
-      rx.held.push_back(GpuRx::Held{j.seq, *j.slot});
-      j.slot.reset();
+      j.ready = false;  // answered (a later `return` in this loop must not answer again)
+      if (j.slot) {
+        rx.held.push_back(GpuRx::Held{j.seq, *j.slot});
+        j.slot.reset();
+      }
     }
     if (j.completion) complete_recv(j.r, UFAB_WC_SUCCESS, UFAB_WC_RECV, j.len, j.imm, j.flags, std::string());
     if (j.slot) pool->give(*j.slot);

@@ -270,6 +270,7 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
     // made now on the first one. gpu_copy=fake: host memory registered as
     // UFAB_MEM_CUDA stands for GPU memory (a testing aid), a made-up id.
     std::optional<GpuKey> gpu;
+    std::optional<gpu::Driver::IpcExport> ipc_export;
     int ordinal = 0;
     if (mem_type == UFAB_MEM_CUDA) {
       if (attr->access & UFAB_ACCESS_REMOTE_ATOMIC) {
@@ -292,6 +293,23 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
       }
       if (gpu && attr->length == 0) gpu.reset();
       if (gpu) d.staging_for(ordinal);  // throws with the reason (no driver, no memory for the slots)
+      // Exported for CUDA IPC (peers in other processes copy GPU<->GPU
+      // directly, gpu.cc); memory cuIpcGetMemHandle refuses (VMM, pool
+      // allocations) stages.
+      if (gpu && !d.gparams.fake && d.ipc_param) {
+        auto drv = gpu::Driver::get();
+        auto x = drv ? (*drv)->ipc_export(attr->addr, ordinal)
+                     : Result<gpu::Driver::IpcExport>(std::unexpected(drv.error()));
+        if (x) {
+          ipc_export = *x;
+          gpu->ipc = true;
+          gpu_counters().ipc_exports.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          gpu_counters().ipc_export_refused.fetch_add(1, std::memory_order_relaxed);
+          d.log(2, "shm device " + d.name + ": GPU memory at " + hex(reinterpret_cast<uint64_t>(attr->addr)) +
+                       " stages through host slots (no CUDA IPC): " + x.error().message());
+        }
+      }
       if (gpu) mem_type = UFAB_MEM_HOST;  // passes the check below; gpu says the rest
     }
     if (mem_type != UFAB_MEM_HOST) {
@@ -348,6 +366,15 @@ int reg_mr(ufab_rdma_pd* pd, const ufab_mr_attr* attr, ufab_rdma_mr** out, uint3
     e.file_ino.store(file.ino, std::memory_order_relaxed);
     e.flags.store(gpu ? kKeyGpu : 0, std::memory_order_relaxed);
     d.gpu_keys[idx] = gpu ? *gpu : GpuKey{};
+    IpcExport& x = d.seg->ipc[idx];
+    x.key.store(0, std::memory_order_relaxed);
+    if (ipc_export) {
+      x.base = ipc_export->base;
+      x.size = ipc_export->size;
+      x.buffer_id = gpu->buffer_id;
+      std::memcpy(x.handle, ipc_export->handle, sizeof x.handle);
+      x.key.store(key, std::memory_order_release);  // before the KeyEntry's key (release below)
+    }
     if (gpu) d.gpu_regions.fetch_add(1);
     e.key.store(key, std::memory_order_release);
     d.key_used[idx] = true;
@@ -377,6 +404,7 @@ int dereg_mr(ufab_rdma_mr* mr) {
     if (d.gpu_keys[mr->m.index].gpu) d.gpu_regions.fetch_sub(1);
     d.gpu_keys[mr->m.index] = GpuKey{};
     e.flags.store(0, std::memory_order_relaxed);
+    d.seg->ipc[mr->m.index].key.store(0, std::memory_order_release);
     delete mr;
     return 0;
   });

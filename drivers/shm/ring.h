@@ -37,8 +37,9 @@ constexpr uint32_t kSegMagic = 0x7566736d;  // "ufsm"
 // 2: KeyEntry names the file behind a MAP_SHARED region; 3: GPU regions,
 // Frag messages; 4: QpCtl::pulled (several GPU work requests in flight per
 // QP); 5: a message's first slot carries its stamp (the consumer polls
-// slots, not `tail`), 32-byte MsgHdr.
-constexpr uint32_t kSegVersion = 5;
+// slots, not `tail`), 32-byte MsgHdr; 6: UD queues; 7: CUDA IPC exports
+// (IpcExport, SegHeader::gpu_ipc/gpu_pci, kFlagIpc, FragBody::lkey).
+constexpr uint32_t kSegVersion = 7;
 
 constexpr uint32_t kMaxQp = 256;      // QP index: the low 8 bits of the QPN
 constexpr uint32_t kMaxMr = 4096;     // key index: the low 12 bits of a key
@@ -84,6 +85,12 @@ enum MsgFlags : uint8_t {
   kFlagSolicited = 4,  // the sender asked for a solicited event
   kFlagCmpSwp = 8,     // atomic: compare-and-swap (else fetch-and-add)
   kFlagLast = 16,      // kMsgFragSend: the SEND's last fragment
+  // kMsgFragWrite/Read: laddr is the requester's GPU memory, in the
+  // allocation exported under FragBody::lkey (its IpcExport): the
+  // responder copies device to device through CUDA IPC, no slot on either
+  // side. kMsgFragReady: the bytes are placed in the requester's GPU
+  // memory already (value 0, nothing to read, nothing held).
+  kFlagIpc = 32,
 };
 
 struct MsgHdr {
@@ -115,7 +122,7 @@ struct FragBody {
   uint64_t laddr;  // kMsgFragWrite/Send: where the bytes are in the requester's address space
   uint64_t off;    // kMsgFragSend: the fragment's offset in the SEND
   uint32_t rkey;
-  uint32_t reserved;
+  uint32_t lkey;   // kFlagIpc: the requester's key of laddr (its IpcExport says which allocation)
 };
 
 struct AtomicBody {
@@ -155,6 +162,23 @@ struct alignas(64) KeyEntry {
   std::atomic<uint64_t> file_ino;
 };
 static_assert(sizeof(KeyEntry) == 64);
+
+// A GPU region's allocation exported for CUDA IPC (by index, beside its
+// KeyEntry): written by the owner at registration before the key is
+// published, when cuIpcGetMemHandle accepts the memory; `key` is the
+// region's key then, 0 when nothing is exported (VMM or pool memory,
+// gpu_copy=fake, gpu_ipc=0). A peer checks `key` against the key it was
+// given before it trusts the rest.
+constexpr uint32_t kIpcHandleBytes = 64;
+struct alignas(64) IpcExport {
+  std::atomic<uint32_t> key;
+  uint32_t reserved;
+  uint64_t base;       // the allocation in the owner's address space
+  uint64_t size;
+  uint64_t buffer_id;  // CUDA's id of the allocation in the owner
+  unsigned char handle[kIpcHandleBytes];  // CUipcMemHandle
+};
+static_assert(sizeof(IpcExport) == 128);
 
 struct alignas(64) RingIdx {
   std::atomic<uint64_t> tail;  // producer
@@ -202,7 +226,11 @@ struct alignas(64) SegHeader {
   uint32_t pid;
   uint64_t size;
   uint32_t max_qp, max_mr, ring_slots, slot_size;
-  char pad[24];
+  // 1 once this device's staging pool runs the CUDA copy engine with
+  // gpu_ipc on (it opens peers' IpcExports); gpu_pci is that GPU's PCI
+  // address ("0000:01:00.0"), written before gpu_ipc (release).
+  std::atomic<uint32_t> gpu_ipc;
+  char gpu_pci[20];
   // The futex word: sleepers wait on it; anyone who gives them work
   // increments it and wakes them, when `sleepers` says someone sleeps.
   alignas(64) std::atomic<uint32_t> epoch;
@@ -278,6 +306,7 @@ struct Segment {
   QpCtl ctl[kMaxQp];
   RingPair rings[kMaxQp];
   UdQueue ud[kMaxQp];
+  IpcExport ipc[kMaxMr];
 };
 
 // A datagram is waiting (or being written) at the consumer's `head`.

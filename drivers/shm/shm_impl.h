@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -42,6 +43,9 @@ struct Peer {
   size_t seg_size = 0;
   std::atomic<bool> dead{false};
   std::atomic<int> refs{1};
+  // Whether this peer's device opens our GPU allocations through CUDA IPC
+  // (gpu.cc, Qp::ipc_usable): -1 not looked at yet, 0 no, 1 yes.
+  std::atomic<int> ipc_ok{-1};
 };
 void peer_ref(Peer* p);
 void peer_unref(Peer* p);
@@ -87,7 +91,37 @@ struct RecvWqe {
 struct GpuKey {
   bool gpu = false;
   uint64_t buffer_id = 0;  // CUDA's id of the allocation (made up with gpu_copy=fake)
+  bool ipc = false;        // its allocation is exported for CUDA IPC (Segment::ipc)
 };
+
+// A peer's GPU allocation opened here through CUDA IPC (gpu.cc, the
+// responder). `mapped` and `error` belong to the copy thread, which opens
+// the handle before the first copy that uses it (CopyEngine::Prepare) and
+// closes it after the copies before the close (CopyEngine::after_copies).
+struct IpcMap {
+  const Peer* peer = nullptr;  // identity only (with pid)
+  pid_t pid = 0;
+  unsigned char handle[kIpcHandleBytes] = {};
+  uint64_t base = 0, size = 0;  // the allocation in the peer's address space
+  uint64_t last_use = 0;
+  uint64_t mapped = 0;  // copy thread
+  std::string error;    // copy thread: why the open failed
+};
+
+// Which path GPU work took (process-wide, for tests and debugging):
+// shm_gpu_stats() in drivers/shm/shm.h reads them.
+struct GpuPathCounters {
+  std::atomic<uint64_t> ipc_wrs{0};        // requester: WRs with a piece through CUDA IPC
+  std::atomic<uint64_t> staged_wrs{0};     // requester: GPU WRs with a piece through its slots
+  std::atomic<uint64_t> ipc_copies{0};     // responder: device-to-device copies through CUDA IPC
+  std::atomic<uint64_t> staged_pieces{0};  // responder: pieces moved through its slots
+  std::atomic<uint64_t> ipc_opens{0};      // handles opened (copy thread)
+  std::atomic<uint64_t> ipc_closes{0};
+  std::atomic<uint64_t> ipc_open_failures{0};
+  std::atomic<uint64_t> ipc_exports{0};          // GPU regions exported at registration
+  std::atomic<uint64_t> ipc_export_refused{0};   // GPU regions cuIpcGetMemHandle refused (staged)
+};
+GpuPathCounters& gpu_counters();
 
 // A requester's GPU work request in flight. Several may be in flight per
 // QP (docs/gpu.md, "shm"): consecutive GPU work requests of one kind (all
@@ -101,6 +135,8 @@ struct TxFrag {
   uint32_t len = 0;
   uint64_t laddr = 0;  // the bytes here: a host SGE's, or a slot
   uint64_t gaddr = 0;  // the local GPU address, when staged through a slot
+  bool ipc = false;     // laddr is our GPU memory, which the responder copies through CUDA IPC
+  uint32_t lkey = 0;    // ipc: its key
   std::optional<uint32_t> slot;
   int64_t ticket = -1;  // the copy engine's, while a copy runs
   bool staged = false;  // the bytes are at laddr (WRITE, SEND)
@@ -115,6 +151,8 @@ struct TxFrag {
 struct GpuTx {
   uint64_t wr = 0;        // its index in the send queue
   bool messages = false;  // Frag messages (a GPU region at the peer, or a SEND); else one-sided copies
+  bool ipc = false;       // GPU pieces go through CUDA IPC (Qp::ipc_usable), no slots
+  bool used_ipc = false, used_slots = false;  // what its pieces took (gpu_counters)
   uint8_t type = 0;       // kMsgFragWrite, kMsgFragRead, kMsgFragSend
   uint64_t total = 0, next_off = 0;
   uint32_t sge = 0;
@@ -149,7 +187,8 @@ struct RxJob {
   int64_t ticket = -1;
   std::optional<uint32_t> slot;
   KeyEntry* pin = nullptr;
-  bool ready = false;  // kMsgFragRead: answer kMsgFragReady and hold the slot
+  bool ready = false;  // kMsgFragRead: answer kMsgFragReady and hold the slot (ipc: no slot)
+  bool ipc = false;
   uint32_t piece_off = 0, piece_len = 0;
   bool completion = false;  // a receive completion waiting for the bytes before it
   RecvWqe r{};
@@ -323,6 +362,7 @@ struct Qp {
   // gpu.cc: GPU memory through the device's staging pool.
   enum { kGpuDone, kGpuPending, kGpuFailed };
   bool remote_gpu(const SendWqe& w) const;
+  bool ipc_usable();  // the peer opens our GPU allocations through CUDA IPC
   uint32_t gpu_tx_start(SendWqe& w, std::string* why);
   int gpu_tx_step(GpuTx& t, SendWqe& w, bool may_stage, bool may_send, uint32_t* budget, uint32_t* status,
                   std::string* why);
@@ -338,6 +378,8 @@ struct Qp {
   enum { kRxNext, kRxStall, kRxRnr, kRxFatal, kRxDead };
   bool recv_is_gpu(const RecvWqe& r) const;
   int gpu_request(const MsgHdr& h, uint64_t at);
+  int gpu_request_ipc(const MsgHdr& h, const FragBody& b, bool write, uint32_t right,
+                      const std::function<int(uint32_t, const std::string&)>& nak);
   int gpu_pull(const MsgHdr& h, uint64_t at, uint64_t laddr, uint64_t pos, struct iovec* local, unsigned long nl);
   void gpu_rx_drain();
   void gpu_rx_clear(bool complete);  // complete: flush the waiting receives
@@ -380,6 +422,15 @@ struct Device {
   // The GPU region of lkey/rkey index `index` still has its allocation at `addr`.
   bool gpu_buffer_ok(uint32_t index, uint64_t addr, std::string* why) const;
   void reap_quarantine(bool all);
+  // CUDA IPC (gpu.cc): gpu_ipc=0|1 (default 1); the peers' allocations
+  // opened here, at most kIpcMaps, least recently used closed first.
+  bool ipc_param = true;
+  static constexpr size_t kIpcMaps = 64;
+  std::mutex ipc_mu;
+  std::vector<std::shared_ptr<IpcMap>> ipc_maps;
+  uint64_t ipc_clock = 0;
+  // Closes (after their copies) the mappings of `p`, or all (nullptr).
+  void ipc_forget(const Peer* p);
 
   std::string name, domain;
   uint32_t addr = 0;

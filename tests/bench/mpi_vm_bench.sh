@@ -51,14 +51,18 @@ sed -n 's/^RESULT //p' "$stage/vm.out" >"$stage/results.jsonl"
 mkdir -p "$(dirname "$out")"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- 2>/dev/null || commit="$commit+changes"
-jq -n --arg cmd "$cmdline" --arg date "$(date -u +%FT%TZ)" --arg commit "$commit" \
+# The provider measured: the tree's build, or BENCH_PROVIDER_SO's library
+# (then the commit above is not the provider's: its path and hash say which).
+provider="bazel-bin/fabric/libufab-fi.so of this commit"
+[ -n "${BENCH_PROVIDER_SO:-}" ] && provider="$so (sha256 $(sha256sum "$so" | cut -c1-16))"
+jq -n --arg cmd "$cmdline" --arg date "$(date -u +%FT%TZ)" --arg commit "$commit" --arg provider "$provider" \
   --arg qemu "$(qemu-system-x86_64 --version | head -n1)" \
   --arg guest "$(basename "$(cat "${UFAB_VM_CACHE:-$HOME/.cache/ufab/vm}/kernel" 2>/dev/null)" | sed 's/^kernel-//')" \
   --arg host "$(uname -r)" --argjson cpus "$(nproc)" --arg load_before "$load_before" \
   --arg load_after "$(cut -d' ' -f1-3 /proc/loadavg)" --argjson smp "$smp" \
   --arg ompi "$(ompi_info --version 2>/dev/null | head -n1)" --arg fabric "$(fi_info --version 2>/dev/null | tr '\n' ' ')" \
   --argjson secs $((SECONDS - t_start)) --slurpfile runs "$stage/results.jsonl" \
-  '{command: $cmd, date: $date, commit: $commit, seconds: $secs,
+  '{command: $cmd, date: $date, commit: $commit, provider_library: $provider, seconds: $secs,
     host: {kernel: $host, cpus: $cpus, load_before: $load_before, load_after: $load_after},
     qemu: $qemu, accel: "tcg", guest_kernel: $guest, vm_smp: $smp, nic: "e1000e", open_mpi: $ompi, libfabric: $fabric,
     transports: {ufab: "pml cm, mtl ofi, ufab;ofi_rxm over two vfio-bound e1000e (soft-RoCE)",

@@ -4,12 +4,16 @@
 // ufab_mr_dereg) against N x (ufab_mr_cache_reg + ufab_mr_cache_release)
 // of the same range (after one warm-up registration), in ns per pair;
 // "host/8": eight 4 KiB ranges in turn, so that no hit is of the entry
-// the thread released last.
+// the thread released last (each has its own slot in the thread's
+// parking).
 // Host memory always; GPU device memory too where a GPU is present, with
 // what a GPU hit asks CUDA, timed alone: the buffer id query a hit makes
 // (cuPointerGetAttributes of one attribute), the full pointer attributes a
 // miss asks for (six), and the whole miss-side classification
-// (detect_region). Prints a table and writes JSON (--json FILE).
+// (detect_region). Then the C++ cache alone on host memory (no
+// registration behind it), with the share of its hits that took the
+// thread's parked hold, and once with parking off (every hit the
+// compare-and-swap path). Prints a table and writes JSON (--json FILE).
 //
 //   regcache_bench [--iters N] [--json FILE]
 #include <sys/mman.h>
@@ -28,6 +32,7 @@
 #include "base/json.h"
 #include "core/gpu/cuda.h"
 #include "core/gpu/region.h"
+#include "core/regcache/cache.h"
 #include "ufab/rdma.h"
 
 namespace {
@@ -54,6 +59,13 @@ struct Row {
   std::string memory;
   uint64_t bytes;
   double uncached_ns, cached_ns;
+};
+
+struct CxxRow {
+  std::string what;    // "parked", or "cas" (Options::park_released off)
+  uint64_t bytes;
+  double ns;           // per Cache::acquire_hit + Cache::release
+  double parked;       // of those hits, the share that took the thread's parked hold
 };
 
 }  // namespace
@@ -127,13 +139,68 @@ int main(int argc, char** argv) {
   }
   {
     // Eight buffers in turn: a hit is never of the entry this thread
-    // parked last (the compare-and-swap and decrement path).
+    // released last (each is parked in a slot of its own).
     const uint64_t n = 4096;
     void* p = mmap(nullptr, 8 * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     std::memset(p, 1, 8 * n);
     measure("host/8", p, n, 8);
     munmap(p, 8 * n);
   }
+  // The C++ cache alone, with a registrar that registers nothing: the same
+  // host sizes in the same order (each range unmapped before the next, as
+  // above), and how many of the hits took the thread's parked hold. Says
+  // what the C API adds, and whether parking still works on this machine
+  // after the cache took unmap events back (a membarrier each time).
+  std::vector<CxxRow> cxx_rows;
+  std::string cxx_note;
+  auto cxx = [&](bool park, std::initializer_list<uint64_t> sizes) {
+    ufab::regcache::Registrar none;
+    none.reg = [](void*, uint64_t, uint32_t) -> ufab::Result<void*> { return reinterpret_cast<void*>(1); };
+    none.dereg = [](void*) {};
+    ufab::regcache::Options opts;
+    opts.park_released = park;
+    auto made = ufab::regcache::Cache::create(std::move(none), opts);
+    if (!made) {
+      cxx_note = made.error().message();
+      return;
+    }
+    ufab::regcache::Cache& cc = **made;
+    if (cc.host_watch() != "userfaultfd") cxx_note = cc.host_watch();
+    for (uint64_t n : sizes) {
+      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      std::memset(p, 1, n);
+      auto warm = cc.acquire(p, n, access, std::nullopt);
+      if (!warm) {
+        failed = true;
+        munmap(p, n);
+        continue;
+      }
+      cc.release(*warm);
+      const uint64_t parked_before = cc.stats().parked_hits;
+      int it = n >= (64u << 20) ? std::max(1, iters / 10) : iters;
+      double ns = median_of_5([&] {
+        auto t0 = Clock::now();
+        for (int i = 0; i < it; ++i) {
+          ufab::regcache::Cache::Entry* e = cc.acquire_hit(p, n, access);
+          if (e == nullptr) {
+            auto r = cc.acquire(p, n, access, std::nullopt);
+            if (!r) {
+              failed = true;
+              continue;
+            }
+            e = *r;
+          }
+          cc.release(e);
+        }
+        return ns_per(Clock::now() - t0, it);
+      });
+      cxx_rows.push_back({park ? "parked" : "cas", n, ns,
+                          double(cc.stats().parked_hits - parked_before) / (5.0 * it)});
+      munmap(p, n);
+    }
+  };
+  cxx(true, {4096ull, 1ull << 20, 64ull << 20});
+  cxx(false, {4096ull});
   std::string gpu_note = ufab::gpu::unavailable_reason();
   if (gpu_note.empty()) {
     const ufab::gpu::Driver* d = *ufab::gpu::Driver::get();
@@ -184,6 +251,12 @@ int main(int argc, char** argv) {
                 r.cached_ns, r.cached_ns / r.uncached_ns);
   }
   std::printf("floor of a hit: one compare-and-swap + one atomic decrement alone: %.1f ns\n", rmw_floor_ns);
+  std::printf("C++ cache alone (no registration behind it): ns per acquire_hit + release, share of parked hits%s%s\n",
+              cxx_note.empty() ? "" : "; ", cxx_note.c_str());
+  for (const CxxRow& r : cxx_rows) {
+    std::printf("c++ %-6s %10llu %12.1f %11.0f%%\n", r.what.c_str(), (unsigned long long)r.bytes, r.ns,
+                100 * r.parked);
+  }
   if (!gpu_note.empty()) std::printf("cuda: not measured (%s)\n", gpu_note.c_str());
   if (!queries.empty()) {
     std::printf("what a GPU hit asks CUDA, alone (ns per call, median of 5 runs of %d):\n", iters);
@@ -202,6 +275,11 @@ int main(int argc, char** argv) {
       w.begin_object().field("memory", r.memory).field("bytes", static_cast<int64_t>(r.bytes));
       w.field("uncached_ns", r.uncached_ns).field("cached_ns", r.cached_ns);
       w.field("ratio", r.cached_ns / r.uncached_ns).end_object();
+    }
+    w.end_array().key("cxx_rows").begin_array();
+    for (const CxxRow& r : cxx_rows) {
+      w.begin_object().field("path", r.what).field("bytes", static_cast<int64_t>(r.bytes)).field("ns", r.ns);
+      w.field("parked_share", r.parked).end_object();
     }
     w.end_array().key("cuda_queries").begin_array();
     for (const CudaQuery& q : queries) {

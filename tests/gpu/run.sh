@@ -8,7 +8,9 @@
 # fragment boundaries, depths, 2% loss, every byte checked), the same
 # over the shm provider between two processes (shm_gpu_test's "cuda"
 # cases: every op and direction, 1 B to 4 MiB + 3, unaligned offsets, a
-# buffer freed under a live region), and the libfabric provider's FI_HMEM
+# buffer freed under a live region, staged and with GPU<->GPU through CUDA
+# IPC (its path asserted per case, 1 B to 64 MiB, freed buffers, the
+# requester killed mid-copy)), and the libfabric provider's FI_HMEM
 # (tests/fabric/provider_gpu_test: cuMemAlloc'd buffers registered as
 # FI_HMEM_CUDA over fi_write, fi_read and fi_send, every byte checked
 # through device copies; it needs libfabric-dev where it is built, and the

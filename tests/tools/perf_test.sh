@@ -56,7 +56,7 @@ start_server() {
   server_pid=$!
   port=
   for _ in $(seq 200); do
-    port=$(sed -n 's/.*waiting for a client on TCP port \([0-9][0-9]*\).*/\1/p' "$dir/server.err")
+    port=$(sed -n 's/.*waiting for a client on TCP port \([0-9][0-9]*\).*/\1/p' "$dir/server.err" 2>/dev/null)
     if [ -n "$port" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
     sleep 0.05
   done

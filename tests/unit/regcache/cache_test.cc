@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -629,6 +630,140 @@ TEST(RegCache, ParkedEntryTakenBackWhileItsThreadTakesItIsHeldAnew) {
   EXPECT_EQ(f.regs.load(), f.deregs.load());
   EXPECT_EQ(f.bad.load(), 0u);
   munmap(p, 3 * 4096);
+}
+
+// The C API's split of a hit: hit_parked() inline, and when it gives up,
+// hit_rest() (or a caller going straight to acquire()). Here the cache
+// takes the parked hold back (to make room) between the thread's look and
+// its take, in the same thread through the hook: hit_parked() sees the
+// epoch move and leaves the entry it took in the parking. Whichever comes
+// next must see that the cache has that hold, not give it back a second
+// time: the entry stays registered (the thread holds it once more), so a
+// second give-back would show as a hold nobody has.
+Cache* hook_cache = nullptr;
+char* hook_range = nullptr;
+std::optional<ufab::Result<Cache::Entry*>> hook_result;
+void take_back_in_hook() {
+  // A miss over the bound (one entry) with the other entry held: the hand
+  // finds nothing to evict, so the parked hold is taken back.
+  if (!hook_result) hook_result = hook_cache->acquire(hook_range, 4096, 7, std::nullopt);
+}
+
+TEST(RegCache, ParkedHoldTakenBackMidHitIsSettledByHitRestOrAcquire) {
+  for (bool through_hit_rest : {true, false}) {
+    SCOPED_TRACE(through_hit_rest ? "hit_rest" : "acquire");
+    ThreadSafeFake f;
+    Options o;
+    o.max_entries = 1;
+    auto made = Cache::create(f.registrar(), o);
+    ASSERT_TRUE(made);
+    Cache& c = **made;
+    NEED_MONITOR(&c);
+    char* p = map_anon(2 * 4096);
+    Cache::Entry* a = get(c, p, 4096);
+    ASSERT_NE(a, nullptr);
+    c.release(a);  // parked
+    Cache::Entry* parked = c.hit_parked(p, 4096, 7);
+    if (parked == nullptr) GTEST_SKIP() << "nothing is parked here (no membarrier)";
+    c.release(parked);  // parked again
+    auto held = c.acquire(p, 4096, 7, std::nullopt);  // and held once more (the slow path: not the parked hold)
+    ASSERT_TRUE(held);
+    ASSERT_EQ(*held, a);
+    hook_cache = &c;
+    hook_range = p + 4096;
+    hook_result.reset();
+    ufab::regcache::test_hooks::between_look_and_take = take_back_in_hook;
+    Cache::Entry* hit = c.hit_parked(p, 4096, 7);
+    ufab::regcache::test_hooks::between_look_and_take = nullptr;
+    EXPECT_EQ(hit, nullptr) << "hit_parked kept a hold the cache had taken back";
+    ASSERT_TRUE(hook_result && *hook_result);
+    Cache::Entry* b = **hook_result;
+    EXPECT_EQ(c.stats().unparked, 1u);
+    EXPECT_EQ(c.stats().evictions, 0u);  // a is held, b is held
+    Cache::Entry* again = nullptr;
+    if (through_hit_rest) {
+      again = c.hit_rest(p, 4096, 7);  // a fresh hold (the slot table's)
+    } else {
+      auto r = c.acquire(p, 4096, 7, std::nullopt);  // a fresh hold (the map's)
+      ASSERT_TRUE(r);
+      again = *r;
+    }
+    ASSERT_EQ(again, a);
+    EXPECT_TRUE(f.live(Cache::handle(a)));
+    EXPECT_EQ(c.stats().held, 2u);  // entries: a (held twice: `held`, `again`) and b
+    void* const a_handle = Cache::handle(a);
+    c.release(again);
+    EXPECT_TRUE(f.live(a_handle)) << "deregistered while still held (a hold was given back twice)";
+    c.release(*held);
+    c.release(b);
+    auto s = c.stats();
+    EXPECT_EQ(s.held, 0u) << "a hold was given back twice (or not at all)";
+    EXPECT_EQ(f.bad.load(), 0u) << "a registration was deregistered twice";
+    made->reset();
+    EXPECT_EQ(f.regs.load(), f.deregs.load());
+    EXPECT_EQ(f.bad.load(), 0u);
+    munmap(p, 2 * 4096);
+  }
+}
+
+// A thread keeps a parked hold per slot of its parking: cycling through
+// eight page-apart ranges, every hit after the first round takes a parked
+// hold back (no atomic read-modify-write). An unmapping takes back that
+// range's hold alone (and deregisters it); the others stay parked.
+TEST(RegCache, ThreadParksAHoldPerRangeAndUnmapTakesBackOnlyItsOwn) {
+  ThreadSafeFake f;
+  auto made = Cache::create(f.registrar());
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  constexpr int kRanges = 8;
+  char* p = map_anon(kRanges * 4096);
+  std::vector<void*> handles;
+  for (int i = 0; i < kRanges; ++i) {
+    Cache::Entry* e = get(c, p + i * 4096, 4096);
+    ASSERT_NE(e, nullptr);
+    handles.push_back(Cache::handle(e));
+    c.release(e);
+  }
+  const uint64_t parked_before = c.stats().parked_hits;
+  for (int round = 0; round < 100; ++round) {
+    for (int i = 0; i < kRanges; ++i) {
+      Cache::Entry* e = c.hit_parked(p + i * 4096, 4096, 7);
+      if (e == nullptr) {
+        if (round == 0 && i == 0) GTEST_SKIP() << "nothing is parked here (no membarrier)";
+        FAIL() << "range " << i << " was not parked (round " << round << ")";
+      }
+      EXPECT_EQ(Cache::handle(e), handles[i]);
+      c.release(e);
+    }
+  }
+  auto s = c.stats();
+  EXPECT_EQ(s.parked_hits - parked_before, 100u * kRanges);
+  EXPECT_EQ(s.held, 0u);
+  EXPECT_FALSE(c.busy());
+  // The fourth range goes away: its parked hold is taken back and it is
+  // deregistered; the rest stay parked.
+  ASSERT_EQ(munmap(p + 3 * 4096, 4096), 0);
+  EXPECT_EQ(c.acquire_hit(p, 4096, 7), nullptr);  // the unmapping is not taken yet: the slow path
+  auto r = c.acquire(p, 4096, 7, std::nullopt);  // takes it, then hits
+  ASSERT_TRUE(r);
+  EXPECT_EQ(Cache::handle(*r), handles[0]);
+  c.release(*r);
+  s = c.stats();
+  EXPECT_EQ(s.invalidations, 1u);
+  EXPECT_EQ(s.unparked, 1u);
+  EXPECT_FALSE(f.live(handles[3]));
+  for (int i = 0; i < kRanges; ++i) {
+    if (i == 3) continue;
+    EXPECT_TRUE(f.live(handles[i]));
+    Cache::Entry* e = c.hit_parked(p + i * 4096, 4096, 7);
+    EXPECT_NE(e, nullptr) << "range " << i << " lost its parked hold";
+    if (e != nullptr) c.release(e);
+  }
+  made->reset();
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+  munmap(p, kRanges * 4096);
 }
 
 }  // namespace

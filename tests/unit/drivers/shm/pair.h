@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -88,6 +89,32 @@ inline void fail_at(const char* file, int line, const std::string& what) {
       return false;                                                                                          \
     }                                                                                                        \
   } while (0)
+
+// Host memory for a test, page-aligned and zeroed.
+struct Arena {
+  size_t size;
+  uint8_t* p;
+  explicit Arena(size_t n) : size(n), p(static_cast<uint8_t*>(std::aligned_alloc(4096, n))) { std::memset(p, 0, n); }
+  ~Arena() { std::free(p); }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
+};
+
+inline constexpr uint32_t kAll =
+    UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ | UFAB_ACCESS_REMOTE_ATOMIC;
+
+// A host memory region.
+struct Reg {
+  ufab_rdma_mr* mr = nullptr;
+  uint32_t lkey = 0, rkey = 0;
+};
+
+inline bool reg(ufab_rdma_pd* pd, void* p, uint64_t len, uint32_t access, Reg* r) {
+  ufab_mr_attr a = {sizeof a, access, p, len, UFAB_MEM_HOST, 0};
+  TREQUIRE_OK(P()->reg_mr(pd, &a, &r->mr, &r->lkey, &r->rkey));
+  return true;
+}
 
 // The socketpair between the two processes.
 struct Chan {

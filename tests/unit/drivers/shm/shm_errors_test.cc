@@ -10,28 +10,7 @@
 namespace ufab::shm_test {
 namespace {
 
-constexpr uint32_t kAll =
-    UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ | UFAB_ACCESS_REMOTE_ATOMIC;
 constexpr uint32_t kErr = UFAB_QPS_ERR, kRts = UFAB_QPS_RTS;
-
-struct Arena {
-  size_t size;
-  uint8_t* p;
-  explicit Arena(size_t n) : size(n), p(static_cast<uint8_t*>(std::aligned_alloc(4096, n))) { std::memset(p, 0, n); }
-  ~Arena() { std::free(p); }
-  uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
-};
-
-struct Reg {
-  ufab_rdma_mr* mr = nullptr;
-  uint32_t lkey = 0, rkey = 0;
-};
-
-bool reg(ufab_rdma_pd* pd, void* p, uint64_t len, uint32_t access, Reg* r) {
-  ufab_mr_attr a = {sizeof a, access, p, len, UFAB_MEM_HOST, 0};
-  TREQUIRE_OK(P()->reg_mr(pd, &a, &r->mr, &r->lkey, &r->rkey));
-  return true;
-}
 
 // Receive too small: LOC_LEN_ERR at the receiver (the next receive flushed),
 // REM_INV_REQ_ERR at the sender; both QPs in ERROR.

@@ -25,6 +25,7 @@
 
 #include "core/gpu/cuda.h"
 #include "core/staging/fake_engine.h"
+#include "drivers/shm/shm.h"
 #include "tests/unit/drivers/shm/pair.h"
 
 namespace ufab::shm_test {
@@ -32,6 +33,8 @@ namespace {
 
 constexpr size_t kFrag = 8192;
 constexpr size_t kBuf = (4u << 20) + 8 * kFrag;
+// The size of each region of run_cases (the CUDA IPC cases go to 64 MiB).
+size_t g_buf = kBuf;
 constexpr uint8_t kGuard = 0xEE;
 enum class Backend { kFake, kCuda };
 Backend g_backend = Backend::kFake;
@@ -91,9 +94,9 @@ struct Remote {
 bool reg(Side& s, Regions& r) {
   const uint32_t acc = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
   for (int g = 0; g < 2; ++g) {
-    r.mem[g] = std::make_unique<Mem>(g == 1, kBuf);
+    r.mem[g] = std::make_unique<Mem>(g == 1, g_buf);
     TREQUIRE(r.mem[g]->ok());
-    ufab_mr_attr a = {sizeof a, acc, reinterpret_cast<void*>(r.mem[g]->addr()), kBuf,
+    ufab_mr_attr a = {sizeof a, acc, reinterpret_cast<void*>(r.mem[g]->addr()), g_buf,
                       g ? static_cast<uint32_t>(UFAB_MEM_CUDA) : static_cast<uint32_t>(UFAB_MEM_HOST), 0};
     TREQUIRE_OK(P()->reg_mr(s.pd, &a, &r.mr[g], &r.lkey[g], &r.rkey[g]));
   }
@@ -117,7 +120,29 @@ struct Case {
 struct Result {
   uint32_t ok = 0;
   uint64_t copies = 0;
+  shm::GpuPathStats path{};  // the child's, over the case
 };
+
+shm::GpuPathStats path_delta(const shm::GpuPathStats& a, const shm::GpuPathStats& b) {
+  return shm::GpuPathStats{b.ipc_wrs - a.ipc_wrs,
+                           b.staged_wrs - a.staged_wrs,
+                           b.ipc_copies - a.ipc_copies,
+                           b.staged_pieces - a.staged_pieces,
+                           b.ipc_opens - a.ipc_opens,
+                           b.ipc_closes - a.ipc_closes,
+                           b.ipc_open_failures - a.ipc_open_failures,
+                           b.ipc_exports - a.ipc_exports,
+                           b.ipc_export_refused - a.ipc_export_refused};
+}
+
+// The path a case must take (g_expect_ipc): CUDA IPC for GPU memory on
+// both sides of a WRITE, WRITE_WITH_IMM or READ with the CUDA engine and
+// gpu_ipc on; the staging slots otherwise.
+bool g_expect_ipc = false;
+bool ipc_case(uint32_t op, bool src_gpu, bool dst_gpu) {
+  return g_expect_ipc && src_gpu && dst_gpu &&
+         (op == UFAB_WR_RDMA_WRITE || op == UFAB_WR_RDMA_WRITE_WITH_IMM || op == UFAB_WR_RDMA_READ);
+}
 
 // An SGE list over [off, off + len) of a region: two SGEs when long enough.
 uint32_t split(const Regions& r, int g, uint64_t off, uint64_t len, ufab_sge* out) {
@@ -129,7 +154,7 @@ uint32_t split(const Regions& r, int g, uint64_t off, uint64_t len, ufab_sge* ou
 }
 
 bool fill_source(Regions& r, int g, uint32_t salt) {
-  std::vector<uint8_t> b(kBuf);
+  std::vector<uint8_t> b(g_buf);
   for (size_t i = 0; i < b.size(); ++i) b[i] = pattern(i, salt);
   return r.mem[g]->store(b);
 }
@@ -161,10 +186,11 @@ bool child_loop(Side& s, Regions& r, Conn& c) {
     const bool read = k.op == UFAB_WR_RDMA_READ;
     const bool recv = k.op == UFAB_WR_SEND || k.op == UFAB_WR_SEND_WITH_IMM || k.op == UFAB_WR_RDMA_WRITE_WITH_IMM;
     const uint64_t before = copies();
+    const shm::GpuPathStats path_before = shm::gpu_path_stats();
     if (read) {
       TREQUIRE(fill_source(r, k.src_gpu, k.salt));
     } else {
-      TREQUIRE(r.mem[k.dst_gpu]->store(std::vector<uint8_t>(kBuf, kGuard)));
+      TREQUIRE(r.mem[k.dst_gpu]->store(std::vector<uint8_t>(g_buf, kGuard)));
     }
     ufab_sge sg[2];
     uint32_t n = 0;
@@ -199,7 +225,7 @@ bool child_loop(Side& s, Regions& r, Conn& c) {
     uint32_t posted = 0;
     TREQUIRE(s.ch.recv(&posted, sizeof posted, 60s));
     if (!read) ok &= check_target(r, k.dst_gpu, k, "child");
-    Result res{ok ? 1u : 0u, copies() - before};
+    Result res{ok ? 1u : 0u, copies() - before, path_delta(path_before, shm::gpu_path_stats())};
     TREQUIRE(s.ch.send(&res, sizeof res));
   }
 }
@@ -209,8 +235,9 @@ bool one(Side& s, Regions& r, Conn& c, const Remote& peer, const Case& k) {
   TREQUIRE(s.ch.send(&k, sizeof k));
   const bool read = k.op == UFAB_WR_RDMA_READ;
   const uint64_t before = copies();
+  const shm::GpuPathStats path_before = shm::gpu_path_stats();
   if (read) {
-    TREQUIRE(r.mem[k.dst_gpu]->store(std::vector<uint8_t>(kBuf, kGuard)));
+    TREQUIRE(r.mem[k.dst_gpu]->store(std::vector<uint8_t>(g_buf, kGuard)));
   } else {
     TREQUIRE(fill_source(r, k.src_gpu, k.salt));
   }
@@ -249,6 +276,24 @@ bool one(Side& s, Regions& r, Conn& c, const Remote& peer, const Case& k) {
   if (g_backend == Backend::kFake) {
     if (parent_gpu) TCHECK_MSG(mine > 0, "no engine copy in the parent");
     if (child_gpu) TCHECK_MSG(res.copies > 0, "no engine copy in the child");
+  }
+  // The path it took: the requester (the parent) counts its WR as CUDA
+  // IPC or staged, the responder (the child) its copies.
+  const shm::GpuPathStats pp = path_delta(path_before, shm::gpu_path_stats());
+  const std::string where = "op " + std::to_string(k.op) + (k.src_gpu ? " gpu" : " host") + "->" +
+                            (k.dst_gpu ? "gpu" : "host") + " len " + std::to_string(k.len);
+  if (ipc_case(k.op, k.src_gpu, k.dst_gpu)) {
+    ok &= pp.ipc_wrs == 1 && pp.staged_wrs == 0 && res.path.ipc_copies >= 1 && res.path.staged_pieces == 0;
+    TCHECK_MSG(pp.ipc_wrs == 1 && pp.staged_wrs == 0,
+               where + ": the requester did not take CUDA IPC (ipc_wrs " + std::to_string(pp.ipc_wrs) +
+                   ", staged_wrs " + std::to_string(pp.staged_wrs) + ")");
+    TCHECK_MSG(res.path.ipc_copies >= 1 && res.path.staged_pieces == 0,
+               where + ": the responder did not copy through CUDA IPC (ipc_copies " +
+                   std::to_string(res.path.ipc_copies) + ", staged pieces " + std::to_string(res.path.staged_pieces) +
+                   ")");
+  } else {
+    ok &= pp.ipc_wrs == 0 && res.path.ipc_copies == 0;
+    TCHECK_MSG(pp.ipc_wrs == 0 && res.path.ipc_copies == 0, where + ": took CUDA IPC, which it must not");
   }
   TCHECK_MSG(ok, "op " + std::to_string(k.op) + (k.src_gpu ? " gpu" : " host") + "->" + (k.dst_gpu ? "gpu" : "host") +
                      " len " + std::to_string(k.len) + " offsets " + std::to_string(k.src_off) + "/" +
@@ -1042,13 +1087,226 @@ TEST(ShmGpu, CudaEngineEveryOpDirectionSizeOffset) {
   SKIP_WITHOUT_GPU();
   // One runner per pair of processes: a process that initialised CUDA
   // does not fork again.
+  // gpu_ipc=0: everything through the staging slots (the fallback path).
   EXPECT_TRUE(in_runner([] {
     g_backend = Backend::kCuda;
-    return run_cases("gpucuda", matrix(true), {"gpu_frag=8192", "gpu_depth=3"});
+    g_expect_ipc = false;
+    return run_cases("gpucuda", matrix(true), {"gpu_frag=8192", "gpu_depth=3", "gpu_ipc=0"});
   }));
+  // The defaults: GPU<->GPU WRITE, WRITE_WITH_IMM and READ through CUDA
+  // IPC (checked per case by the path counters), the rest staged.
   EXPECT_TRUE(in_runner([] {
     g_backend = Backend::kCuda;
+    g_expect_ipc = true;
     return run_cases("gpucuda256k", matrix(true), {});
+  }));
+}
+
+// GPU<->GPU through CUDA IPC from 1 B to 64 MiB, aligned and unaligned,
+// over two SGEs, every byte of the 64 MiB target region checked (and
+// SEND beside them, which stages).
+TEST(ShmGpu, CudaIpcGpuToGpuUpTo64MiB) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(in_runner([] {
+    g_backend = Backend::kCuda;
+    g_expect_ipc = true;
+    g_buf = (64u << 20) + (64u << 10);
+    std::vector<Case> cases;
+    uint32_t salt = 3000;
+    for (uint32_t op : {UFAB_WR_RDMA_WRITE, UFAB_WR_RDMA_WRITE_WITH_IMM, UFAB_WR_RDMA_READ, UFAB_WR_SEND}) {
+      for (uint64_t len : {uint64_t{1}, uint64_t{4093}, uint64_t{65536 + 5}, uint64_t{(1u << 20) + 3},
+                           uint64_t{(16u << 20) + 1}, uint64_t{64u << 20}}) {
+        for (auto [so, d] : {std::pair<uint64_t, uint64_t>{0, 0}, {4093, 17}}) {
+          Case k;
+          k.op = op;
+          k.src_gpu = k.dst_gpu = 1;
+          k.len = len;
+          k.src_off = so;
+          k.dst_off = d;
+          k.salt = salt++;
+          cases.push_back(k);
+        }
+      }
+    }
+    return run_cases("gpuipc64m", cases, {});
+  }));
+}
+
+// A GPU buffer freed under its live region with CUDA IPC on: the
+// responder's (a WRITE and a READ GPU<->GPU refused with
+// REM_ACCESS_ERR, its buffer id checked before the copy) and the
+// requester's (refused at post with EACCES).
+TEST(ShmGpu, CudaIpcFreedBufferUnderLiveRegion) {
+  SKIP_WITHOUT_GPU();
+  for (int scenario = 0; scenario < 3; ++scenario) {
+    EXPECT_TRUE(in_runner([scenario] {
+      g_backend = Backend::kCuda;
+      g_open_progress_thread = true;
+      return run_pair(
+          "gpuipcfreed",
+          [scenario](Side& s) {
+            Regions r;
+            if (!reg(s, r)) return false;
+            Remote mine{}, theirs{};
+            for (int g = 0; g < 2; ++g) {
+              mine.base[g] = r.mem[g]->addr();
+              mine.rkey[g] = r.rkey[g];
+            }
+            TREQUIRE(s.ch.exchange(mine, &theirs));
+            Conn c;
+            ConnOptions o;
+            o.access = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
+            if (!make_conn(s, c, o)) return false;
+            bool good = true;
+            // One good GPU->GPU WRITE first: the handle is open and cached.
+            if (s.parent()) {
+              const auto before = shm::gpu_path_stats();
+              ufab_sge sg = {r.mem[1]->addr(), 65536, r.lkey[1]};
+              TREQUIRE_OK(post1(c.qp, 1, UFAB_WR_RDMA_WRITE, &sg, 1, UFAB_SEND_SIGNALED, theirs.base[1], theirs.rkey[1]));
+              good &= expect_wc(c.scq, 1, UFAB_WC_SUCCESS, -1, 20s);
+              TCHECK_MSG(shm::gpu_path_stats().ipc_wrs == before.ipc_wrs + 1, "the first WRITE did not take CUDA IPC");
+              good &= shm::gpu_path_stats().ipc_wrs == before.ipc_wrs + 1;
+            }
+            TREQUIRE(s.ch.sync("warm"));
+            if (scenario < 2 && !s.parent()) r.mem[1]->free_device();  // the responder's, under its live region
+            if (scenario == 2 && s.parent()) r.mem[1]->free_device();  // the requester's
+            TREQUIRE(s.ch.sync("freed"));
+            if (s.parent()) {
+              ufab_sge sg = {mine.base[1], 4096, r.lkey[1]};
+              const uint32_t op = scenario == 1 ? UFAB_WR_RDMA_READ : UFAB_WR_RDMA_WRITE;
+              if (scenario == 2) {
+                TCHECK_EQ(post1(c.qp, 2, op, &sg, 1, UFAB_SEND_SIGNALED, theirs.base[1], theirs.rkey[1]), -EACCES);
+                TCHECK_MSG(g_last_error.find("was freed") != std::string::npos, g_last_error);
+                good &= g_last_error.find("was freed") != std::string::npos;
+              } else {
+                TREQUIRE_OK(post1(c.qp, 2, op, &sg, 1, UFAB_SEND_SIGNALED, theirs.base[1], theirs.rkey[1]));
+                ufab_wc wc{};
+                good &= expect_wc(c.scq, 2, UFAB_WC_REM_ACCESS_ERR, -1, 20s, &wc);
+                const char* d = P()->wc_detail(c.scq, wc.detail);
+                std::fprintf(stderr, "[parent] scenario %d: %s: %s\n", scenario, wc_str(wc).c_str(), d ? d : "(none)");
+              }
+            }
+            s.ch.sync("end");
+            drop_conn(c);
+            dereg(r);
+            return good;
+          },
+          false, 60s);
+    }));
+  }
+}
+
+// The requester killed while the responder's copies through CUDA IPC
+// read its GPU memory (many 8 MiB WRITEs GPU->GPU in flight): the
+// responder's QP fails its receives cleanly (flushed, nothing hangs), the
+// dead peer's mapping is closed, and the device still moves GPU memory
+// (a loopback WRITE in the same process, staged, every byte checked).
+TEST(ShmGpu, CudaIpcPeerKilledMidStream) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(in_runner([] {
+    g_backend = Backend::kCuda;
+    g_open_progress_thread = true;
+    g_buf = 16u << 20;
+    return run_pair(
+        "gpuipckill",
+        [](Side& s) {
+          Regions r;
+          if (!reg(s, r)) return false;
+          Remote mine{}, theirs{};
+          for (int g = 0; g < 2; ++g) {
+            mine.base[g] = r.mem[g]->addr();
+            mine.rkey[g] = r.rkey[g];
+          }
+          TREQUIRE(s.ch.exchange(mine, &theirs));
+          Conn c;
+          ConnOptions o;
+          o.access = UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ;
+          o.cq_depth = 1024;
+          if (!make_conn(s, c, o)) return false;
+          constexpr int kWrs = 200, kRecvs = 40;
+          if (!s.parent()) {
+            // The requester: WRITE_WITH_IMM every 5th, all GPU->GPU, 8 MiB.
+            TREQUIRE(fill_source(r, 1, 77));
+            TREQUIRE(s.ch.sync("posted receives", 30s));
+            for (int k = 0; k < kWrs; ++k) {
+              ufab_sge sg = {r.mem[1]->addr() + (k % 3) * 4096, 8u << 20, r.lkey[1]};
+              const uint32_t op = k % 5 == 4 ? UFAB_WR_RDMA_WRITE_WITH_IMM : UFAB_WR_RDMA_WRITE;
+              int rc = post1(c.qp, static_cast<uint64_t>(k), op, &sg, 1, UFAB_SEND_SIGNALED, theirs.base[1] + (k % 7),
+                             theirs.rkey[1], static_cast<uint32_t>(k));
+              if (rc != 0) break;  // the send queue is full: enough in flight
+            }
+            TCHECK(expect_wc(c.scq, 0, UFAB_WC_SUCCESS, -1, 30s));
+            ::kill(::getpid(), SIGKILL);
+            return false;  // not reached
+          }
+          for (int k = 0; k < kRecvs; ++k) TREQUIRE_OK(recv1(c.qp, static_cast<uint64_t>(1000 + k), nullptr, 0));
+          const auto before = shm::gpu_path_stats();
+          TREQUIRE(s.ch.sync("posted receives", 30s));
+          // Every receive completes: some with the immediate, then the
+          // rest flushed once the peer is gone; bounded.
+          bool good = true;
+          int ok = 0, flushed = 0;
+          for (int k = 0; k < kRecvs && good; ++k) {
+            auto wc = next_wc(c.rcq, 30s);
+            TCHECK_MSG(wc.has_value(), "receive " + std::to_string(k) + " never completed after the peer died");
+            if (!wc) return false;
+            if (wc->status == UFAB_WC_SUCCESS) {
+              ++ok;
+              good &= flushed == 0;
+            } else {
+              ++flushed;
+              good &= wc->status == UFAB_WC_WR_FLUSH_ERR;
+            }
+            TCHECK_MSG(good, "receive " + std::to_string(k) + ": " + wc_str(*wc));
+          }
+          std::fprintf(stderr, "[parent] %d receives completed, %d flushed after the peer died\n", ok, flushed);
+          TCHECK_MSG(flushed > 0, "every receive completed although the requester died");
+          good &= flushed > 0;
+          const auto mid = shm::gpu_path_stats();
+          TCHECK_MSG(mid.ipc_copies > before.ipc_copies, "no copy through CUDA IPC before the peer died");
+          good &= mid.ipc_copies > before.ipc_copies;
+          // The dead peer's mapping is closed (after its copies).
+          bool closed = false;
+          for (int i = 0; i < 500 && !closed; ++i) {
+            auto now = shm::gpu_path_stats();
+            closed = now.ipc_closes >= now.ipc_opens && now.ipc_opens > 0;
+            if (!closed) std::this_thread::sleep_for(10ms);
+          }
+          TCHECK_MSG(closed, "the dead peer's CUDA IPC mapping was not closed");
+          good &= closed;
+          drop_conn(c);
+          // The device still works: a loopback GPU->GPU WRITE (one
+          // process: staged), every byte checked.
+          ufab_rdma_cq* cq = nullptr;
+          TREQUIRE_OK(P()->create_cq(s.dev, 64, &cq));
+          ufab_rdma_qp_init init = {UFAB_QPT_RC, 0, cq, cq, o.cap};
+          ufab_rdma_qp *q1 = nullptr, *q2 = nullptr;
+          uint32_t n1 = 0, n2 = 0;
+          TREQUIRE_OK(P()->create_qp(s.pd, &init, &q1, &n1));
+          TREQUIRE_OK(P()->create_qp(s.pd, &init, &q2, &n2));
+          ufab_device_attr da = {};
+          TREQUIRE_OK(P()->query_device(s.dev, &da));
+          TREQUIRE_OK(connect_qp(q1, Info{da.ip, n2, 0, 0, 0, 0}, o));
+          TREQUIRE_OK(connect_qp(q2, Info{da.ip, n1, 0, 0, 0, 0}, o));
+          TREQUIRE(fill_source(r, 0, 91));
+          TREQUIRE(r.mem[1]->store(std::vector<uint8_t>(g_buf, kGuard)));
+          Case k;
+          k.op = UFAB_WR_RDMA_WRITE;
+          k.len = (4u << 20) + 3;
+          k.src_off = 5;
+          k.dst_off = 11;
+          k.salt = 91;
+          ufab_sge sg = {r.mem[0]->addr() + 5, static_cast<uint32_t>(k.len), r.lkey[0]};
+          TREQUIRE_OK(post1(q1, 77, UFAB_WR_RDMA_WRITE, &sg, 1, UFAB_SEND_SIGNALED, r.mem[1]->addr() + 11, r.rkey[1]));
+          good &= expect_wc(cq, 77, UFAB_WC_SUCCESS, -1, 60s);
+          good &= check_target(r, 1, k, "parent after the peer died");
+          P()->destroy_qp(q1);
+          P()->destroy_qp(q2);
+          P()->destroy_cq(cq);
+          dereg(r);
+          return good;
+        },
+        true, 120s);
   }));
 }
 

@@ -19,17 +19,6 @@
 namespace ufab::shm_test {
 namespace {
 
-constexpr uint32_t kAll =
-    UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ | UFAB_ACCESS_REMOTE_ATOMIC;
-
-struct Arena {
-  size_t size;
-  uint8_t* p;
-  explicit Arena(size_t n) : size(n), p(static_cast<uint8_t*>(std::aligned_alloc(4096, n))) { std::memset(p, 0, n); }
-  ~Arena() { std::free(p); }
-  uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
-};
-
 // The same, in a memfd mapped MAP_SHARED (its descriptor kept open): a
 // peer maps such a region and copies with memcpy.
 struct SharedArena {
@@ -49,17 +38,6 @@ struct SharedArena {
   }
   uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
 };
-
-struct Reg {
-  ufab_rdma_mr* mr = nullptr;
-  uint32_t lkey = 0, rkey = 0;
-};
-
-bool reg(Side& s, void* p, uint64_t len, uint32_t access, Reg* r) {
-  ufab_mr_attr a = {sizeof a, access, p, len, UFAB_MEM_HOST, 0};
-  TREQUIRE_OK(P()->reg_mr(s.pd, &a, &r->mr, &r->lkey, &r->rkey));
-  return true;
-}
 
 const uint32_t kSizes[] = {0, 1, 32, 33, 40, 41, 1000, 1024, 1025, 4096, 65537, 1u << 20};
 constexpr uint64_t kSrc = 0;          // requester's source / READ destination
@@ -176,7 +154,7 @@ TEST(ShmOps, EveryOperationBothDirections) {
   EXPECT_TRUE(run_pair("ops", [](Side& s) {
     Arena a(kArena);
     Reg r;
-    TREQUIRE(reg(s, a.p, a.size, kAll, &r));
+    TREQUIRE(reg(s.pd, a.p, a.size, kAll, &r));
     Conn c;
     ConnOptions o;
     o.advertise = {0, 0, 0, r.rkey, a.addr(), a.size};
@@ -216,7 +194,7 @@ TEST(ShmOps, SharedRegionsAreMappedNotCopiedByCma) {
     SharedArena a(kArena);
     TREQUIRE(a.p != nullptr);
     Reg r;
-    TREQUIRE(reg(s, a.p, a.size, kAll, &r));
+    TREQUIRE(reg(s.pd, a.p, a.size, kAll, &r));
     Conn c;
     ConnOptions o;
     o.advertise = {0, 0, 0, r.rkey, a.addr(), a.size};
@@ -234,14 +212,14 @@ TEST(ShmOps, SharedRegionsAreMappedNotCopiedByCma) {
       SharedArena b(1u << 20);
       TREQUIRE(b.p != nullptr);
       Reg rb;
-      TREQUIRE(reg(s, b.p, b.size, kAll, &rb));
+      TREQUIRE(reg(s.pd, b.p, b.size, kAll, &rb));
       Info mine = {0, 0, 0, rb.rkey, b.addr(), b.size};
       TREQUIRE(s.ch.exchange(mine, &theirs));
       TREQUIRE(s.ch.sync("b written"));
       TCHECK(check_pattern(b.p + 8192, kLen, 51));
       TREQUIRE_OK(P()->dereg_mr(rb.mr));
       Reg rb2;
-      TREQUIRE(reg(s, b.p, b.size, kAll, &rb2));
+      TREQUIRE(reg(s.pd, b.p, b.size, kAll, &rb2));
       TCHECK((rb2.rkey & 0xfff) == (rb.rkey & 0xfff) && rb2.rkey != rb.rkey);
       mine.rkey = rb2.rkey;
       TREQUIRE(s.ch.exchange(mine, &theirs));
@@ -249,7 +227,7 @@ TEST(ShmOps, SharedRegionsAreMappedNotCopiedByCma) {
       TCHECK(check_pattern(b.p + 12288, kLen, 52));
       Arena priv(1u << 16);
       Reg rp;
-      TREQUIRE(reg(s, priv.p, priv.size, kAll, &rp));
+      TREQUIRE(reg(s.pd, priv.p, priv.size, kAll, &rp));
       mine = {0, 0, 0, rp.rkey, priv.addr(), priv.size};
       TREQUIRE(s.ch.exchange(mine, &theirs));
       TREQUIRE(s.ch.sync("private tried"));
@@ -305,7 +283,7 @@ TEST(ShmOps, PostListsGatherScatterInlineUnsignaled) {
   EXPECT_TRUE(run_pair("lists", [](Side& s) {
     Arena a(1 << 20);
     Reg r;
-    TREQUIRE(reg(s, a.p, a.size, kAll, &r));
+    TREQUIRE(reg(s.pd, a.p, a.size, kAll, &r));
     Conn c;
     ConnOptions o;
     o.advertise = {0, 0, 0, r.rkey, a.addr(), a.size};

@@ -27,14 +27,6 @@ constexpr uint32_t kQkey = 0x11223344;
 constexpr uint32_t kGrh = 40;
 constexpr uint32_t kSlot = 8192;
 
-struct Arena {
-  size_t size;
-  uint8_t* p;
-  explicit Arena(size_t n) : size(n), p(static_cast<uint8_t*>(std::aligned_alloc(4096, n))) { std::memset(p, 0, n); }
-  ~Arena() { std::free(p); }
-  uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
-};
-
 // One UD QP with its CQs, in RTS with `qkey`.
 struct Ud {
   ufab_rdma_qp* qp = nullptr;

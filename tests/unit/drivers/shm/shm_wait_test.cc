@@ -18,17 +18,6 @@
 namespace ufab::shm_test {
 namespace {
 
-constexpr uint32_t kAll =
-    UFAB_ACCESS_LOCAL_WRITE | UFAB_ACCESS_REMOTE_WRITE | UFAB_ACCESS_REMOTE_READ | UFAB_ACCESS_REMOTE_ATOMIC;
-
-struct Arena {
-  size_t size;
-  uint8_t* p;
-  explicit Arena(size_t n) : size(n), p(static_cast<uint8_t*>(std::aligned_alloc(4096, n))) { std::memset(p, 0, n); }
-  ~Arena() { std::free(p); }
-  uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
-};
-
 double thread_cpu_ms() {
   struct timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
