@@ -63,17 +63,27 @@ struct ufab_pd {
 
 // On a cache line of its own: a cached region is read by every hit's
 // release (cache, entry), so nothing another thread writes shares it.
+namespace {
+// A region's `cache` when no registration cache owns it: not null, so
+// that ufab_mr_cache_release's one compare (mr->cache == cache) also
+// refuses a null cache.
+char not_cached_tag;
+ufab_mr_cache* const kNotCached = reinterpret_cast<ufab_mr_cache*>(&not_cached_tag);
+}  // namespace
+
 struct alignas(64) ufab_mr {
   ufab_pd* pd;
   ufab_rdma_mr* p;
   uint32_t lkey, rkey;
-  ufab_mr_cache* cache = nullptr;  // set: owned by that registration cache
-  void* entry = nullptr;           // its regcache::Cache::Entry
+  ufab_mr_cache* cache = kNotCached;  // else owned by that registration cache
+  void* entry = nullptr;              // its regcache::Cache::Entry
 };
 
-struct ufab_mr_cache {
+// The cache itself (no pointer between a hit and the cache's fields).
+struct ufab_mr_cache final : ufab::regcache::Cache {
+  // Registers through `owner` (ufab_mr_cache_create).
+  ufab_mr_cache(ufab_pd* owner, ufab::regcache::Options options);
   ufab_pd* pd;
-  std::unique_ptr<ufab::regcache::Cache> cache;
 };
 
 struct ufab_cq {
@@ -260,7 +270,7 @@ uint32_t ufab_mr_rkey(const ufab_mr* mr) { return mr->rkey; }
 
 int ufab_mr_dereg(ufab_mr* mr) {
   if (mr == nullptr) return 0;
-  if (mr->cache != nullptr) {
+  if (mr->cache != kNotCached) {
     return error(EINVAL, "ufab_mr_dereg: this region belongs to a registration cache; give it back with "
                          "ufab_mr_cache_release");
   }
@@ -272,15 +282,12 @@ int ufab_mr_dereg(ufab_mr* mr) {
 
 // --------------------------------------------------------- registration cache
 
-int ufab_mr_cache_create(ufab_pd* pd, const ufab_mr_cache_attr* attr, ufab_mr_cache** out) {
-  UFAB_REQUIRE(pd != nullptr && out != nullptr, "pd and out are required");
-  ufab::regcache::Options options;
-  if (attr != nullptr) {
-    UFAB_REQUIRE(attr->size >= sizeof(ufab_mr_cache_attr), "attr->size must be sizeof(struct ufab_mr_cache_attr)");
-    if (attr->max_entries != 0) options.max_entries = attr->max_entries;
-    if (attr->max_bytes != 0) options.max_bytes = attr->max_bytes;
-  }
-  auto* c = new ufab_mr_cache{pd, nullptr};
+}  // extern "C"
+
+namespace {
+
+// What cache `c` registers with (called with its mutex held).
+ufab::regcache::Registrar cache_registrar(ufab_mr_cache* c) {
   ufab::regcache::Registrar r;
   r.reg = [c](void* addr, uint64_t length, uint32_t access) -> ufab::Result<void*> {
     ufab_mr_attr a{.size = sizeof a, .access = access, .addr = addr, .length = length, .mem_type = UFAB_MEM_HOST,
@@ -292,30 +299,44 @@ int ufab_mr_cache_create(ufab_pd* pd, const ufab_mr_cache_attr* attr, ufab_mr_ca
   };
   r.dereg = [](void* handle) {
     auto* mr = static_cast<ufab_mr*>(handle);
-    mr->cache = nullptr;
+    mr->cache = kNotCached;
     (void)ufab_mr_dereg(mr);
   };
   // The entry is kept in the region once, before any thread can hit it:
   // a hit writes nothing to the region, a release reads it.
   r.bind = [](void* handle, void* entry) { static_cast<ufab_mr*>(handle)->entry = entry; };
-  auto cache = ufab::regcache::Cache::create(std::move(r), options);
-  if (!cache) {
-    delete c;
-    return error(cache.error().code(), "ufab_mr_cache_create: " + cache.error().message());
+  return r;
+}
+
+}  // namespace
+
+ufab_mr_cache::ufab_mr_cache(ufab_pd* owner, ufab::regcache::Options options)
+    : Cache(cache_registrar(this), options), pd(owner) {}
+
+extern "C" {
+
+int ufab_mr_cache_create(ufab_pd* pd, const ufab_mr_cache_attr* attr, ufab_mr_cache** out) {
+  UFAB_REQUIRE(pd != nullptr && out != nullptr, "pd and out are required");
+  ufab::regcache::Options options;
+  if (attr != nullptr) {
+    UFAB_REQUIRE(attr->size >= sizeof(ufab_mr_cache_attr), "attr->size must be sizeof(struct ufab_mr_cache_attr)");
+    if (attr->max_entries != 0) options.max_entries = attr->max_entries;
+    if (attr->max_bytes != 0) options.max_bytes = attr->max_bytes;
   }
-  c->cache = std::move(*cache);
+  if (auto ok = ufab::regcache::Cache::check(cache_registrar(nullptr), options); !ok) {
+    return error(ok.error().code(), "ufab_mr_cache_create: " + ok.error().message());
+  }
+  *out = new ufab_mr_cache(pd, options);
   pd->refs.hold();
-  *out = c;
   return 0;
 }
 
 int ufab_mr_cache_destroy(ufab_mr_cache* c) {
   if (c == nullptr) return 0;
-  if (c->cache->busy()) {
+  if (c->busy()) {
     return error(EBUSY, "ufab_mr_cache_destroy: regions from this cache are still held; release them first");
   }
   ufab_pd* pd = c->pd;
-  c->cache.reset();
   delete c;
   release(pd);
   return 0;
@@ -342,7 +363,7 @@ namespace {
     if (const ufab::gpu::Driver* d = ufab::gpu::Driver::if_loaded()) {
       auto id = d->buffer_id(addr);
       if (id && *id != 0) {
-        if (auto* hit = c->cache->acquire_hit(addr, length, access, *id)) {
+        if (auto* hit = c->acquire_hit(addr, length, access, *id)) {
           *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
           return 0;
         }
@@ -355,7 +376,7 @@ namespace {
     if (!region) return error(region.error().code(), "ufab_mr_cache_reg: " + region.error().message());
     if (region->device) gpu_buffer = region->buffer_id;
   }
-  auto e = c->cache->acquire(addr, length, access, gpu_buffer);
+  auto e = c->acquire(addr, length, access, gpu_buffer);
   if (!e) return error(e.error().code(), "ufab_mr_cache_reg: " + e.error().message());
   *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(*e));
   return 0;
@@ -364,7 +385,7 @@ namespace {
 // Everything after a failed parked hit (ufab_mr_cache_reg's tail call):
 // the rest of the host look, then cache_reg_miss.
 [[gnu::noinline]] int cache_reg_rest(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
-  if (auto* hit = c->cache->hit_rest(addr, length, access)) {
+  if (auto* hit = c->hit_rest(addr, length, access)) {
     *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
     return 0;
   }
@@ -379,7 +400,7 @@ int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t ac
   if (c == nullptr || out == nullptr) [[unlikely]] return invalid_argument(__func__, "cache and out are required");
   // The thread's parked entry, inline, with no call (so no frame): host
   // memory first, without asking CUDA anything (cache.h says why).
-  if (auto* hit = c->cache->hit_parked(addr, length, access)) [[likely]] {
+  if (auto* hit = c->hit_parked(addr, length, access)) [[likely]] {
     *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
     return 0;
   }
@@ -387,21 +408,24 @@ int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t ac
 }
 
 int ufab_mr_cache_release(ufab_mr_cache* c, ufab_mr* mr) {
-  if (c == nullptr || mr == nullptr) [[unlikely]] return invalid_argument(__func__, "cache and mr are required");
-  if (mr->cache != c) [[unlikely]] return invalid_argument(__func__, "this region is not from this registration cache");
-  c->cache->release(static_cast<ufab::regcache::Cache::Entry*>(mr->entry));
-  return 0;
+  if (mr == nullptr) [[unlikely]] return invalid_argument(__func__, "cache and mr are required");
+  // A null `c` fails this too: no region's cache is null (kNotCached).
+  if (mr->cache != c) [[unlikely]] {
+    return invalid_argument(__func__, c == nullptr ? "cache and mr are required"
+                                                   : "this region is not from this registration cache");
+  }
+  return c->release0(static_cast<ufab::regcache::Cache::Entry*>(mr->entry));
 }
 
 int ufab_mr_cache_query_stats(ufab_mr_cache* c, ufab_mr_cache_stats* out) {
   UFAB_REQUIRE(c != nullptr && out != nullptr, "cache and out are required");
-  auto s = c->cache->stats();
+  auto s = c->stats();
   *out = {.hits = s.hits, .misses = s.misses, .uncached = s.uncached, .evictions = s.evictions,
           .invalidations = s.invalidations, .entries = s.entries, .bytes = s.bytes, .held = s.held};
   return 0;
 }
 
-const char* ufab_mr_cache_host_watch(ufab_mr_cache* c) { return c ? c->cache->host_watch().c_str() : ""; }
+const char* ufab_mr_cache_host_watch(ufab_mr_cache* c) { return c ? c->host_watch().c_str() : ""; }
 
 // ---------------------------------------------------------------------- AH
 

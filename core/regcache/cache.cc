@@ -15,6 +15,7 @@ namespace ufab::regcache {
 #ifdef UFAB_REGCACHE_TEST_HOOKS
 namespace test_hooks {
 void (*between_look_and_take)() = nullptr;
+bool membarrier_fails = false;
 }
 #endif
 
@@ -40,7 +41,8 @@ bool membarrier_ready() {
   return ok;
 }
 
-std::atomic<uint64_t> next_uid{1};
+// Caches' uids: never 0, steps of sizeof(ParkingSlot) (cache.h).
+std::atomic<uint64_t> next_uid{sizeof(detail::ParkingSlot)};
 
 // Where host memory is not watched: an event word that never moves.
 const std::atomic<uint64_t> kNoEvents{0};
@@ -53,10 +55,10 @@ __thread ParkingSlot tl_parkings[kParkingSlots] __attribute__((tls_model("initia
 
 Cache::Cache(Registrar registrar, Options options)
     : events_(&kNoEvents),
-      uid_(next_uid.fetch_add(1, std::memory_order_relaxed)),
-      release_flags_(options.park_released && membarrier_ready() ? 0 : kNoParking),
+      uid_(next_uid.fetch_add(sizeof(detail::ParkingSlot), std::memory_order_relaxed)),
       reg_(std::move(registrar)),
       options_(options) {
+  set_release_flags(options.park_released && membarrier_ready() ? 0 : kNoParking);
   // Twice the entries kept, a power of two from 64 to 64 Ki slots.
   uint64_t want = std::min<uint64_t>(std::max<uint64_t>(2ull * options_.max_entries, 64), 65536);
   slot_count_ = std::bit_ceil(want);
@@ -64,26 +66,30 @@ Cache::Cache(Registrar registrar, Options options)
   slots_.reset(new std::atomic<Entry*>[slot_count_]);
   for (size_t i = 0; i < slot_count_; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
   slot_table_ = slots_.get();
+  if (options_.watch_host) {
+    auto m = UnmapMonitor::get();
+    if (m) {
+      monitor_ = *m;
+      seen_events_.store((*m)->sequence() << 1, std::memory_order_relaxed);
+      events_ = &(*m)->events();
+      host_watch_ = "userfaultfd";
+    } else {
+      host_watch_ = m.error().message();
+    }
+  } else {
+    host_watch_ = "off (Options::watch_host = false): host memory is not cached";
+  }
+}
+
+Status Cache::check(const Registrar& registrar, const Options& options) {
+  if (!registrar.reg || !registrar.dereg) return fail(EINVAL, "registration cache: reg and dereg are required");
+  if (options.max_entries == 0) return fail(EINVAL, "registration cache: max_entries is 0");
+  return {};
 }
 
 Result<std::unique_ptr<Cache>> Cache::create(Registrar registrar, Options options) {
-  if (!registrar.reg || !registrar.dereg) return fail(EINVAL, "registration cache: reg and dereg are required");
-  if (options.max_entries == 0) return fail(EINVAL, "registration cache: max_entries is 0");
-  std::unique_ptr<Cache> c(new Cache(std::move(registrar), options));
-  if (options.watch_host) {
-    auto m = UnmapMonitor::get();
-    if (m) {
-      c->monitor_ = *m;
-      c->seen_events_.store((*m)->sequence() << 1, std::memory_order_relaxed);
-      c->events_ = &(*m)->events();
-      c->host_watch_ = "userfaultfd";
-    } else {
-      c->host_watch_ = m.error().message();
-    }
-  } else {
-    c->host_watch_ = "off (Options::watch_host = false): host memory is not cached";
-  }
-  return c;
+  if (auto ok = check(registrar, options); !ok) return std::unexpected(ok.error());
+  return std::unique_ptr<Cache>(new Cache(std::move(registrar), options));
 }
 
 Cache::~Cache() {
@@ -103,7 +109,7 @@ inline Cache::Entry* Cache::hit_shared(uint64_t a, uint64_t length, uint32_t acc
     if ((s & kDead) != 0 || refs_of(s) == kRefMask || (s & kHitMask) == kHitMask) return nullptr;
     // Read after the state: a key from a later reuse comes with a later
     // generation, and the compare-and-swap below fails.
-    if (!e->is(a, length, access, gpu_buffer)) return nullptr;
+    if (!e->is_racy(a, length, access, gpu_buffer)) return nullptr;
     if (e->state.compare_exchange_weak(s, (s + kRefOne + kHitOne) | kReferenced, std::memory_order_acq_rel,
                                        std::memory_order_acquire)) {
       return e;
@@ -112,21 +118,21 @@ inline Cache::Entry* Cache::hit_shared(uint64_t a, uint64_t length, uint32_t acc
   return nullptr;
 }
 
-Cache::Entry* Cache::hit_settle(Parking* pk, uint64_t a, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
-  // hit_parked() took the parked entry (stored null) but the epoch moved
-  // meanwhile, or the entry died while parked.
-  Entry* p = pk->taking;
-  const uint64_t epoch = pk->taking_epoch;
-  pk->taking = nullptr;
-  if (pk->epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(pk, pk->taking_slot, p, epoch)) {
-    p = nullptr;
-  }
+Cache::Entry* Cache::hit_settle(Parking* pk, unsigned off, uint64_t a, uint64_t length, uint32_t access,
+                               uint64_t gpu_buffer) {
+  // hit_parked() took the parked entry (stored null) but the slot's epoch
+  // moved meanwhile (or was odd, or stays odd: membarrier failed).
+  Parking::Slot& slot = pk->at(off);
+  Entry* p = slot.taking;
+  const uint64_t epoch = slot.taking_epoch;
+  slot.taking = nullptr;
+  if (slot.epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(slot, p, epoch)) p = nullptr;
   if (p != nullptr) {
     if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
-      pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      detail::bump_own(slot.hits);
       return p;
     }
-    release_hold(p);  // it died while parked
+    release_hold(p);  // it died while parked (and could not be taken back: no membarrier)
   }
   if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) return nullptr;
   return hit_shared(a, length, access, gpu_buffer);
@@ -134,18 +140,20 @@ Cache::Entry* Cache::hit_settle(Parking* pk, uint64_t a, uint64_t length, uint32
 
 Cache::Entry* Cache::hit_rest(void* addr, uint64_t length, uint32_t access, uint64_t gpu_buffer) {
   const uint64_t a = reinterpret_cast<uintptr_t>(addr);
-  if (Parking* pk = my_parking(); pk != nullptr && pk->taking != nullptr) [[unlikely]] {
-    return hit_settle(pk, a, length, access, gpu_buffer);
+  if (Parking* pk = my_parking(); pk != nullptr) {
+    const unsigned off = detail::park_off_of(a);
+    if (pk->at(off).taking != nullptr) [[unlikely]] return hit_settle(pk, off, a, length, access, gpu_buffer);
   }
   if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) return nullptr;
   return hit_shared(a, length, access, gpu_buffer);
 }
 
-void Cache::release_hold(Entry* e) {
+int Cache::release_hold(Entry* e) {
   const uint64_t old = e->state.fetch_sub(kRefOne, std::memory_order_acq_rel);
-  if (refs_of(old) != 1) return;  // others still hold it
-  if ((old & kDead) == 0 && (release_flags_.load(std::memory_order_relaxed) & kOverBound) == 0) return;
+  if (refs_of(old) != 1) return 0;  // others still hold it
+  if ((old & kDead) == 0 && (release_flags_.load(std::memory_order_relaxed) & kOverBound) == 0) return 0;
   release_slow(e, old);
+  return 0;
 }
 
 void Cache::release_slow(Entry* e, uint64_t old_state) {
@@ -164,18 +172,19 @@ void Cache::release_locked(Entry* e) {
   if (refs_of(old) == 1 && (old & kDead) != 0) destroy_locked(e);
 }
 
-bool Cache::parked_taken_back(Parking* pk, unsigned slot, Entry* p, uint64_t epoch) {
+bool Cache::parked_taken_back(Parking::Slot& slot, Entry* p, uint64_t epoch) {
   std::lock_guard lock(mu_);
-  return pk->stolen[slot] == p && pk->stolen_epoch[slot] > epoch;
+  return slot.stolen == p && slot.stolen_epoch > epoch;
 }
 
-void Cache::unpark_dead(Parking* pk, unsigned slot, Entry* e) {
+int Cache::unpark_dead(Parking::Slot& slot, Entry* e) {
   std::lock_guard lock(mu_);
   Entry* expected = e;
-  if (pk->parked[slot].compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
+  if (slot.parked.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
     stats_.unparked++;
     release_locked(e);
   }
+  return 0;
 }
 
 void Cache::unpark_locked(bool only_dead) {
@@ -183,34 +192,49 @@ void Cache::unpark_locked(bool only_dead) {
     if (!killed_) return;  // no held entry died: none can be parked dead
     killed_ = false;
   }
-  if (parkings_.empty()) return;
-  for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_acq_rel);  // odd
+  // Nothing parked (no membarrier, or parking off), or membarrier failed
+  // once (below): no hold is taken back.
+  if (parkings_.empty() || (release_flags_.load(std::memory_order_relaxed) & kNoParking) != 0) return;
+  // Each slot's epoch odd (only the mutex holder writes them).
+  auto bump = [this] {
+    for (auto& pk : parkings_) {
+      for (auto& slot : pk->slot) {
+        slot.epoch.store(slot.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      }
+    }
+  };
+  bump();
   // Every thread passes a full barrier: a thread's store (parking an
   // entry, or taking its parked one) from before it is seen below; one
   // after it sees the odd epoch, or the entry dead.
-  if (::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+  bool failed = ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0;
+#ifdef UFAB_REGCACHE_TEST_HOOKS
+  failed = failed || test_hooks::membarrier_fails;
+#endif
+  if (failed) [[unlikely]] {
     // Registered at start, so this cannot fail; if it did, taking holds
-    // back would be unsafe: none is taken (their threads give them back
-    // on their next hit) and nothing is parked from now on.
-    release_flags_.fetch_or(kNoParking, std::memory_order_relaxed);
-    for (auto& pk : parkings_) pk->epoch.fetch_add(1, std::memory_order_release);  // even again
+    // back would be unsafe: none is taken, nothing is parked from now on,
+    // and the epochs stay odd, so that a parked hold's thread takes it
+    // back only through hit_rest(), which looks at its state (a dead one
+    // is given back).
+    set_release_flags(release_flags_.load(std::memory_order_relaxed) | kNoParking);
     return;
   }
   for (auto& pk : parkings_) {
-    for (unsigned i = 0; i < detail::kParkSlots; ++i) {
-      Entry* p = pk->parked[i].load(std::memory_order_acquire);
+    for (auto& slot : pk->slot) {
+      Entry* p = slot.parked.load(std::memory_order_acquire);
       if (p != nullptr && (!only_dead || (p->state.load(std::memory_order_acquire) & kDead) != 0) &&
-          pk->parked[i].compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
-        pk->stolen[i] = p;
-        pk->stolen_epoch[i] = pk->epoch.load(std::memory_order_relaxed);
+          slot.parked.compare_exchange_strong(p, nullptr, std::memory_order_acq_rel)) {
+        slot.stolen = p;
+        slot.stolen_epoch = slot.epoch.load(std::memory_order_relaxed);
         stats_.unparked++;
         // Parked means used lately: a second chance for CLOCK.
         if (!only_dead) p->state.fetch_or(kReferenced, std::memory_order_relaxed);
         release_locked(p);
       }
     }
-    pk->epoch.fetch_add(1, std::memory_order_release);  // even again
   }
+  bump();  // even again
 }
 
 void Cache::park_here_locked() {
@@ -225,7 +249,7 @@ void Cache::park_here_locked() {
     mine = parkings_.back().get();
     mine->owner = me;
   }
-  detail::tl_parkings[uid_ % detail::kParkingSlots] = detail::ParkingSlot{uid_, mine};
+  detail::parking_slot_of(uid_) = detail::ParkingSlot{uid_, mine};
 }
 
 Cache::Entry* Cache::new_entry_locked() {
@@ -244,7 +268,7 @@ Cache::Entry* Cache::new_entry_locked() {
 void Cache::destroy_locked(Entry* e) {
   reg_.dereg(e->handle);
   stats_.entries--;
-  stats_.bytes -= e->length.load(std::memory_order_relaxed);
+  stats_.bytes -= e->length;
   retired_hits_ += hits_of(e->state.load(std::memory_order_relaxed));
   e->handle = nullptr;
   e->live = false;
@@ -276,7 +300,7 @@ void Cache::drop_locked(Entry* e) {
 void Cache::invalidate_locked(uint64_t start, uint64_t end) {
   std::vector<Entry*> hit;
   for (auto& [k, e] : map_) {
-    if (e->gpu_buffer.load(std::memory_order_relaxed) == 0 && k.addr < end && start < k.addr + k.length) {
+    if (e->gpu_buffer == 0 && k.addr < end && start < k.addr + k.length) {
       hit.push_back(e);
     }
   }
@@ -324,7 +348,7 @@ void Cache::evict_locked() {
     // the hand goes round again.
     bool parked = false;
     for (auto& pk : parkings_) {
-      for (auto& slot : pk->parked) parked = parked || slot.load(std::memory_order_relaxed) != nullptr;
+      for (auto& slot : pk->slot) parked = parked || slot.parked.load(std::memory_order_relaxed) != nullptr;
     }
     if (parked) {
       unpark_locked(false);
@@ -337,7 +361,13 @@ void Cache::evict_locked() {
 void Cache::set_over_bound(bool over) {
   const uint32_t f = release_flags_.load(std::memory_order_relaxed);
   const uint32_t want = over ? (f | kOverBound) : (f & ~kOverBound);
-  if (want != f) release_flags_.store(want, std::memory_order_relaxed);  // only the mutex holder writes it
+  if (want != f) set_release_flags(want);
+}
+
+void Cache::set_release_flags(uint32_t flags) {
+  // Only the mutex holder (or the constructor) writes them.
+  release_flags_.store(flags, std::memory_order_relaxed);
+  release_key_.store(flags == 0 ? uid_ : uid_ | kNoPark, std::memory_order_relaxed);
 }
 
 void Cache::clock_locked() {
@@ -385,13 +415,16 @@ Result<Cache::Entry*> Cache::hold_locked(Entry* e) {
 
 Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t access, std::optional<uint64_t> gpu_buffer) {
   std::lock_guard lock(mu_);
-  if (Parking* pk = my_parking(); pk != nullptr && pk->taking != nullptr) [[unlikely]] {
-    // hit_parked() left a hold it could not keep and no hit_rest() came
-    // (a caller that skipped it): given back, unless the cache took it.
-    Entry* p = pk->taking;
-    pk->taking = nullptr;
-    const unsigned i = pk->taking_slot;
-    if (!(pk->stolen[i] == p && pk->stolen_epoch[i] > pk->taking_epoch)) release_locked(p);
+  if (Parking* pk = my_parking(); pk != nullptr) {
+    for (auto& slot : pk->slot) {
+      if (slot.taking == nullptr) [[likely]] continue;
+      // hit_parked() left a hold it could not keep and no hit_rest()
+      // came (a caller that skipped it): given back, unless the cache
+      // took it.
+      Entry* p = slot.taking;
+      slot.taking = nullptr;
+      if (!(slot.stolen == p && slot.stolen_epoch > slot.taking_epoch)) release_locked(p);
+    }
   }
   drain_events_locked();
   park_here_locked();  // this thread's place for the entries it releases
@@ -400,7 +433,7 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
     Entry* e = it->second;
     // GPU entries: the allocation at the address must be the one
     // registered (a freed buffer's memory may be given out again).
-    const uint64_t id = e->gpu_buffer.load(std::memory_order_relaxed);
+    const uint64_t id = e->gpu_buffer;
     bool valid = id == 0 ? !gpu_buffer.has_value() : gpu_buffer && *gpu_buffer == id;
     if (valid) return hold_locked(e);
     stats_.invalidations++;
@@ -417,11 +450,7 @@ Result<Cache::Entry*> Cache::acquire(void* addr, uint64_t length, uint32_t acces
   if (!h) return std::unexpected(h.error());
   Entry* e = new_entry_locked();
   const uint64_t old = e->state.load(std::memory_order_relaxed);  // dead, no holders
-  e->addr.store(key.addr, std::memory_order_relaxed);
-  e->length.store(length, std::memory_order_relaxed);
-  e->access.store(access, std::memory_order_relaxed);
-  e->park_slot.store(static_cast<uint8_t>(detail::park_slot_of(key.addr)), std::memory_order_relaxed);
-  e->gpu_buffer.store(gpu ? *gpu_buffer : 0, std::memory_order_relaxed);
+  e->set_key(key.addr, length, access, gpu ? *gpu_buffer : 0);
   e->handle = *h;
   e->live = true;
   e->cached = cacheable;
@@ -458,10 +487,10 @@ Stats Cache::stats() const {
   s.held = 0;
   std::vector<const Entry*> parked;
   for (const auto& pk : parkings_) {
-    s.hits += pk->hits.load(std::memory_order_relaxed);
-    s.parked_hits += pk->hits.load(std::memory_order_relaxed);
-    for (const auto& slot : pk->parked) {
-      if (const Entry* p = slot.load(std::memory_order_acquire)) parked.push_back(p);
+    for (const auto& slot : pk->slot) {
+      s.hits += slot.hits.load(std::memory_order_relaxed);
+      s.parked_hits += slot.hits.load(std::memory_order_relaxed);
+      if (const Entry* p = slot.parked.load(std::memory_order_acquire)) parked.push_back(p);
     }
   }
   for (const Entry* e : all_) {
@@ -477,8 +506,8 @@ bool Cache::busy() const {
   std::lock_guard lock(mu_);
   std::vector<const Entry*> parked;
   for (const auto& pk : parkings_) {
-    for (const auto& slot : pk->parked) {
-      if (const Entry* p = slot.load(std::memory_order_acquire)) parked.push_back(p);
+    for (const auto& slot : pk->slot) {
+      if (const Entry* p = slot.parked.load(std::memory_order_acquire)) parked.push_back(p);
     }
   }
   for (const Entry* e : all_) {

@@ -132,6 +132,9 @@ class Cache {
   // thread may park it (keep it for its next hit). Each release matches
   // one acquire. Inline: parking (below the class).
   void release(Entry* e);
+  // release(), returning 0 (also from the out-of-line parts it ends in),
+  // for a C caller whose `return` of it is then a tail call: no frame.
+  int release0(Entry* e);
   static void* handle(const Entry* e);  // inline
 
   Stats stats() const;
@@ -140,7 +143,11 @@ class Cache {
   const std::string& host_watch() const { return host_watch_; }
 
   static constexpr uint64_t kMaxHolds = (1u << 20) - 1;  // of one entry at once
-  struct Parking;  // a thread's parked hold (cache.cc)
+  struct Parking;   // a thread's parked holds (below the class)
+  struct ParkSlot;  // one of them
+
+  // Whether create() would accept these.
+  static Status check(const Registrar& registrar, const Options& options);
 
  private:
   struct Key {
@@ -155,7 +162,13 @@ class Cache {
     }
   };
 
+ protected:
+  // For a caller that embeds the cache (the C API's ufab_mr_cache derives
+  // from it, so a hit reads the cache's fields with no pointer to follow);
+  // check() first.
   Cache(Registrar registrar, Options options);
+
+ private:
   size_t slot_of(uint64_t addr, uint64_t length, uint32_t access) const {
     uint64_t h = (addr ^ (length * 0x9E3779B97F4A7C15ull) ^ access) * 0xC2B2AE3D27D4EB4Full;
     return static_cast<size_t>(h >> slot_shift_);
@@ -163,21 +176,22 @@ class Cache {
   Parking* my_parking() const;
   // Out of line, behind the inline hit and release:
   Entry* hit_shared(uint64_t addr, uint64_t length, uint32_t access, uint64_t gpu_buffer);  // the slot table's CAS
-  [[gnu::cold]] Entry* hit_settle(Parking* pk, uint64_t addr, uint64_t length, uint32_t access,
-                                  uint64_t gpu_buffer);  // after hit_parked() left a hold in pk->taking
-  void release_hold(Entry* e);  // gives back one hold through the state word
+  [[gnu::cold]] Entry* hit_settle(Parking* pk, unsigned off, uint64_t addr, uint64_t length, uint32_t access,
+                                  uint64_t gpu_buffer);  // after hit_parked() left a hold in the slot's `taking`
+  int release_hold(Entry* e);  // gives back one hold through the state word; 0
   void release_slow(Entry* e, uint64_t old_state);
   void release_locked(Entry* e);
   // Takes parked holds back (behind a membarrier): all of them (to evict),
   // or, after entries were killed, those of dead entries.
   void unpark_locked(bool only_dead);
   // Both take the mutex. `slot`: where the thread took or parked `p`
-  // (not p->park_slot: taken back meanwhile, p may have been destroyed and
-  // reused for another range by now).
-  bool parked_taken_back(Parking* pk, unsigned slot, Entry* p, uint64_t epoch);
-  void unpark_dead(Parking* pk, unsigned slot, Entry* e);
+  // (not from p->park_off: taken back meanwhile, p may have been
+  // destroyed and reused for another range by now).
+  bool parked_taken_back(ParkSlot& slot, Entry* p, uint64_t epoch);
+  int unpark_dead(ParkSlot& slot, Entry* e);  // 0
   void park_here_locked();
   void set_over_bound(bool over);
+  void set_release_flags(uint32_t flags);  // and release_key_
   void clock_locked();  // one CLOCK sweep (two passes at most) while over the bounds
   void drain_events_locked();
   void invalidate_locked(uint64_t start, uint64_t end);
@@ -195,13 +209,21 @@ class Cache {
   //   is recording), or a word that stays 0 where host memory is not
   //   watched; seen_events_: that word as of the last events this cache
   //   took (even). They differ: unmappings not taken yet.
-  //   release_flags_: kOverBound (the cache is over its bounds: releases
-  //   try to evict, nothing is parked), kNoParking (no membarrier, or
-  //   Options::park_released off).
+  //   uid_: this cache among all of the process's, for the threads'
+  //   parking lookup (detail::parking_slot_of), never 0, a multiple of 16.
+  //   release_key_: uid_ while a release may park, else uid_ with the top
+  //   bit set (the same thread-local slot, whose uid never equals it): one
+  //   compare of the release is both "may park" and "this thread's
+  //   parking".
+  //   release_flags_: why a release may not park: kOverBound (the cache is
+  //   over its bounds: releases try to evict), kNoParking (no membarrier,
+  //   or Options::park_released off).
   static constexpr uint32_t kOverBound = 1, kNoParking = 2;
+  static constexpr uint64_t kNoPark = 1ull << 63;
   alignas(64) const std::atomic<uint64_t>* events_ = nullptr;
   std::atomic<uint64_t> seen_events_{0};
-  uint64_t uid_ = 0;  // this cache among all of the process's, for the threads' parking lookup
+  uint64_t uid_ = 0;
+  std::atomic<uint64_t> release_key_{0};
   std::atomic<uint32_t> release_flags_{0};
   int slot_shift_ = 0;
   std::atomic<Entry*>* slot_table_ = nullptr;  // slots_'s array
@@ -231,6 +253,8 @@ class Cache {
 // test can have the mutex holder take it back right then.
 namespace test_hooks {
 extern void (*between_look_and_take)();
+// unpark_locked() acts as if membarrier(2) failed.
+extern bool membarrier_fails;
 }
 #endif
 
@@ -269,52 +293,83 @@ inline constexpr unsigned kParkSlots = 16;
 inline unsigned park_slot_of(uint64_t addr) {
   return static_cast<unsigned>(((addr >> 12) * 0x1111111111111111ull) >> 60);
 }
+// The same as a byte offset into Parking::slot (64-byte slots).
+inline unsigned park_off_of(uint64_t addr) { return park_slot_of(addr) * 64; }
 }  // namespace detail
 
 // A pool entry, on a cache line of its own (a hit reads its key, state and
 // handle; nothing another thread writes often shares the line).
 struct alignas(64) Cache::Entry {
   std::atomic<uint64_t> state{detail::kDead};
-  // The key: written under the mutex while the entry is dead, read by
-  // hits without it (atomics: a hit may read a reused entry's, then fail
-  // its compare-and-swap on the new generation).
-  std::atomic<uint64_t> addr{0}, length{0}, gpu_buffer{0};  // gpu_buffer 0: host memory
-  std::atomic<uint32_t> access{0};
-  std::atomic<uint8_t> park_slot{0};  // park_slot_of(addr): where a thread parks it
+  // The key: written under the mutex while the entry is dead (no holders),
+  // read by the slot table's hit without it, which may read a reused
+  // entry's and then fail its compare-and-swap on the new generation:
+  // those accesses are atomic (std::atomic_ref). A holder (a parked hit:
+  // the thread holds its parked entry) and the mutex holder read them
+  // plainly: no write can come while either looks, so the compiler may
+  // compare them in place (a relaxed atomic load is a separate
+  // instruction for gcc).
+  uint64_t addr = 0, length = 0, gpu_buffer = 0;  // gpu_buffer 0: host memory
+  uint32_t access = 0;
+  uint16_t park_off = 0;   // park_off_of(addr): where a thread parks it
   void* handle = nullptr;  // written before the entry is published, read by its holders
   // Under the mutex:
   bool live = false;    // registered (in use from the pool)
   bool cached = false;  // in map_ and maybe a slot
-  Key key() const {
-    return Key{addr.load(std::memory_order_relaxed), length.load(std::memory_order_relaxed),
-               access.load(std::memory_order_relaxed)};
+  Key key() const { return Key{addr, length, access}; }  // under the mutex, or by a holder
+  // Without the mutex, on an entry that may be reused meanwhile.
+  bool is_racy(uint64_t a, uint64_t n, uint32_t acc, uint64_t gpu) const {
+    return racy(addr) == a && racy(length) == n && racy(access) == acc && racy(gpu_buffer) == gpu;
   }
-  bool is(uint64_t a, uint64_t n, uint32_t acc, uint64_t gpu) const {
-    return addr.load(std::memory_order_relaxed) == a && length.load(std::memory_order_relaxed) == n &&
-           access.load(std::memory_order_relaxed) == acc && gpu_buffer.load(std::memory_order_relaxed) == gpu;
+  // Written under the mutex while the entry is dead.
+  void set_key(uint64_t a, uint64_t n, uint32_t acc, uint64_t gpu) {
+    std::atomic_ref<uint64_t>(addr).store(a, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(length).store(n, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(access).store(acc, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(gpu_buffer).store(gpu, std::memory_order_relaxed);
+    park_off = static_cast<uint16_t>(detail::park_off_of(a));  // read by holders only
+  }
+  // By a holder.
+  bool is_held(uint64_t a, uint64_t n, uint32_t acc, uint64_t gpu) const {
+    return addr == a && length == n && access == acc && gpu_buffer == gpu;
+  }
+
+ private:
+  template <class T>
+  static T racy(const T& field) {
+    return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_relaxed);
   }
 };
 
 // A thread's parked holds, kParkSlots of them, each entry in the slot its
-// key hashes to (park_slot_of). Its thread parks and takes back with plain
-// stores; the mutex holder takes them back with compare-and-swaps, between
-// two increments of `epoch` (odd while it does) and behind a membarrier,
-// so that a thread taking a hold at the same moment sees the epoch move
-// (then it asks, under the mutex, whether its entry was taken: `stolen`).
+// address hashes to (park_slot_of). Its thread parks and takes back with
+// plain stores; the mutex holder takes them back with compare-and-swaps,
+// with the slot's `epoch` odd (each slot has its own; only the mutex
+// holder writes them) and behind a membarrier, so that a thread taking a
+// hold at the same moment sees the epoch move (then it asks, under the
+// mutex, whether its entry was taken: `stolen`). One cache line per slot,
+// everything a hit or a release of that slot touches at constant offsets
+// from the slot's address (one register for all of it).
+struct alignas(64) Cache::ParkSlot {
+  std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null
+    std::atomic<uint64_t> epoch{0};       // odd while the mutex holder takes parked holds back
+    std::atomic<uint64_t> hits{0};        // hits through this slot's parked holds; written by its thread only
+    // Its thread's only: a parked hold hit_parked() took (stored null)
+    // but found the epoch moved; hit_rest() (or acquire()) settles it.
+    Entry* taking = nullptr;
+    uint64_t taking_epoch = 0;
+    // Under the mutex: the last entry taken back from this slot, and the
+    // epoch (odd) then.
+    Entry* stolen = nullptr;
+    uint64_t stolen_epoch = 0;
+};
+
 struct alignas(64) Cache::Parking {
-  std::atomic<uint64_t> epoch{0};  // odd while the mutex holder takes parked holds back
-  std::atomic<uint64_t> hits{0};   // hits through parked holds; written by its thread only
-  // Its thread's only: a parked hold hit_parked() took (stored null) but
-  // found the epoch moved or the entry dead; hit_rest() settles it.
-  Entry* taking = nullptr;
-  uint64_t taking_epoch = 0;
-  unsigned taking_slot = 0;
-  std::atomic<Entry*> parked[detail::kParkSlots] = {};  // holds; only its thread stores non-null
+  using Slot = ParkSlot;
+  Slot slot[detail::kParkSlots];
   std::thread::id owner;
-  // Under the mutex: per slot, the last entry taken back, and the epoch
-  // (odd) then.
-  Entry* stolen[detail::kParkSlots] = {};
-  uint64_t stolen_epoch[detail::kParkSlots] = {};
+  // The slot at byte offset `off` (Entry::park_off, park_off_of()).
+  Slot& at(unsigned off) { return *reinterpret_cast<Slot*>(reinterpret_cast<char*>(slot) + off); }
 };
 
 namespace detail {
@@ -325,18 +380,37 @@ namespace detail {
 // object, not a call to __tls_get_addr. (A library loaded with dlopen takes
 // it from glibc's surplus of static TLS, which is there for this: 128
 // bytes.)
+// A slot's uid is 0 (never a cache's) until its thread parks there, and
+// its parking then never null. Caches' uids step by sizeof(ParkingSlot),
+// so a cache's slot is at byte offset uid & 0x70: no shift.
 struct ParkingSlot {
   uint64_t uid;
   Cache::Parking* parking;
 };
 inline constexpr size_t kParkingSlots = 8;
 extern __thread ParkingSlot tl_parkings[kParkingSlots] __attribute__((tls_model("initial-exec")));
+[[gnu::always_inline]] inline ParkingSlot& parking_slot_of(uint64_t uid) {
+  return tl_parkings[(uid / sizeof(ParkingSlot)) % kParkingSlots];
+}
+// Adds one to a counter that only the calling thread writes (others read
+// it): one instruction (x86's add to memory), where gcc makes a relaxed
+// load and store three. A reader's load sees the old or the new value
+// (aligned 8 bytes). Under ThreadSanitizer, or elsewhere, the plain
+// load and store (an asm statement is invisible to TSan).
+[[gnu::always_inline]] inline void bump_own(std::atomic<uint64_t>& n) {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+  static_assert(sizeof n == sizeof(uint64_t));
+  asm("addq $1, %0" : "+m"(n));
+#else
+  n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+#endif
+}
 }  // namespace detail
 
 inline void* Cache::handle(const Entry* e) { return e->handle; }
 
 [[gnu::always_inline]] inline Cache::Parking* Cache::my_parking() const {
-  const detail::ParkingSlot& slot = detail::tl_parkings[uid_ % detail::kParkingSlots];
+  const detail::ParkingSlot& slot = detail::parking_slot_of(uid_);
   return slot.uid == uid_ ? slot.parking : nullptr;
 }
 
@@ -347,32 +421,38 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) [[unlikely]] {
     return nullptr;
   }
-  Parking* pk = my_parking();
-  if (pk == nullptr) [[unlikely]] return nullptr;
+  const detail::ParkingSlot& ps = detail::parking_slot_of(uid_);
+  if (ps.uid != uid_) [[unlikely]] return nullptr;  // no parking for this cache here (yet)
   // The entry this thread parked: its key cannot change while it is parked
-  // (held). Taken back with a plain store; the mutex holder bumps the
-  // epoch and runs membarrier before it looks, so either it sees the store
-  // (and leaves the hold alone) or the epoch read after the store has
-  // moved (and the mutex says who has the hold: hit_rest() asks).
+  // (held). Taken back with a plain store; the mutex holder makes the
+  // slot's epoch odd and runs membarrier before it looks, so either it
+  // sees the store (and leaves the hold alone) or the epoch read after the
+  // store has moved (and the mutex says who has the hold: hit_rest()
+  // asks). An odd epoch (the mutex holder is at it now) is taken as moved:
+  // `epoch` is what was read with its low bit cleared, which the epoch
+  // read after the store cannot equal.
   const uint64_t a = reinterpret_cast<uintptr_t>(addr);
-  const unsigned i = detail::park_slot_of(a);
-  std::atomic<Entry*>& slot = pk->parked[i];
-  const uint64_t epoch = pk->epoch.load(std::memory_order_acquire);
-  Entry* p = slot.load(std::memory_order_acquire);
-  if (p == nullptr || (epoch & 1) != 0 || !p->is(a, length, access, gpu_buffer)) [[unlikely]] return nullptr;
+  Parking::Slot& slot = ps.parking->at(detail::park_off_of(a));
+  const uint64_t epoch = slot.epoch.load(std::memory_order_acquire) & ~uint64_t{1};
+  Entry* p = slot.parked.load(std::memory_order_acquire);
+  if (p == nullptr || !p->is_held(a, length, access, gpu_buffer)) [[unlikely]] return nullptr;
 #ifdef UFAB_REGCACHE_TEST_HOOKS
   if (test_hooks::between_look_and_take != nullptr) test_hooks::between_look_and_take();
 #endif
-  slot.store(nullptr, std::memory_order_relaxed);
-  std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the loads below
-  if (pk->epoch.load(std::memory_order_acquire) != epoch ||
-      (p->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] {
-    pk->taking = p;
-    pk->taking_epoch = epoch;
-    pk->taking_slot = i;
+  slot.parked.store(nullptr, std::memory_order_relaxed);
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
+  // No look at p's state: a parked entry that dies is taken back from the
+  // slot behind a membarrier (unpark_locked) before its death is
+  // published (an unmapping's before seen_events_ moves), so a hit that
+  // saw no epoch move either took the hold before that barrier (a hit
+  // before the death; the release sees it dead) or finds the slot empty.
+  // If membarrier ever fails, the epochs stay odd.
+  if (slot.epoch.load(std::memory_order_acquire) != epoch) [[unlikely]] {
+    slot.taking = p;
+    slot.taking_epoch = epoch;
     return nullptr;
   }
-  pk->hits.store(pk->hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  detail::bump_own(slot.hits);
   return p;
 }
 
@@ -382,24 +462,29 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   return hit_rest(addr, length, access, gpu_buffer);
 }
 
-[[gnu::always_inline]] inline void Cache::release(Entry* e) {
+[[gnu::always_inline]] inline int Cache::release0(Entry* e) {
   // Parked: this thread keeps the hold for its next hit of the entry. Not
   // while over the bounds (the release may let one go), not where the
-  // entry's slot in the thread's parking is taken, not without membarrier.
-  Parking* pk = my_parking();
-  const unsigned i = e->park_slot.load(std::memory_order_relaxed);  // e is held: its key stays
-  if (pk != nullptr && pk->parked[i].load(std::memory_order_relaxed) == nullptr &&
-      release_flags_.load(std::memory_order_relaxed) == 0) [[likely]] {
-    pk->parked[i].store(e, std::memory_order_release);
-    std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
-    // Dead (before or meanwhile)? The killer marks it dead, runs
-    // membarrier, then looks at the parked holds: either it sees this one,
-    // or this load sees dead (then the hold is given up here, unless it
-    // was taken; a dead entry's last release deregisters it).
-    if ((e->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] unpark_dead(pk, i, e);
-    return;
+  // entry's slot in the thread's parking is taken, not without membarrier
+  // (release_key_ then matches no thread's slot).
+  const uint64_t key = release_key_.load(std::memory_order_relaxed);
+  const detail::ParkingSlot& ps = detail::parking_slot_of(key);
+  if (ps.uid == key) [[likely]] {
+    Parking::Slot& slot = ps.parking->at(e->park_off);  // e is held: its key stays
+    if (slot.parked.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+      slot.parked.store(e, std::memory_order_release);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
+      // Dead (before or meanwhile)? The killer marks it dead, runs
+      // membarrier, then looks at the parked holds: either it sees this
+      // one, or this load sees dead (then the hold is given up here,
+      // unless it was taken; a dead entry's last release deregisters it).
+      if ((e->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] return unpark_dead(slot, e);
+      return 0;
+    }
   }
-  release_hold(e);
+  return release_hold(e);
 }
+
+[[gnu::always_inline]] inline void Cache::release(Entry* e) { (void)release0(e); }
 
 }  // namespace ufab::regcache
