@@ -121,18 +121,22 @@ inline Cache::Entry* Cache::hit_shared(uint64_t a, uint64_t length, uint32_t acc
 Cache::Entry* Cache::hit_settle(Parking* pk, unsigned off, uint64_t a, uint64_t length, uint32_t access,
                                uint64_t gpu_buffer) {
   // hit_parked() took the parked entry (stored null) but the slot's epoch
-  // moved meanwhile (or was odd, or stays odd: membarrier failed).
+  // moved meanwhile (or was odd, or stays odd: membarrier failed), or the
+  // entry is another range's.
   Parking::Slot& slot = pk->at(off);
   Entry* p = slot.taking;
   const uint64_t epoch = slot.taking_epoch;
   slot.taking = nullptr;
   if (slot.epoch.load(std::memory_order_acquire) != epoch && parked_taken_back(slot, p, epoch)) p = nullptr;
-  if (p != nullptr) {
-    if ((p->state.load(std::memory_order_acquire) & kDead) == 0) {
+  if (p != nullptr) {  // this thread's hold
+    if ((p->state.load(std::memory_order_acquire) & kDead) != 0) {
+      release_hold(p);  // it died while parked (and could not be taken back: no membarrier)
+    } else if (p->is_held(a, length, access, gpu_buffer)) {
       detail::bump_own(slot.hits);
       return p;
+    } else {
+      release0(p);  // another range's: parked again (its slot is this one, and empty)
     }
-    release_hold(p);  // it died while parked (and could not be taken back: no membarrier)
   }
   if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) return nullptr;
   return hit_shared(a, length, access, gpu_buffer);

@@ -423,19 +423,19 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   }
   const detail::ParkingSlot& ps = detail::parking_slot_of(uid_);
   if (ps.uid != uid_) [[unlikely]] return nullptr;  // no parking for this cache here (yet)
-  // The entry this thread parked: its key cannot change while it is parked
-  // (held). Taken back with a plain store; the mutex holder makes the
-  // slot's epoch odd and runs membarrier before it looks, so either it
-  // sees the store (and leaves the hold alone) or the epoch read after the
-  // store has moved (and the mutex says who has the hold: hit_rest()
-  // asks). An odd epoch (the mutex holder is at it now) is taken as moved:
-  // `epoch` is what was read with its low bit cleared, which the epoch
-  // read after the store cannot equal.
+  // The entry this thread parked in the slot of this address, taken back
+  // with a plain store; the mutex holder makes the slot's epoch odd and
+  // runs membarrier before it looks, so either it sees the store (and
+  // leaves the hold alone) or the epoch read after the store has moved
+  // (and the mutex says who has the hold: hit_rest() asks). An odd epoch
+  // (the mutex holder is at it now) is taken as moved: `epoch` is what
+  // was read with its low bit cleared, which the epoch read after the
+  // store cannot equal.
   const uint64_t a = reinterpret_cast<uintptr_t>(addr);
   Parking::Slot& slot = ps.parking->at(detail::park_off_of(a));
   const uint64_t epoch = slot.epoch.load(std::memory_order_acquire) & ~uint64_t{1};
   Entry* p = slot.parked.load(std::memory_order_acquire);
-  if (p == nullptr || !p->is_held(a, length, access, gpu_buffer)) [[unlikely]] return nullptr;
+  if (p == nullptr) [[unlikely]] return nullptr;
 #ifdef UFAB_REGCACHE_TEST_HOOKS
   if (test_hooks::between_look_and_take != nullptr) test_hooks::between_look_and_take();
 #endif
@@ -445,9 +445,15 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   // slot behind a membarrier (unpark_locked) before its death is
   // published (an unmapping's before seen_events_ moves), so a hit that
   // saw no epoch move either took the hold before that barrier (a hit
-  // before the death; the release sees it dead) or finds the slot empty.
-  // If membarrier ever fails, the epochs stay odd.
-  if (slot.epoch.load(std::memory_order_acquire) != epoch) [[unlikely]] {
+  // concurrent with the death; the release sees it dead) or found the
+  // slot empty. If membarrier ever fails, the epochs stay odd.
+  // The key is compared only now, when the hold is this thread's: p's key
+  // cannot change while it is held, so it is read in place (before the
+  // take, the mutex holder could have taken p back and reused it). Another
+  // range parked in this slot (the same address, or a colliding one) is
+  // left to hit_rest(), which parks it again.
+  if (slot.epoch.load(std::memory_order_acquire) != epoch || !p->is_held(a, length, access, gpu_buffer))
+      [[unlikely]] {
     slot.taking = p;
     slot.taking_epoch = epoch;
     return nullptr;
