@@ -111,6 +111,26 @@ TEST(GpuNoDriver, CacheOnHostMemoryThroughTheCApiFromSeveralThreads) {
   ufab_mr* b = nullptr;
   ASSERT_EQ(ufab_mr_cache_reg(cache, buf, n, UFAB_ACCESS_LOCAL_WRITE, &a), 0) << ufab_last_error();
   EXPECT_EQ(ufab_mr_dereg(a), -EINVAL);  // a cached region goes back through the cache
+  // A release checks the cache and the region with one compare: a null
+  // cache, a region of no cache and one of another cache are refused.
+  {
+    EXPECT_EQ(ufab_mr_cache_release(nullptr, a), -EINVAL);
+    EXPECT_NE(std::string(ufab_last_error()).find("required"), std::string::npos) << ufab_last_error();
+    EXPECT_EQ(ufab_mr_cache_release(cache, nullptr), -EINVAL);
+    EXPECT_EQ(ufab_mr_cache_reg(nullptr, buf, n, UFAB_ACCESS_LOCAL_WRITE, &b), -EINVAL);
+    EXPECT_EQ(ufab_mr_cache_reg(cache, buf, n, UFAB_ACCESS_LOCAL_WRITE, nullptr), -EINVAL);
+    ufab_mr* plain = nullptr;
+    ASSERT_EQ(ufab_mr_reg(p.pd[0], buf, n, UFAB_ACCESS_LOCAL_WRITE, &plain), 0) << ufab_last_error();
+    EXPECT_EQ(ufab_mr_cache_release(cache, plain), -EINVAL);
+    EXPECT_NE(std::string(ufab_last_error()).find("not from this registration cache"), std::string::npos)
+        << ufab_last_error();
+    EXPECT_EQ(ufab_mr_cache_release(nullptr, plain), -EINVAL);
+    EXPECT_EQ(ufab_mr_dereg(plain), 0);
+    ufab_mr_cache* other = nullptr;
+    ASSERT_EQ(ufab_mr_cache_create(p.pd[0], nullptr, &other), 0) << ufab_last_error();
+    EXPECT_EQ(ufab_mr_cache_release(other, a), -EINVAL);
+    EXPECT_EQ(ufab_mr_cache_destroy(other), 0);
+  }
   ASSERT_EQ(ufab_mr_cache_release(cache, a), 0);
   ASSERT_EQ(ufab_mr_cache_reg(cache, buf, n, UFAB_ACCESS_LOCAL_WRITE, &b), 0) << ufab_last_error();
   EXPECT_EQ(a, b);

@@ -766,4 +766,116 @@ TEST(RegCache, ThreadParksAHoldPerRangeAndUnmapTakesBackOnlyItsOwn) {
   munmap(p, kRanges * 4096);
 }
 
+// Two ranges whose entries park in one slot (the same address, another
+// length): the first parked keeps the slot. A hit of the second takes the
+// slot's entry (the key is compared only once the hold is the thread's),
+// finds it is the other range's and parks it again (hit_rest), then hits
+// through the slot table; the first range's next hit is still a parked
+// one, and no hold is lost or given back twice.
+TEST(RegCache, AnotherRangeInTheSlotIsParkedAgain) {
+  ThreadSafeFake f;
+  auto made = Cache::create(f.registrar());
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  char* p = map_anon(2 * 4096);
+  Cache::Entry* a = get(c, p, 4096);
+  Cache::Entry* b = get(c, p, 2 * 4096);
+  ASSERT_TRUE(a != nullptr && b != nullptr && a != b);
+  c.release(a);  // parked
+  c.release(b);  // its slot is taken: given back through the state word
+  if (c.hit_parked(p, 4096, 7) == nullptr) GTEST_SKIP() << "nothing is parked here (no membarrier)";
+  c.release(a);  // parked again
+  const uint64_t parked_before = c.stats().parked_hits;
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(c.hit_parked(p, 2 * 4096, 7), nullptr) << "the slot's entry is the other range's";
+    Cache::Entry* again = c.hit_rest(p, 2 * 4096, 7);
+    ASSERT_EQ(again, b);
+    c.release(again);
+    Cache::Entry* first = c.hit_parked(p, 4096, 7);
+    ASSERT_EQ(first, a) << "the first range lost its parked hold (round " << i << ")";
+    c.release(first);
+  }
+  auto s = c.stats();
+  EXPECT_EQ(s.parked_hits - parked_before, 100u);
+  EXPECT_EQ(s.hits, 1u + 2 * 100);
+  EXPECT_EQ(s.held, 0u);
+  EXPECT_FALSE(c.busy());
+  // And both go away with their memory: the parked one is taken back.
+  ASSERT_EQ(munmap(p, 2 * 4096), 0);
+  char* q = map_anon(4096);
+  auto r = c.acquire(q, 4096, 7, std::nullopt);  // takes the unmapping
+  ASSERT_TRUE(r);
+  s = c.stats();
+  EXPECT_EQ(s.invalidations, 2u);
+  EXPECT_EQ(s.unparked, 1u);
+  EXPECT_EQ(s.entries, 1u);  // q's
+  c.release(*r);
+  made->reset();
+  munmap(q, 4096);
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+}
+
+// If membarrier(2) fails (it cannot after its registration succeeded; the
+// hook makes it), no parked hold may be taken back: the cache stops
+// parking and leaves the slots' epochs odd, so each parked hold goes back
+// through hit_rest(), which gives a dead one up (its memory went away)
+// and keeps a live one. Nothing is deregistered twice or hit after its
+// memory went away.
+TEST(RegCache, MembarrierFailingStopsParkingAndDeadParkedHoldsAreGivenUp) {
+  ThreadSafeFake f;
+  auto made = Cache::create(f.registrar());
+  ASSERT_TRUE(made);
+  Cache& c = **made;
+  NEED_MONITOR(&c);
+  char* p = map_anon(2 * 4096);
+  Cache::Entry* a = get(c, p, 4096);         // parked, then goes away
+  Cache::Entry* b = get(c, p + 4096, 4096);  // parked, stays
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  void* const a_handle = Cache::handle(a);
+  c.release(a);
+  c.release(b);
+  if (c.hit_parked(p, 4096, 7) == nullptr) GTEST_SKIP() << "nothing is parked here (no membarrier)";
+  c.release(a);
+  ufab::regcache::test_hooks::membarrier_fails = true;
+  ASSERT_EQ(munmap(p, 4096), 0);
+  auto other = c.acquire(p + 4096, 4096, 1, std::nullopt);  // takes the unmapping: a dies, parked
+  ufab::regcache::test_hooks::membarrier_fails = false;
+  ASSERT_TRUE(other);
+  c.release(*other);  // not parked any more
+  auto s = c.stats();
+  EXPECT_EQ(s.invalidations, 1u);
+  EXPECT_EQ(s.unparked, 0u) << "a parked hold was taken back without the barrier";
+  EXPECT_TRUE(f.live(a_handle)) << "deregistered while its thread still has it parked";
+  // The dead entry's thread hits its range: the parked hold is given up
+  // (deregistered), and the lookup misses.
+  EXPECT_EQ(c.hit_parked(p, 4096, 7), nullptr);
+  EXPECT_EQ(c.hit_rest(p, 4096, 7), nullptr);
+  EXPECT_FALSE(f.live(a_handle));
+  // The live one is still this thread's, taken back through hit_rest(),
+  // and released without parking from now on: every later hit is the
+  // slot table's.
+  const uint64_t parked_before = c.stats().parked_hits;
+  EXPECT_EQ(c.hit_parked(p + 4096, 4096, 7), nullptr);
+  Cache::Entry* kept = c.hit_rest(p + 4096, 4096, 7);
+  ASSERT_EQ(kept, b);
+  c.release(kept);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(c.hit_parked(p + 4096, 4096, 7), nullptr);
+    Cache::Entry* e = c.hit_rest(p + 4096, 4096, 7);
+    ASSERT_EQ(e, b);
+    c.release(e);
+  }
+  s = c.stats();
+  EXPECT_EQ(s.parked_hits - parked_before, 1u);  // the one taken back through hit_rest()
+  EXPECT_EQ(s.held, 0u);
+  EXPECT_EQ(s.entries, 2u);  // b, and `other` (another access)
+  EXPECT_FALSE(c.busy());
+  made->reset();
+  EXPECT_EQ(f.regs.load(), f.deregs.load());
+  EXPECT_EQ(f.bad.load(), 0u);
+  munmap(p + 4096, 4096);
+}
+
 }  // namespace
