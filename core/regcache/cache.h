@@ -279,7 +279,8 @@ inline constexpr int kHitShift = 20;
 inline constexpr uint64_t kHitOne = 1ull << kHitShift;
 inline constexpr uint64_t kHitMask = ((1ull << 20) - 1) << kHitShift;
 inline constexpr uint64_t kReferenced = 1ull << 40;
-inline constexpr uint64_t kDead = 1ull << 41;
+inline constexpr int kDeadBit = 41;
+inline constexpr uint64_t kDead = 1ull << kDeadBit;
 inline constexpr uint64_t kGenOne = 1ull << 42;
 
 // Holds a thread keeps parked per cache, and the slot an entry parks in,
@@ -295,6 +296,33 @@ inline unsigned park_slot_of(uint64_t addr) {
 }
 // The same as a byte offset into Parking::slot (64-byte slots).
 inline unsigned park_off_of(uint64_t addr) { return park_slot_of(addr) * 64; }
+// Whether atomic word `w` holds `v` now, and whether bit `bit` of it is
+// set: acquire loads, compared in place (x86: one cmp or bt with a memory
+// operand, where gcc loads an atomic into a register first; every x86
+// load is an acquire load, and the "memory" clobber keeps the compiler
+// from moving later loads above it). Under ThreadSanitizer, or elsewhere,
+// the atomic load.
+template <class T>
+[[gnu::always_inline]] inline bool word_is(const std::atomic<T>& w, T v) {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+  static_assert(sizeof w == sizeof(uint64_t) && std::atomic<T>::is_always_lock_free);
+  bool eq;
+  asm volatile("cmpq %2, %1" : "=@cce"(eq) : "m"(w), "re"(v) : "memory");
+  return eq;
+#else
+  return w.load(std::memory_order_acquire) == v;
+#endif
+}
+template <int bit>
+[[gnu::always_inline]] inline bool bit_is_set(const std::atomic<uint64_t>& w) {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+  bool set;
+  asm volatile("btq %2, %1" : "=@ccc"(set) : "m"(w), "J"(bit) : "memory");
+  return set;
+#else
+  return (w.load(std::memory_order_acquire) >> bit) & 1;
+#endif
+}
 }  // namespace detail
 
 // A pool entry, on a cache line of its own (a hit reads its key, state and
@@ -418,7 +446,7 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
                                                               uint64_t gpu_buffer) {
   // Unmappings not yet taken (or being recorded): the slow path takes them
   // first.
-  if (events_->load(std::memory_order_acquire) != seen_events_.load(std::memory_order_acquire)) [[unlikely]] {
+  if (!detail::word_is(seen_events_, events_->load(std::memory_order_acquire))) [[unlikely]] {
     return nullptr;
   }
   const detail::ParkingSlot& ps = detail::parking_slot_of(uid_);
@@ -452,7 +480,7 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   // take, the mutex holder could have taken p back and reused it). Another
   // range parked in this slot (the same address, or a colliding one) is
   // left to hit_rest(), which parks it again.
-  if (slot.epoch.load(std::memory_order_acquire) != epoch || !p->is_held(a, length, access, gpu_buffer))
+  if (!detail::word_is(slot.epoch, epoch) || !p->is_held(a, length, access, gpu_buffer))
       [[unlikely]] {
     slot.taking = p;
     slot.taking_epoch = epoch;
@@ -477,14 +505,14 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   const detail::ParkingSlot& ps = detail::parking_slot_of(key);
   if (ps.uid == key) [[likely]] {
     Parking::Slot& slot = ps.parking->at(e->park_off);  // e is held: its key stays
-    if (slot.parked.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+    if (detail::word_is<Entry*>(slot.parked, nullptr)) [[likely]] {
       slot.parked.store(e, std::memory_order_release);
       std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
       // Dead (before or meanwhile)? The killer marks it dead, runs
       // membarrier, then looks at the parked holds: either it sees this
       // one, or this load sees dead (then the hold is given up here,
       // unless it was taken; a dead entry's last release deregisters it).
-      if ((e->state.load(std::memory_order_acquire) & detail::kDead) != 0) [[unlikely]] return unpark_dead(slot, e);
+      if (detail::bit_is_set<detail::kDeadBit>(e->state)) [[unlikely]] return unpark_dead(slot, e);
       return 0;
     }
   }
