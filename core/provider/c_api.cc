@@ -68,14 +68,14 @@ namespace {
 // that ufab_mr_cache_release's one compare (mr->cache == cache) also
 // refuses a null cache.
 char not_cached_tag;
-ufab_mr_cache* const kNotCached = reinterpret_cast<ufab_mr_cache*>(&not_cached_tag);
+ufab_mr_cache* not_cached() { return reinterpret_cast<ufab_mr_cache*>(&not_cached_tag); }
 }  // namespace
 
 struct alignas(64) ufab_mr {
   ufab_pd* pd;
   ufab_rdma_mr* p;
   uint32_t lkey, rkey;
-  ufab_mr_cache* cache = kNotCached;  // else owned by that registration cache
+  ufab_mr_cache* cache = not_cached();  // else owned by that registration cache
   void* entry = nullptr;              // its regcache::Cache::Entry
 };
 
@@ -270,7 +270,7 @@ uint32_t ufab_mr_rkey(const ufab_mr* mr) { return mr->rkey; }
 
 int ufab_mr_dereg(ufab_mr* mr) {
   if (mr == nullptr) return 0;
-  if (mr->cache != kNotCached) {
+  if (mr->cache != not_cached()) {
     return error(EINVAL, "ufab_mr_dereg: this region belongs to a registration cache; give it back with "
                          "ufab_mr_cache_release");
   }
@@ -299,7 +299,7 @@ ufab::regcache::Registrar cache_registrar(ufab_mr_cache* c) {
   };
   r.dereg = [](void* handle) {
     auto* mr = static_cast<ufab_mr*>(handle);
-    mr->cache = kNotCached;
+    mr->cache = not_cached();
     (void)ufab_mr_dereg(mr);
   };
   // The entry is kept in the region once, before any thread can hit it:
@@ -409,7 +409,7 @@ int ufab_mr_cache_reg(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t ac
 
 int ufab_mr_cache_release(ufab_mr_cache* c, ufab_mr* mr) {
   if (mr == nullptr) [[unlikely]] return invalid_argument(__func__, "cache and mr are required");
-  // A null `c` fails this too: no region's cache is null (kNotCached).
+  // A null `c` fails this too: no region's cache is null (not_cached()).
   if (mr->cache != c) [[unlikely]] {
     return invalid_argument(__func__, c == nullptr ? "cache and mr are required"
                                                    : "this region is not from this registration cache");

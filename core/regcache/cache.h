@@ -28,7 +28,7 @@
 // the hand found nothing else, and after it kills entries (unmapped
 // memory, a stale GPU buffer), behind a process-wide memory barrier
 // (membarrier(2)): a thread parking a dying entry, or taking its parked
-// one, at that moment sees it (Parking in cache.cc). Without membarrier
+// one, at that moment sees it (Parking, below the class). Without membarrier
 // nothing is parked. The mutex is taken for misses, invalidation,
 // eviction, the last release of a dead entry, and stats.
 // The parked hit and release are inline (below the class), so a caller's
@@ -380,16 +380,17 @@ struct alignas(64) Cache::Entry {
 // from the slot's address (one register for all of it).
 struct alignas(64) Cache::ParkSlot {
   std::atomic<Entry*> parked{nullptr};  // a hold; only its thread stores non-null
-    std::atomic<uint64_t> epoch{0};       // odd while the mutex holder takes parked holds back
-    std::atomic<uint64_t> hits{0};        // hits through this slot's parked holds; written by its thread only
-    // Its thread's only: a parked hold hit_parked() took (stored null)
-    // but found the epoch moved; hit_rest() (or acquire()) settles it.
-    Entry* taking = nullptr;
-    uint64_t taking_epoch = 0;
-    // Under the mutex: the last entry taken back from this slot, and the
-    // epoch (odd) then.
-    Entry* stolen = nullptr;
-    uint64_t stolen_epoch = 0;
+  std::atomic<uint64_t> epoch{0};       // odd while the mutex holder takes parked holds back
+  std::atomic<uint64_t> hits{0};        // hits through this slot's parked holds; written by its thread only
+  // Its thread's only: a parked hold hit_parked() took (stored null)
+  // but found the epoch moved, or of another range; hit_rest() (or
+  // acquire()) settles it.
+  Entry* taking = nullptr;
+  uint64_t taking_epoch = 0;
+  // Under the mutex: the last entry taken back from this slot, and the
+  // epoch (odd) then.
+  Entry* stolen = nullptr;
+  uint64_t stolen_epoch = 0;
 };
 
 struct alignas(64) Cache::Parking {
@@ -469,12 +470,14 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
 #endif
   slot.parked.store(nullptr, std::memory_order_relaxed);
   std::atomic_signal_fence(std::memory_order_seq_cst);  // the store above, then the load below
-  // No look at p's state: a parked entry that dies is taken back from the
-  // slot behind a membarrier (unpark_locked) before its death is
-  // published (an unmapping's before seen_events_ moves), so a hit that
-  // saw no epoch move either took the hold before that barrier (a hit
-  // concurrent with the death; the release sees it dead) or found the
-  // slot empty. If membarrier ever fails, the epochs stay odd.
+  // No look at p's state: an entry dies only under the mutex, whose
+  // holder then takes the parked holds of dead entries back
+  // (unpark_locked, behind membarrier) before it lets the mutex go (and,
+  // for an unmapping, before seen_events_ moves). So a hit that sees no
+  // epoch move took its hold before that barrier: it is concurrent with
+  // the death, as if it came just before (its release sees the entry dead
+  // and gives the hold up). Should membarrier ever fail, the epochs stay
+  // odd, and every take goes through hit_rest(), which looks.
   // The key is compared only now, when the hold is this thread's: p's key
   // cannot change while it is held, so it is read in place (before the
   // take, the mutex holder could have taken p back and reused it). Another
