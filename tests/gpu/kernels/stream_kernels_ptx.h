@@ -104,5 +104,149 @@ $L__BB1_5:
 	ret;
 
 }
+	// .globl	ufab_fill_ring
+.visible .entry ufab_fill_ring(
+	.param .u64 ufab_fill_ring_param_0,
+	.param .u32 ufab_fill_ring_param_1,
+	.param .u32 ufab_fill_ring_param_2,
+	.param .u64 ufab_fill_ring_param_3,
+	.param .u64 ufab_fill_ring_param_4,
+	.param .u32 ufab_fill_ring_param_5
+)
+{
+	.reg .pred 	%p<5>;
+	.reg .b32 	%r<26>;
+	.reg .b64 	%rd<9>;
+
+
+	ld.param.u64 	%rd3, [ufab_fill_ring_param_0];
+	ld.param.u32 	%r7, [ufab_fill_ring_param_1];
+	ld.param.u32 	%r8, [ufab_fill_ring_param_2];
+	ld.param.u64 	%rd5, [ufab_fill_ring_param_3];
+	ld.param.u64 	%rd4, [ufab_fill_ring_param_4];
+	ld.param.u32 	%r9, [ufab_fill_ring_param_5];
+	cvta.to.global.u64 	%rd1, %rd5;
+	mov.u32 	%r1, %ntid.x;
+	mov.u32 	%r10, %ctaid.x;
+	mov.u32 	%r2, %tid.x;
+	mad.lo.s32 	%r25, %r10, %r1, %r2;
+	setp.ge.u32 	%p1, %r25, %r7;
+	@%p1 bra 	$L__BB2_3;
+
+	mov.u32 	%r11, %nctaid.x;
+	mul.lo.s32 	%r4, %r11, %r1;
+	cvta.to.global.u64 	%rd2, %rd3;
+
+$L__BB2_2:
+	mad.lo.s32 	%r12, %r25, 13, %r8;
+	cvt.u64.u32 	%rd6, %r25;
+	add.s64 	%rd7, %rd2, %rd6;
+	st.global.u8 	[%rd7], %r12;
+	add.s32 	%r25, %r25, %r4;
+	setp.lt.u32 	%p2, %r25, %r7;
+	@%p2 bra 	$L__BB2_2;
+
+$L__BB2_3:
+	bar.sync 	0;
+	mov.u32 	%r13, %tid.y;
+	or.b32  	%r14, %r2, %r13;
+	mov.u32 	%r15, %tid.z;
+	or.b32  	%r16, %r14, %r15;
+	setp.ne.s32 	%p3, %r16, 0;
+	@%p3 bra 	$L__BB2_6;
+
+	membar.sys;
+	mov.u32 	%r17, %nctaid.y;
+	mov.u32 	%r18, %nctaid.x;
+	mul.lo.s32 	%r19, %r18, %r17;
+	mov.u32 	%r20, %nctaid.z;
+	atom.global.add.u32 	%r21, [%rd1], 1;
+	mad.lo.s32 	%r22, %r19, %r20, -1;
+	setp.ne.s32 	%p4, %r21, %r22;
+	@%p4 bra 	$L__BB2_6;
+
+	mov.u32 	%r24, 0;
+	st.volatile.global.u32 	[%rd1], %r24;
+	membar.sys;
+	// begin inline asm
+	st.release.sys.global.u32 [%rd4], %r9;
+	// end inline asm
+
+$L__BB2_6:
+	ret;
+
+}
+	// .globl	ufab_verify_after
+.visible .entry ufab_verify_after(
+	.param .u64 ufab_verify_after_param_0,
+	.param .u32 ufab_verify_after_param_1,
+	.param .u32 ufab_verify_after_param_2,
+	.param .u64 ufab_verify_after_param_3,
+	.param .u64 ufab_verify_after_param_4,
+	.param .u32 ufab_verify_after_param_5
+)
+{
+	.reg .pred 	%p<6>;
+	.reg .b16 	%rs<4>;
+	.reg .b32 	%r<21>;
+	.reg .b64 	%rd<9>;
+
+
+	ld.param.u64 	%rd3, [ufab_verify_after_param_0];
+	ld.param.u32 	%r7, [ufab_verify_after_param_1];
+	ld.param.u32 	%r8, [ufab_verify_after_param_2];
+	ld.param.u64 	%rd4, [ufab_verify_after_param_3];
+	ld.param.u64 	%rd5, [ufab_verify_after_param_4];
+	ld.param.u32 	%r9, [ufab_verify_after_param_5];
+	mov.u32 	%r10, %tid.y;
+	mov.u32 	%r1, %tid.x;
+	or.b32  	%r11, %r1, %r10;
+	mov.u32 	%r12, %tid.z;
+	or.b32  	%r13, %r11, %r12;
+	setp.ne.s32 	%p1, %r13, 0;
+	@%p1 bra 	$L__BB3_2;
+
+$L__BB3_1:
+	// begin inline asm
+	ld.acquire.sys.global.u32 %r14, [%rd5];
+	// end inline asm
+	sub.s32 	%r15, %r14, %r9;
+	setp.lt.s32 	%p2, %r15, 0;
+	@%p2 bra 	$L__BB3_1;
+
+$L__BB3_2:
+	bar.sync 	0;
+	mov.u32 	%r2, %ntid.x;
+	mov.u32 	%r16, %ctaid.x;
+	mad.lo.s32 	%r20, %r16, %r2, %r1;
+	setp.ge.u32 	%p3, %r20, %r7;
+	@%p3 bra 	$L__BB3_7;
+
+	mov.u32 	%r17, %nctaid.x;
+	mul.lo.s32 	%r4, %r17, %r2;
+	cvta.to.global.u64 	%rd1, %rd4;
+	cvta.to.global.u64 	%rd2, %rd3;
+
+$L__BB3_4:
+	cvt.u64.u32 	%rd7, %r20;
+	add.s64 	%rd8, %rd2, %rd7;
+	mad.lo.s32 	%r18, %r20, 13, %r8;
+	cvt.u16.u32 	%rs1, %r18;
+	and.b16  	%rs2, %rs1, 255;
+	ld.global.u8 	%rs3, [%rd8];
+	setp.eq.s16 	%p4, %rs3, %rs2;
+	@%p4 bra 	$L__BB3_6;
+
+	atom.global.add.u32 	%r19, [%rd1], 1;
+
+$L__BB3_6:
+	add.s32 	%r20, %r20, %r4;
+	setp.lt.u32 	%p5, %r20, %r7;
+	@%p5 bra 	$L__BB3_4;
+
+$L__BB3_7:
+	ret;
+
+}
 
 )ptx";
