@@ -101,7 +101,8 @@ int ufab_stream_engine_wait_mode(struct ufab_stream_engine* engine);
  *
  * ufab_stream_wait_word: the GPU address of a ticket's completion word and
  * the value it reaches when the ticket is complete, for a kernel to wait
- * on (ufab_stream_device_wait); valid while the ticket holds its slot. */
+ * on (ufab_stream_device_wait, ufab_stream_device_wait_grid); valid while
+ * the ticket holds its slot. */
 int ufab_stream_post_send_device(struct ufab_stream_engine* engine, struct ufab_qp* qp,
                                  const struct ufab_send_wr* wrs, uint32_t n, uint64_t* ticket, uint64_t* doorbell,
                                  uint32_t* doorbell_value);

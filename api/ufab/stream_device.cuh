@@ -11,8 +11,9 @@
  *     ... write buf ...
  *     ufab_stream_device_ring_when_done(arrived, db, v);  // every block calls it
  *   }
- *   __global__ void consume(const uint8_t* buf, unsigned n, uint64_t word, uint32_t v) {
- *     ufab_stream_device_wait(word, v);                   // every block calls it
+ *   __global__ void consume(const uint8_t* buf, unsigned n, uint64_t word, uint32_t v,
+ *                           unsigned* seen) {
+ *     ufab_stream_device_wait_grid(word, v, seen);        // every block calls it
  *     ... read buf ...
  *   }
  *
@@ -52,13 +53,38 @@ __device__ inline void ufab_stream_device_ring_when_done(unsigned* arrived, uint
 /* Wait until a ticket is complete: its completion word reaches `value`
  * (compared as a signed difference, so sequence numbers may wrap). Every
  * thread of the block returns after the block's first thread saw it, and
- * sees what the completed work wrote. */
+ * sees what the completed work wrote. For a kernel of one block; with
+ * several, ufab_stream_device_wait_grid below. */
 __device__ inline void ufab_stream_device_wait(uint64_t word, uint32_t value) {
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
     uint32_t seen;
     do {
       asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
     } while ((int32_t)(seen - value) < 0);
+  }
+  __syncthreads();
+}
+
+/* The same for a kernel of several blocks: block 0 alone reads the
+ * completion word (pinned host memory, across PCIe) and passes what it saw
+ * to the other blocks through `seen`, a word of device memory they poll
+ * in the GPU's own memory. Many blocks reading one host word at once make
+ * each of them see it change tens of microseconds late (measured on an
+ * H200, docs/gpu.md). `seen` starts at 0 and is only ever raised: give
+ * each engine's waits their own (one per engine and stream). */
+__device__ inline void ufab_stream_device_wait_grid(uint64_t word, uint32_t value, unsigned* seen) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    uint32_t v;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+      do {
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(word) : "memory");
+      } while ((int32_t)(v - value) < 0);
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(seen), "r"(v) : "memory");
+    } else {
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(seen) : "memory");
+      } while ((int32_t)(v - value) < 0);
+    }
   }
   __syncthreads();
 }

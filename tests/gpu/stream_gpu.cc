@@ -148,6 +148,7 @@ struct Side {
   CUstream stream = nullptr;
   ufab_stream_engine* engine = nullptr;
   CUdeviceptr arrived = 0;  // ufab_fill_ring's counter of blocks done (device memory, zeroed)
+  CUdeviceptr seen = 0;     // ufab_verify_after's word for its blocks (device memory, zeroed)
 };
 
 CUfunction k_fill, k_verify, k_fill_ring, k_verify_after;
@@ -182,7 +183,7 @@ void launch_verify_after(Side& s, uint64_t offset, uint32_t n, uint32_t seed, ui
   }
   CUdeviceptr p = s.dbuf + offset;
   unsigned long long w = word;
-  void* args[] = {&p, &n, &seed, &s.dbad, &w, &value};
+  void* args[] = {&p, &n, &seed, &s.dbad, &w, &value, &s.seen};
   CU_OK(cu.cuLaunchKernel_(k_verify_after, grid_for(n), 1, 1, 256, 1, 1, 0, s.stream, args, nullptr));
 }
 
@@ -221,8 +222,9 @@ void open_side(Side& s, const std::string& spec, const std::string& ip, uint32_t
   }
   s.mr.emplace(std::move(*mr));
   CU_OK(cu.cuStreamCreate_(&s.stream, CU_STREAM_NON_BLOCKING));
-  CU_OK(cu.cuMemAlloc_(&s.arrived, sizeof(uint32_t)));
-  CU_OK(cu.cuMemsetD32_(s.arrived, 0, 1));
+  CU_OK(cu.cuMemAlloc_(&s.arrived, 2 * sizeof(uint32_t)));
+  CU_OK(cu.cuMemsetD32_(s.arrived, 0, 2));
+  s.seen = s.arrived + sizeof(uint32_t);
 }
 
 ufab_send_wr write_imm(Side& from, Side& to, ufab_sge* g, uint32_t n, uint32_t imm) {

@@ -27,8 +27,9 @@ extern "C" __global__ void ufab_fill_ring(unsigned char* p, unsigned int n, unsi
 }
 
 extern "C" __global__ void ufab_verify_after(const unsigned char* p, unsigned int n, unsigned int seed,
-                                             unsigned int* bad, unsigned long long word, unsigned int value) {
-  ufab_stream_device_wait(word, value);
+                                             unsigned int* bad, unsigned long long word, unsigned int value,
+                                             unsigned int* seen) {
+  ufab_stream_device_wait_grid(word, value, seen);
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     if (p[i] != (unsigned char)(i * 13u + seed)) atomicAdd(bad, 1u);
   }

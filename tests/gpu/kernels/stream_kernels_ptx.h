@@ -183,68 +183,93 @@ $L__BB2_6:
 	.param .u32 ufab_verify_after_param_2,
 	.param .u64 ufab_verify_after_param_3,
 	.param .u64 ufab_verify_after_param_4,
-	.param .u32 ufab_verify_after_param_5
+	.param .u32 ufab_verify_after_param_5,
+	.param .u64 ufab_verify_after_param_6
 )
 {
-	.reg .pred 	%p<6>;
+	.reg .pred 	%p<8>;
 	.reg .b16 	%rs<4>;
-	.reg .b32 	%r<21>;
-	.reg .b64 	%rd<9>;
+	.reg .b32 	%r<30>;
+	.reg .b64 	%rd<12>;
 
 
 	ld.param.u64 	%rd3, [ufab_verify_after_param_0];
-	ld.param.u32 	%r7, [ufab_verify_after_param_1];
-	ld.param.u32 	%r8, [ufab_verify_after_param_2];
+	ld.param.u32 	%r8, [ufab_verify_after_param_1];
+	ld.param.u32 	%r9, [ufab_verify_after_param_2];
 	ld.param.u64 	%rd4, [ufab_verify_after_param_3];
 	ld.param.u64 	%rd5, [ufab_verify_after_param_4];
-	ld.param.u32 	%r9, [ufab_verify_after_param_5];
-	mov.u32 	%r10, %tid.y;
+	ld.param.u32 	%r10, [ufab_verify_after_param_5];
+	ld.param.u64 	%rd6, [ufab_verify_after_param_6];
+	mov.u32 	%r11, %tid.y;
 	mov.u32 	%r1, %tid.x;
-	or.b32  	%r11, %r1, %r10;
-	mov.u32 	%r12, %tid.z;
-	or.b32  	%r13, %r11, %r12;
-	setp.ne.s32 	%p1, %r13, 0;
-	@%p1 bra 	$L__BB3_2;
+	or.b32  	%r12, %r1, %r11;
+	mov.u32 	%r13, %tid.z;
+	or.b32  	%r14, %r12, %r13;
+	setp.eq.s32 	%p1, %r14, 0;
+	@%p1 bra 	$L__BB3_1;
+	bra.uni 	$L__BB3_5;
 
 $L__BB3_1:
-	// begin inline asm
-	ld.acquire.sys.global.u32 %r14, [%rd5];
-	// end inline asm
-	sub.s32 	%r15, %r14, %r9;
-	setp.lt.s32 	%p2, %r15, 0;
-	@%p2 bra 	$L__BB3_1;
+	mov.u32 	%r15, %ctaid.x;
+	mov.u32 	%r16, %ctaid.y;
+	or.b32  	%r17, %r15, %r16;
+	mov.u32 	%r18, %ctaid.z;
+	or.b32  	%r19, %r17, %r18;
+	setp.eq.s32 	%p2, %r19, 0;
+	@%p2 bra 	$L__BB3_3;
 
 $L__BB3_2:
-	bar.sync 	0;
-	mov.u32 	%r2, %ntid.x;
-	mov.u32 	%r16, %ctaid.x;
-	mad.lo.s32 	%r20, %r16, %r2, %r1;
-	setp.ge.u32 	%p3, %r20, %r7;
-	@%p3 bra 	$L__BB3_7;
+	// begin inline asm
+	ld.acquire.gpu.global.u32 %r20, [%rd6];
+	// end inline asm
+	sub.s32 	%r21, %r20, %r10;
+	setp.lt.s32 	%p3, %r21, 0;
+	@%p3 bra 	$L__BB3_2;
+	bra.uni 	$L__BB3_5;
 
-	mov.u32 	%r17, %nctaid.x;
-	mul.lo.s32 	%r4, %r17, %r2;
+$L__BB3_3:
+	// begin inline asm
+	ld.acquire.sys.global.u32 %r22, [%rd5];
+	// end inline asm
+	sub.s32 	%r23, %r22, %r10;
+	setp.lt.s32 	%p4, %r23, 0;
+	@%p4 bra 	$L__BB3_3;
+
+	// begin inline asm
+	st.release.gpu.global.u32 [%rd6], %r22;
+	// end inline asm
+
+$L__BB3_5:
+	mov.u32 	%r25, %ctaid.x;
+	bar.sync 	0;
+	mov.u32 	%r3, %ntid.x;
+	mad.lo.s32 	%r29, %r25, %r3, %r1;
+	setp.ge.u32 	%p5, %r29, %r8;
+	@%p5 bra 	$L__BB3_10;
+
+	mov.u32 	%r26, %nctaid.x;
+	mul.lo.s32 	%r5, %r26, %r3;
 	cvta.to.global.u64 	%rd1, %rd4;
 	cvta.to.global.u64 	%rd2, %rd3;
 
-$L__BB3_4:
-	cvt.u64.u32 	%rd7, %r20;
-	add.s64 	%rd8, %rd2, %rd7;
-	mad.lo.s32 	%r18, %r20, 13, %r8;
-	cvt.u16.u32 	%rs1, %r18;
-	and.b16  	%rs2, %rs1, 255;
-	ld.global.u8 	%rs3, [%rd8];
-	setp.eq.s16 	%p4, %rs3, %rs2;
-	@%p4 bra 	$L__BB3_6;
-
-	atom.global.add.u32 	%r19, [%rd1], 1;
-
-$L__BB3_6:
-	add.s32 	%r20, %r20, %r4;
-	setp.lt.u32 	%p5, %r20, %r7;
-	@%p5 bra 	$L__BB3_4;
-
 $L__BB3_7:
+	cvt.u64.u32 	%rd10, %r29;
+	add.s64 	%rd11, %rd2, %rd10;
+	mad.lo.s32 	%r27, %r29, 13, %r9;
+	cvt.u16.u32 	%rs1, %r27;
+	and.b16  	%rs2, %rs1, 255;
+	ld.global.u8 	%rs3, [%rd11];
+	setp.eq.s16 	%p6, %rs3, %rs2;
+	@%p6 bra 	$L__BB3_9;
+
+	atom.global.add.u32 	%r28, [%rd1], 1;
+
+$L__BB3_9:
+	add.s32 	%r29, %r29, %r5;
+	setp.lt.u32 	%p7, %r29, %r8;
+	@%p7 bra 	$L__BB3_7;
+
+$L__BB3_10:
 	ret;
 
 }
