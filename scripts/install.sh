@@ -3,7 +3,8 @@
 # with `cc app.c $(pkg-config --cflags --libs ufab)`:
 #   PREFIX/lib/libufab.so.1.0.0 (+ libufab.so.1, libufab.so)  the C API
 #   PREFIX/lib/ufab-plugins/libufab_*.so    device plugins, loaded at run time
-#   PREFIX/include/ufab/rdma.h, rdma.hpp, cm.h, cm.hpp, stream.h  the C and C++ headers
+#   PREFIX/include/ufab/rdma.h, rdma.hpp, cm.h, cm.hpp, stream.h, stream_device.cuh
+#                                           the C, C++ and CUDA device headers
 #   PREFIX/include/ufab/base/error.h        errors as values (for rdma.hpp)
 #   PREFIX/lib/pkgconfig/ufab.pc
 #   PREFIX/bin/ufab                         the CLI
@@ -53,7 +54,8 @@ for p in "${plugins[@]}"; do
   path=${p#//}; path=${path/://}
   install -m 755 "$bin/$path" "$prefix/lib/ufab-plugins/"
 done
-install -m 644 api/ufab/rdma.h api/ufab/rdma.hpp api/ufab/cm.h api/ufab/cm.hpp api/ufab/stream.h "$prefix/include/ufab/"
+install -m 644 api/ufab/rdma.h api/ufab/rdma.hpp api/ufab/cm.h api/ufab/cm.hpp api/ufab/stream.h api/ufab/stream_device.cuh \
+  "$prefix/include/ufab/"
 install -m 644 base/error.h "$prefix/include/ufab/base/"
 install -m 755 "$bin/tools/ufab/ufab" "$prefix/bin/ufab"
 if [ -n "$fabric" ]; then

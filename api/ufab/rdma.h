@@ -48,7 +48,8 @@ extern "C" {
                            3: UFAB_QPT_GSI, ufab_qp_type, ufab_qp_device, ufab/cm.h;
                            4: ufab_mr_cache_*, UFAB_MEM_CUDA registration;
                            5: ufab/stream.h (stream-ordered operations);
-                           6: ufab_stream_engine_set_wait, UFAB_STREAM_WAIT_* */
+                           6: ufab_stream_engine_set_wait, UFAB_STREAM_WAIT_*, ufab_stream_post_send_device,
+                              ufab_stream_wait_word, <ufab/stream_device.cuh> */
 
 struct ufab_device;
 struct ufab_pd;

@@ -77,8 +77,7 @@ int ufab_stream_ticket_status(struct ufab_stream_engine* engine, uint64_t ticket
  * (measured, docs/gpu.md). UFAB_STREAM_WAIT_KERNEL (sm_70 on; loaded on
  * first use): a kernel of one thread that reads the word until the ticket
  * is complete; it notices within about 1 us, adds a kernel to the stream
- * and holds one block slot of an SM while it waits. Not yet proven on a
- * GPU: docs/gpu.md, "Wait modes", says what is open. A stream the kernel
+ * and holds one block slot of an SM while it waits. A stream the kernel
  * cannot be launched on (another context) gets the memory operation.
  * Applies to waits enqueued from then on. 0, -EINVAL for another value,
  * -ENOTSUP for the kernel where it cannot be loaded (ufab_last_error()
@@ -88,6 +87,26 @@ int ufab_stream_ticket_status(struct ufab_stream_engine* engine, uint64_t ticket
 int ufab_stream_engine_set_wait(struct ufab_stream_engine* engine, int mode);
 /* The mode waits are enqueued with now (UFAB_STREAM_WAIT_*). */
 int ufab_stream_engine_wait_mode(struct ufab_stream_engine* engine);
+/* Device-initiated operations (API 1.6): the application's own kernels
+ * ring doorbells and wait for tickets, with the functions of
+ * <ufab/stream_device.cuh>, instead of stream memory operations between
+ * kernels.
+ *
+ * ufab_stream_post_send_device: as ufab_stream_post_send, but no stream
+ * writes the doorbell: a kernel writes `*doorbell_value` to the pinned
+ * word at GPU address `*doorbell` (ufab_stream_device_ring) once the data
+ * is written. A QP's device-rung tickets are posted in ticket order: ring
+ * them in that order. The ticket completes as any other (a wait, a
+ * completion word, ufab_stream_ticket_status).
+ *
+ * ufab_stream_wait_word: the GPU address of a ticket's completion word and
+ * the value it reaches when the ticket is complete, for a kernel to wait
+ * on (ufab_stream_device_wait, ufab_stream_device_wait_grid); valid while
+ * the ticket holds its slot. */
+int ufab_stream_post_send_device(struct ufab_stream_engine* engine, struct ufab_qp* qp,
+                                 const struct ufab_send_wr* wrs, uint32_t n, uint64_t* ticket, uint64_t* doorbell,
+                                 uint32_t* doorbell_value);
+int ufab_stream_wait_word(struct ufab_stream_engine* engine, uint64_t ticket, uint64_t* word, uint32_t* value);
 /* The completions of the engine's CQ, in order, with the application's
  * wr_ids (signaled work requests of tickets, receives, and anything else
  * posted on the CQ's queue pairs). Returns how many (0..n). */

@@ -38,6 +38,31 @@ int ufab_stream_post_send(ufab_stream_engine* engine, ufab_qp* qp, const ufab_se
   return 0;
 }
 
+int ufab_stream_post_send_device(ufab_stream_engine* engine, ufab_qp* qp, const ufab_send_wr* wrs, uint32_t n,
+                                 uint64_t* ticket, uint64_t* doorbell, uint32_t* doorbell_value) {
+  if (engine == nullptr || wrs == nullptr || ticket == nullptr || doorbell == nullptr || doorbell_value == nullptr) {
+    return invalid("ufab_stream_post_send_device: engine, wrs, ticket, doorbell and doorbell_value are required");
+  }
+  ufab::stream::Engine::Word w{};
+  auto t = engine->engine->post_send_device(qp, {wrs, n}, &w);
+  if (!t) return report(t.error());
+  *ticket = *t;
+  *doorbell = w.device_address;
+  *doorbell_value = w.value;
+  return 0;
+}
+
+int ufab_stream_wait_word(ufab_stream_engine* engine, uint64_t ticket, uint64_t* word, uint32_t* value) {
+  if (engine == nullptr || word == nullptr || value == nullptr) {
+    return invalid("ufab_stream_wait_word: engine, word and value are required");
+  }
+  auto w = engine->engine->wait_word(ticket);
+  if (!w) return report(w.error());
+  *word = w->device_address;
+  *value = w->value;
+  return 0;
+}
+
 int ufab_stream_post_recv(ufab_stream_engine* engine, ufab_qp* qp, const ufab_recv_wr* wr, uint64_t* ticket) {
   if (engine == nullptr || wr == nullptr || ticket == nullptr) {
     return invalid("ufab_stream_post_recv: engine, wr and ticket are required");

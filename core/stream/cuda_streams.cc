@@ -71,11 +71,11 @@ class CudaStreams final : public Streams {
     return {};
   }
   int wait_mode() const override { return mode_.load(); }
-
- private:
-  uint64_t device_address(uint32_t* word) const {
+  uint64_t device_address(const uint32_t* word) const override {
     return device_base_ + (reinterpret_cast<uintptr_t>(word) - reinterpret_cast<uintptr_t>(words_->data()));
   }
+
+ private:
   const gpu::Driver& driver_;
   gpu::PrimaryContext ctx_;
   std::optional<gpu::Allocation> words_;

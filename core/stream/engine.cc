@@ -66,12 +66,25 @@ Result<Engine::Slot*> Engine::take_slot(uint64_t* ticket) {
 }
 
 Result<uint64_t> Engine::post_send(ufab_qp* qp, std::span<const ufab_send_wr> wrs, void* stream) {
+  return arm("ufab_stream_post_send", qp, wrs, stream, nullptr);
+}
+
+Result<uint64_t> Engine::post_send_device(ufab_qp* qp, std::span<const ufab_send_wr> wrs, Word* doorbell) {
+  // Keyed by the QP (low bit set: never a stream's address).
+  void* key = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(qp) | 1);
+  return arm("ufab_stream_post_send_device", qp, wrs, key, doorbell);
+}
+
+// A ticket for `wrs`, armed on `stream`'s queue: the stream writes its
+// doorbell (doorbell null) or a kernel does (*doorbell says where).
+Result<uint64_t> Engine::arm(const char* who, ufab_qp* qp, std::span<const ufab_send_wr> wrs, void* stream,
+                             Word* doorbell) {
   if (qp == nullptr || wrs.empty() || wrs.size() >= kRecv) {
-    return fail(EINVAL, "ufab_stream_post_send: a QP and 1 to " + std::to_string(kRecv - 1) + " work requests are required");
+    return fail(EINVAL, std::string(who) + ": a QP and 1 to " + std::to_string(kRecv - 1) + " work requests are required");
   }
   for (size_t k = 0; k < wrs.size(); ++k) {
     if (wrs[k].num_sge != 0 && wrs[k].sg_list == nullptr) {
-      return fail(EINVAL, "ufab_stream_post_send: work request " + std::to_string(k) + " has num_sge " +
+      return fail(EINVAL, std::string(who) + ": work request " + std::to_string(k) + " has num_sge " +
                               std::to_string(wrs[k].num_sge) + " and no sg_list");
     }
   }
@@ -106,12 +119,17 @@ Result<uint64_t> Engine::post_send(ufab_qp* qp, std::span<const ufab_send_wr> wr
     s.state = State::kArmed;
     store(&doorbells_[i], 0);
   }
-  auto w = streams_->write(stream, &doorbells_[i], seq(ticket));
+  Status w;
+  if (doorbell) {
+    *doorbell = {streams_->device_address(&doorbells_[i]), seq(ticket)};
+  } else {
+    w = streams_->write(stream, &doorbells_[i], seq(ticket));
+  }
   std::lock_guard lock(mu_);
   Slot& s = slots_[i];
   if (!w) {
     s = Slot{};
-    return std::unexpected(w.error().context("ufab_stream_post_send: enqueueing the doorbell write on the stream"));
+    return std::unexpected(w.error().context(std::string(who) + ": enqueueing the doorbell write on the stream"));
   }
   auto q = std::find_if(armed_.begin(), armed_.end(), [&](const auto& e) { return e.first == stream; });
   if (q == armed_.end()) q = armed_.insert(armed_.end(), {stream, {}});
@@ -140,26 +158,39 @@ Result<uint64_t> Engine::post_recv(ufab_qp* qp, const ufab_recv_wr& wr) {
   return ticket;
 }
 
+// Under mu_: the slot `ticket` holds, or EINVAL.
+Result<uint32_t> Engine::held_slot(const char* who, uint64_t ticket) {
+  const Slot& s = slots_[index(ticket)];
+  if (ticket >= next_ticket_ || s.ticket != ticket || s.state == State::kFree) {
+    return fail(EINVAL, std::string(who) + ": ticket " + std::to_string(ticket) +
+                            " is not one this engine holds (never given, or its slot was reused)");
+  }
+  return index(ticket);
+}
+
 Status Engine::wait(uint64_t ticket, void* stream) {
   uint32_t* word = nullptr;
   {
     std::lock_guard lock(mu_);
-    const Slot& s = slots_[index(ticket)];
-    if (ticket >= next_ticket_ || s.ticket != ticket || s.state == State::kFree) {
-      return fail(EINVAL, "ufab_stream_wait: ticket " + std::to_string(ticket) +
-                              " is not one this engine holds (never given, or its slot was reused)");
-    }
-    word = &completions_[index(ticket)];
+    auto i = held_slot("ufab_stream_wait", ticket);
+    if (!i) return std::unexpected(i.error());
+    word = &completions_[*i];
   }
   return streams_->wait_geq(stream, word, seq(ticket));
 }
 
+Result<Engine::Word> Engine::wait_word(uint64_t ticket) {
+  std::lock_guard lock(mu_);
+  auto i = held_slot("ufab_stream_wait_word", ticket);
+  if (!i) return std::unexpected(i.error());
+  return Word{streams_->device_address(&completions_[*i]), seq(ticket)};
+}
+
 Result<int> Engine::status(uint64_t ticket) {
   std::lock_guard lock(mu_);
-  const Slot& s = slots_[index(ticket)];
-  if (ticket >= next_ticket_ || s.ticket != ticket || s.state == State::kFree) {
-    return fail(EINVAL, "ticket " + std::to_string(ticket) + " is not one this engine holds");
-  }
+  auto i = held_slot("ufab_stream_ticket_status", ticket);
+  if (!i) return std::unexpected(i.error());
+  const Slot& s = slots_[*i];
   switch (s.state) {
     case State::kDone: return 1;
     case State::kFailed:

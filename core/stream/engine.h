@@ -38,6 +38,9 @@ class Streams {
     return mode == 0 ? Status{} : fail(ENOTSUP, "these streams have one way to wait");
   }
   virtual int wait_mode() const { return 0; }
+  // The address a GPU kernel reads and writes `word` at (the host address
+  // where there is no GPU, as in a test double).
+  virtual uint64_t device_address(const uint32_t* word) const { return reinterpret_cast<uintptr_t>(word); }
 };
 
 // CUDA's streams on GPU `ordinal`: cuStreamWriteValue32 / cuStreamWaitValue32
@@ -52,6 +55,18 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   Result<uint64_t> post_send(ufab_qp* qp, std::span<const ufab_send_wr> wrs, void* stream);
+  // A word a kernel reads or writes itself, and the value it stands for.
+  struct Word {
+    uint64_t device_address;
+    uint32_t value;
+  };
+  // Device-initiated: as post_send, but no stream writes the doorbell; a
+  // kernel does (the returned word, <ufab/stream_device.cuh>). The QP's
+  // device-rung tickets are posted in ticket order.
+  Result<uint64_t> post_send_device(ufab_qp* qp, std::span<const ufab_send_wr> wrs, Word* doorbell);
+  // The completion word of `ticket` and the value it reaches (for a kernel
+  // to wait on, <ufab/stream_device.cuh>).
+  Result<Word> wait_word(uint64_t ticket);
   Result<uint64_t> post_recv(ufab_qp* qp, const ufab_recv_wr& wr);
   Status wait(uint64_t ticket, void* stream);
   // 1 complete, 0 not yet, or the error (EIO, ECANCELED, EINVAL).
@@ -74,6 +89,8 @@ class Engine {
   };
 
   Engine(ufab_cq* cq, std::unique_ptr<Streams> streams, uint32_t slots, uint32_t* words);
+  Result<uint64_t> arm(const char* who, ufab_qp* qp, std::span<const ufab_send_wr> wrs, void* stream, Word* doorbell);
+  Result<uint32_t> held_slot(const char* who, uint64_t ticket);  // under mu_
   void run();
   void on_completion(ufab_wc wc);
   Result<Slot*> take_slot(uint64_t* ticket);
@@ -97,8 +114,9 @@ class Engine {
   std::mutex mu_;          // slots_, next_ticket_, armed_, completions queue
   std::vector<Slot> slots_;
   uint64_t next_ticket_ = 0;
-  // Armed slots per stream, in ticket order. A stream rings its doorbells
-  // in that order, so the proxy looks only at each stream's oldest.
+  // Armed slots per stream (per QP for device-rung tickets, keyed by the
+  // QP's address with the low bit set), in ticket order. A stream rings its
+  // doorbells in that order, so the proxy looks only at each one's oldest.
   std::vector<std::pair<void*, std::deque<uint32_t>>> armed_;
   size_t posted_ = 0;  // slots in kPosted
   std::deque<ufab_wc> out_;

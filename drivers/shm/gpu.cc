@@ -127,21 +127,25 @@ staging::Pool* Device::staging_for(int ordinal) {
   return pool.get();
 }
 
+// Closes an opened IPC mapping on the copy thread, after the copies
+// queued before (which may still read or write through it).
+static void close_after_copies(staging::Pool& pool, std::shared_ptr<IpcMap> m) {
+  const gpu::Driver* d = gpu::Driver::if_loaded();
+  pool.engine().after_copies([m = std::move(m), d] {
+    if (m->mapped && d) {
+      (void)d->ipc_close(m->mapped);
+      gpu_counters().ipc_closes.fetch_add(1, std::memory_order_relaxed);
+    }
+    m->mapped = 0;
+  });
+}
+
 void Device::ipc_forget(const Peer* p) {
   staging::Pool* pl = pool_ptr.load(std::memory_order_acquire);
   std::lock_guard<std::mutex> g(ipc_mu);
   std::erase_if(ipc_maps, [&](const std::shared_ptr<IpcMap>& m) {
     if (p && m->peer != p) return false;
-    if (pl) {
-      const gpu::Driver* d = gpu::Driver::if_loaded();
-      pl->engine().after_copies([m, d] {
-        if (m->mapped && d) {
-          (void)d->ipc_close(m->mapped);
-          gpu_counters().ipc_closes.fetch_add(1, std::memory_order_relaxed);
-        }
-        m->mapped = 0;
-      });
-    }
+    if (pl) close_after_copies(*pl, m);
     return true;
   });
 }
@@ -398,23 +402,18 @@ uint32_t Qp::gpu_tx_ready(const MsgHdr& h, std::string* why) {
           *why = "the responder answered a staged READ fragment as a CUDA IPC one";
           return UFAB_WC_REM_OP_ERR;
         }
-        f.pulled += h.len;
-        if (f.pulled == f.len) {
-          f.acked = true;
-          peer_ctl->consumed.store(f.seq + 1, std::memory_order_release);
+      } else {
+        struct iovec l = {reinterpret_cast<void*>(f.laddr + h.imm), h.len},
+                     r = {reinterpret_cast<void*>(h.value), h.len};
+        int e = cma(peer->pid, false, &l, 1, &r, 1);
+        if (e == ESRCH) {
+          *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
+          return UFAB_WC_RETRY_EXC_ERR;
         }
-        return 0;
-      }
-      struct iovec l = {reinterpret_cast<void*>(f.laddr + h.imm), h.len},
-                   r = {reinterpret_cast<void*>(h.value), h.len};
-      int e = cma(peer->pid, false, &l, 1, &r, 1);
-      if (e == ESRCH) {
-        *why = "the peer process (pid " + std::to_string(peer->pid) + ") is gone";
-        return UFAB_WC_RETRY_EXC_ERR;
-      }
-      if (e) {
-        *why = "reading the responder's staged bytes: " + cma_words(e, false, peer->pid);
-        return UFAB_WC_REM_OP_ERR;
+        if (e) {
+          *why = "reading the responder's staged bytes: " + cma_words(e, false, peer->pid);
+          return UFAB_WC_REM_OP_ERR;
+        }
       }
       f.pulled += h.len;
       if (f.pulled == f.len) {
@@ -868,14 +867,7 @@ int Qp::gpu_request_ipc(const MsgHdr& h, const FragBody& b, bool write, uint32_t
                                     [](const auto& a, const auto& c) { return a->last_use < c->last_use; });
         std::shared_ptr<IpcMap> old = *lru;
         dev->ipc_maps.erase(lru);
-        const gpu::Driver* d = gpu::Driver::if_loaded();
-        pool->engine().after_copies([old, d] {
-          if (old->mapped && d) {
-            (void)d->ipc_close(old->mapped);
-            gpu_counters().ipc_closes.fetch_add(1, std::memory_order_relaxed);
-          }
-          old->mapped = 0;
-        });
+        close_after_copies(*pool, old);
       }
       m = std::make_shared<IpcMap>(want);
       m->peer = peer;

@@ -78,6 +78,8 @@ run_from() {
   if grep '^\[.*\] gpu' <<<"$doc" | grep -qv '^\[ok  \]'; then fail=1; fi
   echo "== stream-ordered operations on the GPU (kernel -> WRITE -> stream wait -> kernel)"
   timeout 300 "$d/stream_gpu" || fail=1
+  echo "== destroying a stream engine releases a wait kernel (a run of its own: a failure leaves a kernel spinning)"
+  timeout 120 "$d/stream_gpu" --release-test || fail=1
   echo "== stream-ordered ping-pong against the CPU-driven loop (not a test: timings)"
   timeout 300 "$d/stream_gpu" --bench --json "${STREAM_JSON:-/dev/null}" || fail=1
   echo "== ufab perf with GPU buffers between two processes"

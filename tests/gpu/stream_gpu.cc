@@ -6,7 +6,9 @@
 //            on the other side a stream-ordered wait for its receive -> a
 //            kernel verifies every byte (1 B, 4 KiB, 1 MiB - 3).
 //            Once with each wait mode (UFAB_STREAM_WAIT_MEMOP, the
-//            default, and UFAB_STREAM_WAIT_KERNEL).
+//            default, and UFAB_STREAM_WAIT_KERNEL), and once
+//            device-initiated (the filling kernel rings the doorbell, the
+//            verifying kernel waits for the receive).
 //   --bench: a ping-pong of such rounds (kernel, WRITE_WITH_IMM, the peer's
 //            stream waits, verifies, fills and answers) against the
 //            CPU-driven loop (launch, cuStreamSynchronize, post, poll,
@@ -14,10 +16,13 @@
 //            table, and JSON with --json FILE. The stream-ordered loop runs
 //            with the engine's default waits (cuStreamWaitValue32) and
 //            again with the polling kernel's (a third column).
+//            And device-initiated (a fourth column): the kernels ring the
+//            WRITE's doorbell and wait for the receive themselves
+//            (<ufab/stream_device.cuh>), no stream memory operation
+//            between them; the same fill and verify work.
 //   --release-test: destroying the engine releases a stream whose wait
-//            kernel polls for a ticket never completed. Not run by default:
-//            on the lent H200 (2026-11-27) a build with it at the end of
-//            the default run did not exit (docs/gpu.md, "Wait modes").
+//            kernel polls for a ticket never completed (the GPU suite runs
+//            it; a separate run, since a failure leaves a kernel spinning).
 //
 // Exit 0 when every check passed. Without a GPU: "no GPU: ..." and exit 1
 // (this is the GPU suite's program; tests/unit/stream tests the engine
@@ -62,6 +67,8 @@ struct Cu {
   CU_FN(cuStreamQuery);
   CU_FN(cuMemHostAlloc);
   CU_FN(cuMemHostGetDevicePointer);
+  CU_FN(cuMemAlloc);
+  CU_FN(cuMemsetD32);
   CU_FN(cuGetErrorString);
 };
 Cu cu;
@@ -99,6 +106,8 @@ bool load_cuda(std::string& why) {
   CU_LOAD(cuStreamQuery);
   CU_LOAD(cuMemHostAlloc);
   CU_LOAD(cuMemHostGetDevicePointer);
+  CU_LOAD(cuMemAlloc);
+  CU_LOAD(cuMemsetD32);
   CU_LOAD(cuGetErrorString);
   return ok;
 }
@@ -138,21 +147,44 @@ struct Side {
   std::optional<ufab::rdma::MemoryRegion> mr;
   CUstream stream = nullptr;
   ufab_stream_engine* engine = nullptr;
+  CUdeviceptr arrived = 0;  // ufab_fill_ring's counter of blocks done (device memory, zeroed)
+  CUdeviceptr seen = 0;     // ufab_verify_after's word for its blocks (device memory, zeroed)
 };
 
-CUfunction k_fill, k_verify;
+CUfunction k_fill, k_verify, k_fill_ring, k_verify_after;
+
+unsigned grid_for(uint32_t n) { return std::min<unsigned>((n + 255) / 256, 1024); }
 
 void launch_fill(Side& s, uint64_t offset, uint32_t n, uint32_t seed) {
   CUdeviceptr p = s.dbuf + offset;
   void* args[] = {&p, &n, &seed};
-  unsigned grid = std::min<unsigned>((n + 255) / 256, 1024);
-  CU_OK(cu.cuLaunchKernel_(k_fill, grid, 1, 1, 256, 1, 1, 0, s.stream, args, nullptr));
+  CU_OK(cu.cuLaunchKernel_(k_fill, grid_for(n), 1, 1, 256, 1, 1, 0, s.stream, args, nullptr));
 }
 void launch_verify(Side& s, uint64_t offset, uint32_t n, uint32_t seed) {
   CUdeviceptr p = s.dbuf + offset;
   void* args[] = {&p, &n, &seed, &s.dbad};
-  unsigned grid = std::min<unsigned>((n + 255) / 256, 1024);
-  CU_OK(cu.cuLaunchKernel_(k_verify, grid, 1, 1, 256, 1, 1, 0, s.stream, args, nullptr));
+  CU_OK(cu.cuLaunchKernel_(k_verify, grid_for(n), 1, 1, 256, 1, 1, 0, s.stream, args, nullptr));
+}
+// Device-initiated: the filling kernel rings the doorbell of `send` (a
+// ticket of ufab_stream_post_send_device) once every block has written.
+void launch_fill_ring(Side& s, uint64_t offset, uint32_t n, uint32_t seed, uint64_t doorbell, uint32_t value) {
+  CUdeviceptr p = s.dbuf + offset;
+  unsigned long long db = doorbell;
+  void* args[] = {&p, &n, &seed, &s.arrived, &db, &value};
+  CU_OK(cu.cuLaunchKernel_(k_fill_ring, grid_for(n), 1, 1, 256, 1, 1, 0, s.stream, args, nullptr));
+}
+// ... and the verifying kernel waits for a ticket's completion word itself.
+void launch_verify_after(Side& s, uint64_t offset, uint32_t n, uint32_t seed, uint64_t ticket) {
+  uint64_t word = 0;
+  uint32_t value = 0;
+  if (ufab_stream_wait_word(s.engine, ticket, &word, &value) != 0) {
+    std::printf("FAIL ufab_stream_wait_word: %s\n", ufab_last_error());
+    std::exit(1);
+  }
+  CUdeviceptr p = s.dbuf + offset;
+  unsigned long long w = word;
+  void* args[] = {&p, &n, &seed, &s.dbad, &w, &value, &s.seen};
+  CU_OK(cu.cuLaunchKernel_(k_verify_after, grid_for(n), 1, 1, 256, 1, 1, 0, s.stream, args, nullptr));
 }
 
 void open_side(Side& s, const std::string& spec, const std::string& ip, uint32_t recv_depth, bool first) {
@@ -190,6 +222,9 @@ void open_side(Side& s, const std::string& spec, const std::string& ip, uint32_t
   }
   s.mr.emplace(std::move(*mr));
   CU_OK(cu.cuStreamCreate_(&s.stream, CU_STREAM_NON_BLOCKING));
+  CU_OK(cu.cuMemAlloc_(&s.arrived, 2 * sizeof(uint32_t)));
+  CU_OK(cu.cuMemsetD32_(s.arrived, 0, 2));
+  s.seen = s.arrived + sizeof(uint32_t);
 }
 
 ufab_send_wr write_imm(Side& from, Side& to, ufab_sge* g, uint32_t n, uint32_t imm) {
@@ -222,6 +257,19 @@ uint64_t stream_send(Side& s, const ufab_send_wr& w) {
   }
   return t;
 }
+// A WRITE whose doorbell a kernel rings: its ticket, doorbell and value.
+struct DeviceSend {
+  uint64_t ticket, doorbell;
+  uint32_t value;
+};
+DeviceSend device_send(Side& s, const ufab_send_wr& w) {
+  DeviceSend d{};
+  if (ufab_stream_post_send_device(s.engine, s.qp->c(), &w, 1, &d.ticket, &d.doorbell, &d.value) != 0) {
+    std::printf("FAIL ufab_stream_post_send_device: %s\n", ufab_last_error());
+    std::exit(1);
+  }
+  return d;
+}
 void stream_wait(Side& s, uint64_t t) {
   if (int rc = ufab_stream_wait(s.engine, t, s.stream); rc != 0) {
     std::printf("FAIL ufab_stream_wait: %s\n", ufab_last_error());
@@ -242,6 +290,18 @@ void stream_round(Side& a, Side& b, uint32_t n, uint32_t i, ufab_sge* ga, ufab_s
   stream_send(b, write_imm(b, a, gb, n, i));
   stream_wait(a, ta);
   launch_verify(a, kBuf, n, i + 1);
+}
+
+// The same round, device-initiated: the kernels ring and wait themselves.
+void device_round(Side& a, Side& b, uint32_t n, uint32_t i, ufab_sge* ga, ufab_sge* gb) {
+  uint64_t tb = stream_recv(b);
+  uint64_t ta = stream_recv(a);
+  DeviceSend sa = device_send(a, write_imm(a, b, ga, n, i));
+  launch_fill_ring(a, 0, n, i, sa.doorbell, sa.value);
+  launch_verify_after(b, kBuf, n, i, tb);
+  DeviceSend sb = device_send(b, write_imm(b, a, gb, n, i));
+  launch_fill_ring(b, 0, n, i + 1, sb.doorbell, sb.value);
+  launch_verify_after(a, kBuf, n, i + 1, ta);
 }
 
 // The CPU-driven loop: each side's thread launches, synchronizes, posts,
@@ -339,6 +399,8 @@ int main(int argc, char** argv) {
   CU_OK(cu.cuModuleLoadData_(&mod, kStreamKernelsPtx));
   CU_OK(cu.cuModuleGetFunction_(&k_fill, mod, "ufab_fill"));
   CU_OK(cu.cuModuleGetFunction_(&k_verify, mod, "ufab_verify"));
+  CU_OK(cu.cuModuleGetFunction_(&k_fill_ring, mod, "ufab_fill_ring"));
+  CU_OK(cu.cuModuleGetFunction_(&k_verify_after, mod, "ufab_verify_after"));
 
   Side a, b;
   std::string link = "sg" + std::to_string(::getpid());
@@ -351,7 +413,7 @@ int main(int argc, char** argv) {
   }
   struct Row {
     uint32_t size;
-    double stream_us, cpu_us, kernel_us;
+    double stream_us, cpu_us, kernel_us, device_us;
   };
   std::vector<Row> rows;
   if (bench) {
@@ -364,7 +426,7 @@ int main(int argc, char** argv) {
       tb.join();
       double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / rounds;
       CHECK(*a.bad == 0 && *b.bad == 0, "CPU-driven %u B: %u / %u bytes differ", n, *a.bad, *b.bad);
-      rows.push_back({n, 0, us, 0});
+      rows.push_back({n, 0, us, 0, 0});
     }
   }
   if (ufab_stream_engine_create(a.cq->get_c(), 0, 4 * rounds + 64, &a.engine) != 0 ||
@@ -413,6 +475,25 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // Device-initiated: the filling kernel rings the WRITE's doorbell, the
+  // verifying kernel on the other side waits for the receive itself.
+  for (uint32_t n : {1u, 4096u, kBuf - 3}) {
+    *b.bad = 0;
+    std::memset(b.buf + kBuf, 0, kBuf);
+    uint64_t tb = stream_recv(b);
+    DeviceSend sa = device_send(a, write_imm(a, b, &ga, n, n + 7));
+    launch_verify_after(b, kBuf, n, n + 7, tb);  // enqueued first: it waits on the GPU
+    launch_fill_ring(a, 0, n, n + 7, sa.doorbell, sa.value);
+    CU_OK(cu.cuStreamSynchronize_(b.stream));
+    CU_OK(cu.cuStreamSynchronize_(a.stream));
+    CHECK(*b.bad == 0, "device-initiated %u B: the verifying kernel found %u bytes that differ", n, *b.bad);
+    CHECK(b.buf[kBuf + n - 1] == uint8_t((n - 1) * 13 + n + 7), "device-initiated %u B: the last byte did not land", n);
+    CHECK(ufab_stream_ticket_status(b.engine, tb) == 1, "device-initiated %u B: the receive ticket is not complete", n);
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (ufab_stream_ticket_status(a.engine, sa.ticket) == 0 && Clock::now() < deadline) std::this_thread::yield();
+    CHECK(ufab_stream_ticket_status(a.engine, sa.ticket) == 1, "device-initiated %u B: the WRITE's ticket is not complete", n);
+    if (*b.bad == 0) std::printf("PASS kernel rings -> WRITE_WITH_IMM -> kernel waits, verifies, %u B\n", n);
+  }
   if (bench) {
     for (int mode : {UFAB_STREAM_WAIT_MEMOP, UFAB_STREAM_WAIT_KERNEL}) {
       set_wait(mode);
@@ -432,12 +513,24 @@ int main(int argc, char** argv) {
         }
       }
     }
+    for (auto& row : rows) {
+      *a.bad = *b.bad = 0;
+      auto t0 = Clock::now();
+      for (uint32_t i = 0; i < rounds; ++i) device_round(a, b, row.size, i, &ga, &gb);
+      CU_OK(cu.cuStreamSynchronize_(a.stream));
+      CU_OK(cu.cuStreamSynchronize_(b.stream));
+      row.device_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / rounds;
+      CHECK(*a.bad == 0 && *b.bad == 0, "device-initiated %u B: %u / %u bytes differ", row.size, *a.bad, *b.bad);
+      ufab_wc wc[64];
+      while (ufab_stream_engine_poll(a.engine, wc, 64) > 0 || ufab_stream_engine_poll(b.engine, wc, 64) > 0) {
+      }
+    }
     std::printf("stream-ordered ping-pong vs CPU-driven loop, %u rounds, round trip [us]\n", rounds);
-    std::printf("%8s %16s %16s %10s %16s %10s\n", "bytes", "stream-ordered", "CPU-driven", "ratio", "kernel waits",
-                "ratio");
+    std::printf("%8s %16s %16s %10s %16s %10s %16s %10s\n", "bytes", "stream-ordered", "CPU-driven", "ratio",
+                "kernel waits", "ratio", "device-initiated", "ratio");
     for (const auto& r : rows) {
-      std::printf("%8u %16.2f %16.2f %10.3f %16.2f %10.3f\n", r.size, r.stream_us, r.cpu_us, r.stream_us / r.cpu_us,
-                  r.kernel_us, r.kernel_us / r.cpu_us);
+      std::printf("%8u %16.2f %16.2f %10.3f %16.2f %10.3f %16.2f %10.3f\n", r.size, r.stream_us, r.cpu_us,
+                  r.stream_us / r.cpu_us, r.kernel_us, r.kernel_us / r.cpu_us, r.device_us, r.device_us / r.cpu_us);
     }
     if (json != nullptr) {
       FILE* f = std::fopen(json, "w");
@@ -447,8 +540,9 @@ int main(int argc, char** argv) {
         for (size_t k = 0; k < rows.size(); ++k) {
           std::fprintf(f,
                        "%s{\"size\":%u,\"stream_ordered_us\":%.3f,\"cpu_driven_us\":%.3f,"
-                       "\"stream_ordered_kernel_wait_us\":%.3f}",
-                       k ? "," : "", rows[k].size, rows[k].stream_us, rows[k].cpu_us, rows[k].kernel_us);
+                       "\"stream_ordered_kernel_wait_us\":%.3f,\"device_initiated_us\":%.3f}",
+                       k ? "," : "", rows[k].size, rows[k].stream_us, rows[k].cpu_us, rows[k].kernel_us,
+                       rows[k].device_us);
         }
         std::fprintf(f, "]}\n");
         std::fclose(f);

@@ -104,5 +104,174 @@ $L__BB1_5:
 	ret;
 
 }
+	// .globl	ufab_fill_ring
+.visible .entry ufab_fill_ring(
+	.param .u64 ufab_fill_ring_param_0,
+	.param .u32 ufab_fill_ring_param_1,
+	.param .u32 ufab_fill_ring_param_2,
+	.param .u64 ufab_fill_ring_param_3,
+	.param .u64 ufab_fill_ring_param_4,
+	.param .u32 ufab_fill_ring_param_5
+)
+{
+	.reg .pred 	%p<5>;
+	.reg .b32 	%r<26>;
+	.reg .b64 	%rd<9>;
+
+
+	ld.param.u64 	%rd3, [ufab_fill_ring_param_0];
+	ld.param.u32 	%r7, [ufab_fill_ring_param_1];
+	ld.param.u32 	%r8, [ufab_fill_ring_param_2];
+	ld.param.u64 	%rd5, [ufab_fill_ring_param_3];
+	ld.param.u64 	%rd4, [ufab_fill_ring_param_4];
+	ld.param.u32 	%r9, [ufab_fill_ring_param_5];
+	cvta.to.global.u64 	%rd1, %rd5;
+	mov.u32 	%r1, %ntid.x;
+	mov.u32 	%r10, %ctaid.x;
+	mov.u32 	%r2, %tid.x;
+	mad.lo.s32 	%r25, %r10, %r1, %r2;
+	setp.ge.u32 	%p1, %r25, %r7;
+	@%p1 bra 	$L__BB2_3;
+
+	mov.u32 	%r11, %nctaid.x;
+	mul.lo.s32 	%r4, %r11, %r1;
+	cvta.to.global.u64 	%rd2, %rd3;
+
+$L__BB2_2:
+	mad.lo.s32 	%r12, %r25, 13, %r8;
+	cvt.u64.u32 	%rd6, %r25;
+	add.s64 	%rd7, %rd2, %rd6;
+	st.global.u8 	[%rd7], %r12;
+	add.s32 	%r25, %r25, %r4;
+	setp.lt.u32 	%p2, %r25, %r7;
+	@%p2 bra 	$L__BB2_2;
+
+$L__BB2_3:
+	bar.sync 	0;
+	mov.u32 	%r13, %tid.y;
+	or.b32  	%r14, %r2, %r13;
+	mov.u32 	%r15, %tid.z;
+	or.b32  	%r16, %r14, %r15;
+	setp.ne.s32 	%p3, %r16, 0;
+	@%p3 bra 	$L__BB2_6;
+
+	membar.sys;
+	mov.u32 	%r17, %nctaid.y;
+	mov.u32 	%r18, %nctaid.x;
+	mul.lo.s32 	%r19, %r18, %r17;
+	mov.u32 	%r20, %nctaid.z;
+	atom.global.add.u32 	%r21, [%rd1], 1;
+	mad.lo.s32 	%r22, %r19, %r20, -1;
+	setp.ne.s32 	%p4, %r21, %r22;
+	@%p4 bra 	$L__BB2_6;
+
+	mov.u32 	%r24, 0;
+	st.volatile.global.u32 	[%rd1], %r24;
+	membar.sys;
+	// begin inline asm
+	st.release.sys.global.u32 [%rd4], %r9;
+	// end inline asm
+
+$L__BB2_6:
+	ret;
+
+}
+	// .globl	ufab_verify_after
+.visible .entry ufab_verify_after(
+	.param .u64 ufab_verify_after_param_0,
+	.param .u32 ufab_verify_after_param_1,
+	.param .u32 ufab_verify_after_param_2,
+	.param .u64 ufab_verify_after_param_3,
+	.param .u64 ufab_verify_after_param_4,
+	.param .u32 ufab_verify_after_param_5,
+	.param .u64 ufab_verify_after_param_6
+)
+{
+	.reg .pred 	%p<8>;
+	.reg .b16 	%rs<4>;
+	.reg .b32 	%r<30>;
+	.reg .b64 	%rd<12>;
+
+
+	ld.param.u64 	%rd3, [ufab_verify_after_param_0];
+	ld.param.u32 	%r8, [ufab_verify_after_param_1];
+	ld.param.u32 	%r9, [ufab_verify_after_param_2];
+	ld.param.u64 	%rd4, [ufab_verify_after_param_3];
+	ld.param.u64 	%rd5, [ufab_verify_after_param_4];
+	ld.param.u32 	%r10, [ufab_verify_after_param_5];
+	ld.param.u64 	%rd6, [ufab_verify_after_param_6];
+	mov.u32 	%r11, %tid.y;
+	mov.u32 	%r1, %tid.x;
+	or.b32  	%r12, %r1, %r11;
+	mov.u32 	%r13, %tid.z;
+	or.b32  	%r14, %r12, %r13;
+	setp.eq.s32 	%p1, %r14, 0;
+	@%p1 bra 	$L__BB3_1;
+	bra.uni 	$L__BB3_5;
+
+$L__BB3_1:
+	mov.u32 	%r15, %ctaid.x;
+	mov.u32 	%r16, %ctaid.y;
+	or.b32  	%r17, %r15, %r16;
+	mov.u32 	%r18, %ctaid.z;
+	or.b32  	%r19, %r17, %r18;
+	setp.eq.s32 	%p2, %r19, 0;
+	@%p2 bra 	$L__BB3_3;
+
+$L__BB3_2:
+	// begin inline asm
+	ld.acquire.gpu.global.u32 %r20, [%rd6];
+	// end inline asm
+	sub.s32 	%r21, %r20, %r10;
+	setp.lt.s32 	%p3, %r21, 0;
+	@%p3 bra 	$L__BB3_2;
+	bra.uni 	$L__BB3_5;
+
+$L__BB3_3:
+	// begin inline asm
+	ld.acquire.sys.global.u32 %r22, [%rd5];
+	// end inline asm
+	sub.s32 	%r23, %r22, %r10;
+	setp.lt.s32 	%p4, %r23, 0;
+	@%p4 bra 	$L__BB3_3;
+
+	// begin inline asm
+	st.release.gpu.global.u32 [%rd6], %r22;
+	// end inline asm
+
+$L__BB3_5:
+	mov.u32 	%r25, %ctaid.x;
+	bar.sync 	0;
+	mov.u32 	%r3, %ntid.x;
+	mad.lo.s32 	%r29, %r25, %r3, %r1;
+	setp.ge.u32 	%p5, %r29, %r8;
+	@%p5 bra 	$L__BB3_10;
+
+	mov.u32 	%r26, %nctaid.x;
+	mul.lo.s32 	%r5, %r26, %r3;
+	cvta.to.global.u64 	%rd1, %rd4;
+	cvta.to.global.u64 	%rd2, %rd3;
+
+$L__BB3_7:
+	cvt.u64.u32 	%rd10, %r29;
+	add.s64 	%rd11, %rd2, %rd10;
+	mad.lo.s32 	%r27, %r29, 13, %r9;
+	cvt.u16.u32 	%rs1, %r27;
+	and.b16  	%rs2, %rs1, 255;
+	ld.global.u8 	%rs3, [%rd11];
+	setp.eq.s16 	%p6, %rs3, %rs2;
+	@%p6 bra 	$L__BB3_9;
+
+	atom.global.add.u32 	%r28, [%rd1], 1;
+
+$L__BB3_9:
+	add.s32 	%r29, %r29, %r5;
+	setp.lt.u32 	%p7, %r29, %r8;
+	@%p7 bra 	$L__BB3_7;
+
+$L__BB3_10:
+	ret;
+
+}
 
 )ptx";

@@ -266,6 +266,75 @@ TEST_F(StreamEngine, AStreamWaitsForAReceive) {
   EXPECT_EQ(wcs[0].byte_len, 100u);
 }
 
+// Device-initiated: nothing goes until "a kernel" writes the doorbell
+// word the engine named; then the WRITE lands, and the ticket's completion
+// word (ufab_stream_wait_word's) reaches its value.
+TEST_F(StreamEngine, AKernelRingsTheDoorbellAndWaitsOnTheWord) {
+  std::memset(a_.buf.data(), 0x6b, 3000);
+  ufab_sge g = sge(a_, 0, 3000);
+  ufab_send_wr w = write_wr(21, &g, 8192);
+  Engine::Word db{};
+  auto t = engine_->post_send_device(a_.qp->c(), {&w, 1}, &db);
+  ASSERT_TRUE(t) << t.error().message();
+  auto done = engine_->wait_word(*t);
+  ASSERT_TRUE(done) << done.error().message();
+  auto* doorbell = reinterpret_cast<uint32_t*>(db.device_address);  // no GPU: host addresses
+  auto* word = reinterpret_cast<uint32_t*>(done->device_address);
+  EXPECT_NE(doorbell, word);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(status(*t), 0);
+  EXPECT_EQ(b_.buf[8192], 0) << "the WRITE went before its doorbell rang";
+  EXPECT_NE(std::atomic_ref<uint32_t>(*word).load(), done->value);
+  std::atomic_ref<uint32_t>(*doorbell).store(db.value, std::memory_order_release);  // the kernel rings
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (int32_t(std::atomic_ref<uint32_t>(*word).load(std::memory_order_acquire) - done->value) < 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100us);  // the kernel waits
+  }
+  EXPECT_EQ(std::atomic_ref<uint32_t>(*word).load(), done->value) << "the completion word never reached its value";
+  EXPECT_EQ(status(*t), 1);
+  EXPECT_EQ(b_.buf[8192 + 2999], 0x6b);
+  auto wcs = engine_completions(1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 21u);
+}
+
+// A QP's device-rung tickets go in ticket order: the second's doorbell
+// ringing first posts nothing until the first rings; a stream's tickets on
+// the same QP are not held behind them.
+TEST_F(StreamEngine, DeviceTicketsOfAQpGoInTicketOrder) {
+  a_.buf[0] = 1;
+  a_.buf[1] = 2;
+  a_.buf[2] = 3;
+  ufab_sge g1 = sge(a_, 0, 1), g2 = sge(a_, 1, 1), g3 = sge(a_, 2, 1);
+  ufab_send_wr w1 = write_wr(1, &g1, 100), w2 = write_wr(2, &g2, 101), w3 = write_wr(3, &g3, 102);
+  Engine::Word d1{}, d2{};
+  auto t1 = engine_->post_send_device(a_.qp->c(), {&w1, 1}, &d1);
+  auto t2 = engine_->post_send_device(a_.qp->c(), {&w2, 1}, &d2);
+  ASSERT_TRUE(t1 && t2);
+  std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(d2.device_address)).store(d2.value);
+  FakeStream s;
+  auto t3 = engine_->post_send(a_.qp->c(), {&w3, 1}, &s);
+  ASSERT_TRUE(t3);
+  EXPECT_TRUE(eventually_done(*t3)) << "a stream's ticket waited behind device-rung ones";
+  EXPECT_EQ(status(*t2), 0) << "the second device ticket went before the first rang";
+  EXPECT_EQ(b_.buf[101], 0);
+  std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(d1.device_address)).store(d1.value);
+  EXPECT_TRUE(eventually_done(*t1));
+  EXPECT_TRUE(eventually_done(*t2));
+  EXPECT_EQ(b_.buf[100], 1);
+  EXPECT_EQ(b_.buf[101], 2);
+  // A ticket never given, or a NULL QP, is refused with words.
+  auto bad = engine_->wait_word(*t3 + 1000);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), EINVAL);
+  EXPECT_NE(bad.error().message().find("ufab_stream_wait_word"), std::string::npos) << bad.error().message();
+  Engine::Word d{};
+  auto none = engine_->post_send_device(nullptr, {&w1, 1}, &d);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().message().find("ufab_stream_post_send_device"), std::string::npos) << none.error().message();
+}
+
 // Two streams: the doorbell that rings first is posted first.
 TEST_F(StreamEngine, DoorbellsArePostedAsTheyRing) {
   FakeStream s1, s2;
