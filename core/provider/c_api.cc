@@ -61,8 +61,6 @@ struct ufab_pd {
   ufab_rdma_pd* p;
 };
 
-// On a cache line of its own: a cached region is read by every hit's
-// release (cache, entry), so nothing another thread writes shares it.
 namespace {
 // A region's `cache` when no registration cache owns it: not null, so
 // that ufab_mr_cache_release's one compare (mr->cache == cache) also
@@ -71,12 +69,14 @@ char not_cached_tag;
 ufab_mr_cache* not_cached() { return reinterpret_cast<ufab_mr_cache*>(&not_cached_tag); }
 }  // namespace
 
+// On a cache line of its own: a cached region is read by every hit's
+// release (cache, entry), so nothing another thread writes shares it.
 struct alignas(64) ufab_mr {
   ufab_pd* pd;
   ufab_rdma_mr* p;
   uint32_t lkey, rkey;
   ufab_mr_cache* cache = not_cached();  // else owned by that registration cache
-  void* entry = nullptr;              // its regcache::Cache::Entry
+  void* entry = nullptr;                // its regcache::Cache::Entry
 };
 
 // The cache itself (no pointer between a hit and the cache's fields).
