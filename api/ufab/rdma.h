@@ -49,7 +49,8 @@ extern "C" {
                            4: ufab_mr_cache_*, UFAB_MEM_CUDA registration;
                            5: ufab/stream.h (stream-ordered operations);
                            6: ufab_stream_engine_set_wait, UFAB_STREAM_WAIT_*, ufab_stream_post_send_device,
-                              ufab_stream_wait_word, <ufab/stream_device.cuh> */
+                              ufab_stream_wait_word, <ufab/stream_device.cuh>,
+                              ufab_mr_cache_attr.flags, UFAB_MR_CACHE_WATCH_GPU_FREES, ufab_mr_cache_gpu_watch */
 
 struct ufab_device;
 struct ufab_pd;
@@ -443,13 +444,25 @@ int ufab_mr_dereg(struct ufab_mr* mr);
  * memory is watched for munmap/madvise/mremap through userfaultfd (memory
  * it cannot watch, such as a file mapping, is registered and deregistered
  * each time); GPU memory is checked against its CUDA buffer id on every
- * hit. Thread-safe; a hit and a release take no lock. docs/gpu.md. */
+ * hit, unless the cache watches GPU frees (UFAB_MR_CACHE_WATCH_GPU_FREES:
+ * then a GPU hit asks CUDA only after a call that may have freed or
+ * replaced GPU memory). Thread-safe; a hit and a release take no lock.
+ * docs/gpu.md. */
 struct ufab_mr_cache;
 struct ufab_mr_cache_attr {
-  uint32_t size;        /* sizeof(struct ufab_mr_cache_attr) */
+  uint32_t size;        /* sizeof(struct ufab_mr_cache_attr); the size before flags (16) is taken too */
   uint32_t max_entries; /* 0: 1024 */
   uint64_t max_bytes;   /* 0: 16 GiB */
+  uint32_t flags;       /* UFAB_MR_CACHE_* (API 1.6) */
+  uint32_t reserved;    /* 0 */
 };
+/* Count the CUDA calls that may free GPU memory or reuse its addresses,
+ * through CUPTI's callbacks (libcupti from the CUDA toolkit; the process's
+ * one CUPTI subscriber before CUPTI 13.5, so a profiler attached later
+ * fails), so that GPU hits need no CUDA question while none ran. Where the
+ * watch cannot start the cache asks on every GPU hit, as without the flag:
+ * ufab_mr_cache_gpu_watch says which. */
+#define UFAB_MR_CACHE_WATCH_GPU_FREES 1u
 struct ufab_mr_cache_stats {
   uint64_t hits, misses;
   uint64_t uncached;      /* misses on memory that cannot be watched, so not kept */
@@ -471,6 +484,9 @@ int ufab_mr_cache_query_stats(struct ufab_mr_cache* cache, struct ufab_mr_cache_
 /* "userfaultfd" when host memory is watched, else why not (then host
  * memory is not cached). Valid while the cache lives. */
 const char* ufab_mr_cache_host_watch(struct ufab_mr_cache* cache);
+/* "cupti" when GPU frees are watched (UFAB_MR_CACHE_WATCH_GPU_FREES), else
+ * why not ("not asked" without the flag). Valid while the cache lives. */
+const char* ufab_mr_cache_gpu_watch(struct ufab_mr_cache* cache);
 
 int ufab_cq_create(struct ufab_device* dev, uint32_t depth, struct ufab_cq** out);
 int ufab_cq_destroy(struct ufab_cq* cq);

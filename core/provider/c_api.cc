@@ -9,12 +9,14 @@
 // see children destroyed first and applications may destroy in any order.
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "core/gpu/free_watch.h"
 #include "core/gpu/region.h"
 #include "core/regcache/cache.h"
 #include "core/provider/providers.h"
@@ -82,8 +84,9 @@ struct alignas(64) ufab_mr {
 // The cache itself (no pointer between a hit and the cache's fields).
 struct ufab_mr_cache final : ufab::regcache::Cache {
   // Registers through `owner` (ufab_mr_cache_create).
-  ufab_mr_cache(ufab_pd* owner, ufab::regcache::Options options);
+  ufab_mr_cache(ufab_pd* owner, ufab::regcache::Options options, std::string gpu_watch);
   ufab_pd* pd;
+  std::string gpu_watch;  // ufab_mr_cache_gpu_watch
 };
 
 struct ufab_cq {
@@ -310,23 +313,36 @@ ufab::regcache::Registrar cache_registrar(ufab_mr_cache* c) {
 
 }  // namespace
 
-ufab_mr_cache::ufab_mr_cache(ufab_pd* owner, ufab::regcache::Options options)
-    : Cache(cache_registrar(this), options), pd(owner) {}
+ufab_mr_cache::ufab_mr_cache(ufab_pd* owner, ufab::regcache::Options options, std::string watch)
+    : Cache(cache_registrar(this), options), pd(owner), gpu_watch(std::move(watch)) {}
 
 extern "C" {
 
 int ufab_mr_cache_create(ufab_pd* pd, const ufab_mr_cache_attr* attr, ufab_mr_cache** out) {
   UFAB_REQUIRE(pd != nullptr && out != nullptr, "pd and out are required");
   ufab::regcache::Options options;
+  std::string gpu_watch = "not asked (UFAB_MR_CACHE_WATCH_GPU_FREES): every GPU hit asks CUDA for the buffer id";
   if (attr != nullptr) {
-    UFAB_REQUIRE(attr->size >= sizeof(ufab_mr_cache_attr), "attr->size must be sizeof(struct ufab_mr_cache_attr)");
+    UFAB_REQUIRE(attr->size >= offsetof(ufab_mr_cache_attr, flags),
+                 "attr->size must be sizeof(struct ufab_mr_cache_attr)");
     if (attr->max_entries != 0) options.max_entries = attr->max_entries;
     if (attr->max_bytes != 0) options.max_bytes = attr->max_bytes;
+    const uint32_t flags = attr->size >= sizeof(ufab_mr_cache_attr) ? attr->flags : 0;
+    UFAB_REQUIRE((flags & ~UFAB_MR_CACHE_WATCH_GPU_FREES) == 0, "attr->flags has a flag this library does not know");
+    if (flags & UFAB_MR_CACHE_WATCH_GPU_FREES) {
+      auto w = ufab::gpu::watch_frees();
+      if (w) {
+        options.gpu_events = *w;
+        gpu_watch = "cupti";
+      } else {
+        gpu_watch = w.error().message() + " (every GPU hit asks CUDA for the buffer id)";
+      }
+    }
   }
   if (auto ok = ufab::regcache::Cache::check(cache_registrar(nullptr), options); !ok) {
     return error(ok.error().code(), "ufab_mr_cache_create: " + ok.error().message());
   }
-  *out = new ufab_mr_cache(pd, options);
+  *out = new ufab_mr_cache(pd, options, std::move(gpu_watch));
   pd->refs.hold();
   return 0;
 }
@@ -355,6 +371,11 @@ namespace {
 // A miss, or GPU memory (cache_reg_rest's tail call).
 [[gnu::noinline]] int cache_reg_miss(ufab_mr_cache* c, void* addr, uint64_t length, uint32_t access, ufab_mr** out) {
   std::optional<uint64_t> gpu_buffer;
+  // With the free watch, the count read before the questions below is the
+  // one their answer holds for (gpu_checked): a free that ran meanwhile
+  // moved it, on entering and on returning.
+  const auto* watch = c->gpu_events();
+  const uint64_t count = watch ? watch->load(std::memory_order_acquire) : 0;
   if (addr != nullptr && length > 0) {
     // GPU memory hits on its buffer id: one cuPointerGetAttributes of one
     // attribute. An entry of that id was classified when it was
@@ -364,6 +385,7 @@ namespace {
       auto id = d->buffer_id(addr);
       if (id && *id != 0) {
         if (auto* hit = c->acquire_hit(addr, length, access, *id)) {
+          if (watch) ufab::regcache::Cache::gpu_checked(hit, count);
           *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(hit));
           return 0;
         }
@@ -378,6 +400,7 @@ namespace {
   }
   auto e = c->acquire(addr, length, access, gpu_buffer);
   if (!e) return error(e.error().code(), "ufab_mr_cache_reg: " + e.error().message());
+  if (gpu_buffer && watch) ufab::regcache::Cache::gpu_checked(*e, count);
   *out = static_cast<ufab_mr*>(ufab::regcache::Cache::handle(*e));
   return 0;
 }
@@ -426,6 +449,7 @@ int ufab_mr_cache_query_stats(ufab_mr_cache* c, ufab_mr_cache_stats* out) {
 }
 
 const char* ufab_mr_cache_host_watch(ufab_mr_cache* c) { return c ? c->host_watch().c_str() : ""; }
+const char* ufab_mr_cache_gpu_watch(ufab_mr_cache* c) { return c ? c->gpu_watch.c_str() : ""; }
 
 // ---------------------------------------------------------------------- AH
 

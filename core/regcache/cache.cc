@@ -55,6 +55,7 @@ __thread ParkingSlot tl_parkings[kParkingSlots] __attribute__((tls_model("initia
 
 Cache::Cache(Registrar registrar, Options options)
     : events_(&kNoEvents),
+      gpu_events_(options.gpu_events),
       uid_(next_uid.fetch_add(sizeof(detail::ParkingSlot), std::memory_order_relaxed)),
       reg_(std::move(registrar)),
       options_(options) {
@@ -131,7 +132,7 @@ Cache::Entry* Cache::hit_settle(Parking* pk, unsigned off, uint64_t a, uint64_t 
   if (p != nullptr) {  // this thread's hold
     if ((p->state.load(std::memory_order_acquire) & kDead) != 0) {
       release_hold(p);  // it died while parked (and could not be taken back: no membarrier)
-    } else if (p->is_held(a, length, access, gpu_buffer)) {
+    } else if (p->is_held(a, length, access) && gpu_unchanged(p, gpu_buffer)) {
       detail::bump_own(slot.hits);
       return p;
     } else {

@@ -77,6 +77,11 @@ struct Options {
   // without it nothing is parked anyway). false: every hit is the
   // compare-and-swap path, for tests and comparisons.
   bool park_released = true;
+  // A count of the CUDA calls that can free GPU memory (gpu::watch_frees(),
+  // opt-in), or nullptr. With it, a GPU entry checked when the count was N
+  // hits host-style (no CUDA question) while the count is still N:
+  // gpu_checked().
+  const std::atomic<uint64_t>* gpu_events = nullptr;
 };
 
 struct Stats {
@@ -141,6 +146,11 @@ class Cache {
   bool busy() const;
   // "userfaultfd" when host memory is watched, else why it is not.
   const std::string& host_watch() const { return host_watch_; }
+  const std::atomic<uint64_t>* gpu_events() const { return gpu_events_; }
+  // The caller found `e` (a GPU entry) to be its buffer still, by a CUDA
+  // question asked after reading gpu_events() as `count`: until the count
+  // moves, a hit on its range takes it without asking (hit_parked()).
+  static void gpu_checked(Entry* e, uint64_t count);
 
   static constexpr uint64_t kMaxHolds = (1u << 20) - 1;  // of one entry at once
   struct Parking;   // a thread's parked holds (below the class)
@@ -176,6 +186,7 @@ class Cache {
   Parking* my_parking() const;
   // Out of line, behind the inline hit and release:
   Entry* hit_shared(uint64_t addr, uint64_t length, uint32_t access, uint64_t gpu_buffer);  // the slot table's CAS
+  bool gpu_unchanged(const Entry* p, uint64_t gpu_buffer) const;
   [[gnu::cold]] Entry* hit_settle(Parking* pk, unsigned off, uint64_t addr, uint64_t length, uint32_t access,
                                   uint64_t gpu_buffer);  // after hit_parked() left a hold in the slot's `taking`
   int release_hold(Entry* e);  // gives back one hold through the state word; 0
@@ -221,6 +232,7 @@ class Cache {
   static constexpr uint32_t kOverBound = 1, kNoParking = 2;
   static constexpr uint64_t kNoPark = 1ull << 63;
   alignas(64) const std::atomic<uint64_t>* events_ = nullptr;
+  const std::atomic<uint64_t>* gpu_events_ = nullptr;  // Options::gpu_events (on the hit's line)
   std::atomic<uint64_t> seen_events_{0};
   uint64_t uid_ = 0;
   std::atomic<uint64_t> release_key_{0};
@@ -341,6 +353,10 @@ struct alignas(64) Cache::Entry {
   uint32_t access = 0;
   uint16_t park_off = 0;   // park_off_of(addr): where a thread parks it
   void* handle = nullptr;  // written before the entry is published, read by its holders
+  // Cache::gpu_checked(): the free-watch count this GPU entry was last found
+  // valid at (kNeverChecked: never, or no watch).
+  static constexpr uint64_t kNeverChecked = ~uint64_t{0};
+  std::atomic<uint64_t> gpu_count{kNeverChecked};
   // Under the mutex:
   bool live = false;    // registered (in use from the pool)
   bool cached = false;  // in map_ and maybe a slot
@@ -355,12 +371,12 @@ struct alignas(64) Cache::Entry {
     std::atomic_ref<uint64_t>(length).store(n, std::memory_order_relaxed);
     std::atomic_ref<uint32_t>(access).store(acc, std::memory_order_relaxed);
     std::atomic_ref<uint64_t>(gpu_buffer).store(gpu, std::memory_order_relaxed);
+    gpu_count.store(kNeverChecked, std::memory_order_relaxed);  // checked again by its new owner
     park_off = static_cast<uint16_t>(detail::park_off_of(a));  // read by holders only
   }
   // By a holder.
-  bool is_held(uint64_t a, uint64_t n, uint32_t acc, uint64_t gpu) const {
-    return addr == a && length == n && access == acc && gpu_buffer == gpu;
-  }
+  // (The buffer id is compared by Cache::gpu_unchanged().)
+  bool is_held(uint64_t a, uint64_t n, uint32_t acc) const { return addr == a && length == n && access == acc; }
 
  private:
   template <class T>
@@ -483,8 +499,8 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   // take, the mutex holder could have taken p back and reused it). Another
   // range parked in this slot (the same address, or a colliding one) is
   // left to hit_rest(), which parks it again.
-  if (!detail::word_is(slot.epoch, epoch) || !p->is_held(a, length, access, gpu_buffer))
-      [[unlikely]] {
+  if (!detail::word_is(slot.epoch, epoch) || !p->is_held(a, length, access) ||
+      !gpu_unchanged(p, gpu_buffer)) [[unlikely]] {
     slot.taking = p;
     slot.taking_epoch = epoch;
     return nullptr;
@@ -492,6 +508,16 @@ inline void* Cache::handle(const Entry* e) { return e->handle; }
   detail::bump_own(slot.hits);
   return p;
 }
+
+// A host look (gpu_buffer 0) that found a GPU entry of its range: taken
+// only while the free watch's count is the one it was last checked at.
+[[gnu::always_inline]] inline bool Cache::gpu_unchanged(const Entry* p, uint64_t gpu_buffer) const {
+  if (p->gpu_buffer == gpu_buffer) [[likely]] return true;
+  return gpu_buffer == 0 && gpu_events_ != nullptr &&
+         p->gpu_count.load(std::memory_order_relaxed) == gpu_events_->load(std::memory_order_acquire);
+}
+
+inline void Cache::gpu_checked(Entry* e, uint64_t count) { e->gpu_count.store(count, std::memory_order_relaxed); }
 
 [[gnu::always_inline]] inline Cache::Entry* Cache::acquire_hit(void* addr, uint64_t length, uint32_t access,
                                                                uint64_t gpu_buffer) {

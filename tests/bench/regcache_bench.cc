@@ -10,7 +10,9 @@
 // what a GPU hit asks CUDA, timed alone: the buffer id query a hit makes
 // (cuPointerGetAttributes of one attribute), the full pointer attributes a
 // miss asks for (six), and the whole miss-side classification
-// (detect_region). Then the C++ cache alone on host memory (no
+// (detect_region); and "cuda/w", GPU memory through a cache that watches
+// GPU frees (UFAB_MR_CACHE_WATCH_GPU_FREES: CUPTI), whose hits ask CUDA
+// nothing while no freeing call ran. Then the C++ cache alone on host memory (no
 // registration behind it), with the share of its hits that took the
 // thread's parked hold, and once with parking off (every hit the
 // compare-and-swap path). Prints a table and writes JSON (--json FILE).
@@ -94,6 +96,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   ufab_mr_cache* cache = nullptr;
+  ufab_mr_cache* watched = nullptr;  // watching GPU frees (the cuda/w rows)
   if (ufab_mr_cache_create(pd, nullptr, &cache) != 0) {
     std::fprintf(stderr, "regcache_bench: %s\n", ufab_last_error());
     return 1;
@@ -104,7 +107,8 @@ int main(int argc, char** argv) {
   bool failed = false;
   // `ranges` > 1: pair i uses the (i % ranges)-th of that many adjacent
   // ranges of n bytes, so no pair repeats the one before it.
-  auto measure = [&](const char* memory, void* base, uint64_t n, int ranges = 1) {
+  auto measure = [&](const char* memory, void* base, uint64_t n, int ranges = 1, ufab_mr_cache* through = nullptr) {
+    ufab_mr_cache* cache_used = through ? through : cache;
     auto at = [&](int i) { return static_cast<char*>(base) + static_cast<uint64_t>(i % ranges) * n; };
     int it = n >= (64u << 20) ? std::max(1, iters / 10) : iters;
     double unc = median_of_5([&] {
@@ -117,15 +121,15 @@ int main(int argc, char** argv) {
     });
     for (int r = 0; r < ranges; ++r) {
       ufab_mr* warm = nullptr;
-      if (ufab_mr_cache_reg(cache, at(r), n, access, &warm) != 0) failed = true;
-      ufab_mr_cache_release(cache, warm);
+      if (ufab_mr_cache_reg(cache_used, at(r), n, access, &warm) != 0) failed = true;
+      ufab_mr_cache_release(cache_used, warm);
     }
     double cached = median_of_5([&] {
       auto t0 = Clock::now();
       for (int i = 0; i < it; ++i) {
         ufab_mr* mr = nullptr;
-        if (ufab_mr_cache_reg(cache, at(i), n, access, &mr) != 0) failed = true;
-        ufab_mr_cache_release(cache, mr);
+        if (ufab_mr_cache_reg(cache_used, at(i), n, access, &mr) != 0) failed = true;
+        ufab_mr_cache_release(cache_used, mr);
       }
       return ns_per(Clock::now() - t0, it);
     });
@@ -226,6 +230,25 @@ int main(int argc, char** argv) {
       time_query("pointer_info", [&] { return static_cast<bool>(d->pointer_info(p)); });
       time_query("detect_region", [&] { return static_cast<bool>(ufab::gpu::detect_region(p, n, false)); });
     }
+    // The same through a cache that watches GPU frees (CUPTI; after the
+    // rows above, since the watch stays on for the process).
+    ufab_mr_cache_attr wa{};
+    wa.size = sizeof wa;
+    wa.flags = UFAB_MR_CACHE_WATCH_GPU_FREES;
+    if (ufab_mr_cache_create(pd, &wa, &watched) != 0) {
+      std::fprintf(stderr, "regcache_bench: %s\n", ufab_last_error());
+      return 1;
+    }
+    if (std::string(ufab_mr_cache_gpu_watch(watched)) == "cupti") {
+      for (uint64_t n : {4096ull, 1ull << 20, 64ull << 20}) {
+        auto mem = ufab::gpu::Allocation::allocate(*d, 0, ufab::gpu::Allocation::Kind::kDevice, n);
+        if (!mem) {
+          std::fprintf(stderr, "regcache_bench: %s\n", mem.error().message().c_str());
+          return 1;
+        }
+        measure("cuda/w", mem->data(), n, 1, watched);
+      }
+    }
   }
   // The floor of a lock-free hit + release: the two atomic
   // read-modify-writes it is made of (a compare-and-swap to hold, a
@@ -258,6 +281,10 @@ int main(int argc, char** argv) {
                 100 * r.parked);
   }
   if (!gpu_note.empty()) std::printf("cuda: not measured (%s)\n", gpu_note.c_str());
+  if (watched != nullptr) {
+    std::printf("cuda/w: a cache watching GPU frees (UFAB_MR_CACHE_WATCH_GPU_FREES): %s\n",
+                ufab_mr_cache_gpu_watch(watched));
+  }
   if (!queries.empty()) {
     std::printf("what a GPU hit asks CUDA, alone (ns per call, median of 5 runs of %d):\n", iters);
     std::printf("%-14s %10s %10s\n", "query", "bytes", "ns");
@@ -293,6 +320,7 @@ int main(int argc, char** argv) {
     }
   }
   ufab_mr_cache_destroy(cache);
+  if (watched != nullptr) ufab_mr_cache_destroy(watched);
   ufab_pd_free(pd);
   ufab_device_close(dev);
   return failed ? 1 : 0;

@@ -174,6 +174,39 @@ TEST(GpuNoDriver, CacheOnHostMemoryThroughTheCApiFromSeveralThreads) {
   munmap(buf, n);
 }
 
+// The cache's attributes: the size before `flags` is still taken, an
+// unknown flag is refused, and the GPU watch says what it is.
+TEST(GpuNoDriver, CacheAttributesAndTheGpuWatchWords) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(p.open(link_name("h")));
+  ufab_mr_cache* cache = nullptr;
+  ASSERT_EQ(ufab_mr_cache_create(p.pd[0], nullptr, &cache), 0) << ufab_last_error();
+  EXPECT_EQ(std::string(ufab_mr_cache_gpu_watch(cache)).rfind("not asked", 0), 0u) << ufab_mr_cache_gpu_watch(cache);
+  EXPECT_EQ(ufab_mr_cache_destroy(cache), 0);
+  ufab_mr_cache_attr attr{};
+  attr.size = 16;  // a caller built before API 1.6
+  attr.max_entries = 8;
+  attr.flags = 0xdead;  // not read: outside the size given
+  ASSERT_EQ(ufab_mr_cache_create(p.pd[0], &attr, &cache), 0) << ufab_last_error();
+  EXPECT_EQ(ufab_mr_cache_destroy(cache), 0);
+  attr.size = sizeof attr;
+  attr.flags = 0x80;
+  EXPECT_EQ(ufab_mr_cache_create(p.pd[0], &attr, &cache), -EINVAL);
+  EXPECT_NE(std::string(ufab_last_error()).find("flag"), std::string::npos) << ufab_last_error();
+  attr.size = 8;
+  EXPECT_EQ(ufab_mr_cache_create(p.pd[0], &attr, &cache), -EINVAL);
+  // Asked for: "cupti", or why not (no libcupti, another subscriber); the
+  // cache works either way.
+  attr.size = sizeof attr;
+  attr.flags = UFAB_MR_CACHE_WATCH_GPU_FREES;
+  ASSERT_EQ(ufab_mr_cache_create(p.pd[0], &attr, &cache), 0) << ufab_last_error();
+  std::string watch = ufab_mr_cache_gpu_watch(cache);
+  EXPECT_TRUE(watch == "cupti" || watch.find("CUPTI") != std::string::npos || watch.find("cupti") != std::string::npos)
+      << watch;
+  std::printf("GPU free watch here: %s\n", watch.c_str());
+  EXPECT_EQ(ufab_mr_cache_destroy(cache), 0);
+}
+
 TEST(GpuNoDriver, CudaRegistrationSaysWhatIsMissing) {
   if (ufab::gpu::unavailable_reason().empty()) GTEST_SKIP() << "a GPU is present: nothing is missing";
   Pair p;
@@ -382,6 +415,58 @@ TEST(Gpu, CacheHitsAndBufferIdInvalidation) {
               (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.invalidations,
               again->data() == old_addr ? "yes" : "no");
   ASSERT_EQ(ufab_mr_cache_release(cache, b), 0);
+  EXPECT_EQ(ufab_mr_cache_destroy(cache), 0);
+}
+
+// A cache that watches GPU frees (CUPTI): hits ask CUDA nothing while no
+// freeing call ran, and a free and a new allocation at the same address
+// still make the next registration a miss with the old entry dropped.
+TEST(Gpu, CacheWatchingGpuFreesSeesAFreeAndANewAllocation) {
+  NEED_GPU();
+  const Driver* d = *Driver::get();
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(p.open(link_name("w")));
+  ufab_mr_cache_attr attr{};
+  attr.size = sizeof attr;
+  attr.flags = UFAB_MR_CACHE_WATCH_GPU_FREES;
+  ufab_mr_cache* cache = nullptr;
+  ASSERT_EQ(ufab_mr_cache_create(p.pd[0], &attr, &cache), 0) << ufab_last_error();
+  ASSERT_STREQ(ufab_mr_cache_gpu_watch(cache), "cupti") << "the watch did not start (libcupti on the library path?)";
+  attr.flags = 0x80;
+  ufab_mr_cache* bad = nullptr;
+  EXPECT_EQ(ufab_mr_cache_create(p.pd[0], &attr, &bad), -EINVAL) << "an unknown flag was taken";
+  constexpr uint64_t kLen = 1 << 20;
+  void* last = nullptr;
+  int same_address = 0;
+  for (int round = 0; round < 20; ++round) {
+    auto mem = Allocation::allocate(*d, 0, Allocation::Kind::kDevice, kLen);
+    ASSERT_TRUE(mem) << mem.error().message();
+    ufab_mr* a = nullptr;
+    ufab_mr* b = nullptr;
+    ufab_mr_cache_stats before{}, st{};
+    ufab_mr_cache_query_stats(cache, &before);
+    ASSERT_EQ(ufab_mr_cache_reg(cache, mem->data(), kLen, UFAB_ACCESS_LOCAL_WRITE, &a), 0) << ufab_last_error();
+    ASSERT_EQ(ufab_mr_cache_release(cache, a), 0);
+    for (int i = 0; i < 100; ++i) {
+      ASSERT_EQ(ufab_mr_cache_reg(cache, mem->data(), kLen, UFAB_ACCESS_LOCAL_WRITE, &b), 0) << ufab_last_error();
+      ASSERT_EQ(b, a) << "round " << round << ": a hit gave another region";
+      ASSERT_EQ(ufab_mr_cache_release(cache, b), 0);
+    }
+    ufab_mr_cache_query_stats(cache, &st);
+    EXPECT_EQ(st.misses - before.misses, 1u) << "round " << round;
+    EXPECT_EQ(st.hits - before.hits, 100u) << "round " << round;
+    // Freed at the end of the round: the next round's allocation often
+    // gets the same address, under a new buffer id.
+    if (mem->data() == last) ++same_address;
+    last = mem->data();
+  }
+  ufab_mr_cache_stats st{};
+  ufab_mr_cache_query_stats(cache, &st);
+  std::printf("watched cache: hits %llu misses %llu invalidations %llu; %d of 19 allocations at the address freed "
+              "just before\n",
+              (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.invalidations,
+              same_address);
+  EXPECT_EQ(st.misses, 20u) << "a freed and reallocated buffer was answered from the cache";
   EXPECT_EQ(ufab_mr_cache_destroy(cache), 0);
 }
 

@@ -308,6 +308,55 @@ TEST(RegCache, GpuEntriesAreCheckedAgainstTheBufferId) {
   c->release(*d);
 }
 
+// With a free watch (Options::gpu_events), a GPU entry found valid at
+// count N is taken by the host look (no CUDA question) while the count is
+// N; once a watched call ran it is not, until the caller asks again.
+TEST(RegCache, WatchedGpuEntriesHitWithoutAQuestionWhileNoFreeRan) {
+  Fake f;
+  std::atomic<uint64_t> frees{5};
+  Options o;
+  o.watch_host = false;
+  o.gpu_events = &frees;
+  auto c = make(f, o);
+  void* gpu = reinterpret_cast<void*>(0x7f0000000000ull);
+  auto a = c->acquire(gpu, kMiB, 7, 11);
+  ASSERT_TRUE(a);
+  c->release(*a);
+  EXPECT_EQ(c->acquire_hit(gpu, kMiB, 7), nullptr) << "never checked: the host look must not take it";
+  Cache::Entry* checked = c->acquire_hit(gpu, kMiB, 7, 11);  // the caller asked CUDA: still buffer 11
+  ASSERT_EQ(checked, *a);
+  Cache::gpu_checked(checked, 5);
+  c->release(checked);
+  const uint64_t parked_before = c->stats().parked_hits;
+  Cache::Entry* k = c->acquire_hit(gpu, kMiB, 7, 11);
+  ASSERT_EQ(k, *a);
+  c->release(k);
+  if (c->stats().parked_hits == parked_before) GTEST_SKIP() << "nothing is parked here (no membarrier)";
+  Cache::Entry* h = c->acquire_hit(gpu, kMiB, 7);  // the host look: no buffer id asked
+  EXPECT_EQ(h, *a) << "a checked GPU entry was not taken while no free ran";
+  if (h) c->release(h);
+  frees = 6;  // a watched call (a free, an allocation, ...) started
+  EXPECT_EQ(c->acquire_hit(gpu, kMiB, 7), nullptr) << "taken although a free may have run";
+  EXPECT_EQ(c->acquire_hit(gpu, kMiB, 3), nullptr);  // other access: never
+  // Asked again at count 7 (the call returned): buffer 12 is there now.
+  frees = 7;
+  void* old_handle = Cache::handle(*a);
+  auto d = c->acquire(gpu, kMiB, 7, 12);
+  ASSERT_TRUE(d);
+  EXPECT_NE(Cache::handle(*d), old_handle);
+  EXPECT_EQ(c->stats().invalidations, 1u);
+  EXPECT_EQ(f.deregs, 1);
+  Cache::Entry* early = c->acquire_hit(gpu, kMiB, 7);
+  EXPECT_EQ(early, nullptr) << "a new entry is not checked yet";
+  if (early) c->release(early);
+  Cache::gpu_checked(*d, 7);
+  c->release(*d);
+  Cache::Entry* h2 = c->acquire_hit(gpu, kMiB, 7);
+  EXPECT_EQ(h2, *d);
+  if (h2) c->release(h2);
+  EXPECT_EQ(c->acquire_hit(gpu, kMiB, 7, 11), nullptr);  // the old buffer: gone
+}
+
 TEST(RegCache, LockFreeHitFindsHostAndGpuEntriesByTheirOwnKey) {
   Fake f;
   auto c = make(f);
