@@ -135,6 +135,11 @@ Cache::Entry* Cache::hit_settle(Parking* pk, unsigned off, uint64_t a, uint64_t 
     } else if (p->is_held(a, length, access) && gpu_unchanged(p, gpu_buffer)) {
       detail::bump_own(slot.hits);
       return p;
+    } else if (p->gpu_buffer != 0 && gpu_events_ != nullptr &&
+               p->gpu_count.load(std::memory_order_relaxed) != gpu_events_->load(std::memory_order_acquire)) {
+      // A GPU range not checked since a watched call (often a freed
+      // buffer): the slot is left to the range looked up now.
+      release_hold(p);
     } else {
       release0(p);  // another range's: parked again (its slot is this one, and empty)
     }

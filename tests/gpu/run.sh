@@ -115,7 +115,7 @@ case "$mode" in
     # CUPTI (the toolkit's, for the registration cache's GPU free watch):
     # a GPU machine with only the driver lacks it.
     cupti=$( (ldconfig -p | awk '/libcupti\.so\.[0-9]+ / {print $NF}'; ls /usr/local/cuda/lib64/libcupti.so.* \
-              /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null) | head -n1)
+              /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null || true) | head -n1)
     if [ -n "$cupti" ]; then cp -L "$cupti" "$dir/lib/"; else echo "gpu suite: no libcupti here: the GPU free watch test will fail" >&2; fi
     echo "staged in $dir: $(ls "$dir" | tr '\n' ' ') lib: $(ls "$dir/lib" | tr '\n' ' ')" ;;
   --from)

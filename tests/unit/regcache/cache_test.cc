@@ -357,6 +357,52 @@ TEST(RegCache, WatchedGpuEntriesHitWithoutAQuestionWhileNoFreeRan) {
   EXPECT_EQ(c->acquire_hit(gpu, kMiB, 7, 11), nullptr);  // the old buffer: gone
 }
 
+// A watched GPU entry not checked since a free, parked in the slot of an
+// address another range now starts at (a freed buffer, a new one of
+// another size at its address), leaves the slot to the new range.
+TEST(RegCache, AStaleWatchedGpuEntryLeavesItsParkingSlot) {
+  Fake f;
+  std::atomic<uint64_t> frees{0};
+  Options o;
+  o.watch_host = false;
+  o.gpu_events = &frees;
+  auto c = make(f, o);
+  // Does this thread park at all (membarrier)? A probe elsewhere.
+  void* probe = reinterpret_cast<void*>(0x7e0000000000ull);
+  auto pr = c->acquire(probe, 4096, 7, 99);
+  ASSERT_TRUE(pr);
+  c->release(*pr);
+  uint64_t parked_before = c->stats().parked_hits;
+  Cache::Entry* ph = c->acquire_hit(probe, 4096, 7, 99);
+  ASSERT_EQ(ph, *pr);
+  c->release(ph);
+  if (c->stats().parked_hits == parked_before) GTEST_SKIP() << "nothing is parked here (no membarrier)";
+
+  void* gpu = reinterpret_cast<void*>(0x7f0000000000ull);
+  auto a = c->acquire(gpu, 4096, 7, 11);
+  ASSERT_TRUE(a);
+  Cache::gpu_checked(*a, 0);
+  c->release(*a);  // parked in the slot of `gpu`
+  frees = 2;       // freed; a 1 MiB buffer (id 12) is allocated at the address
+  EXPECT_EQ(c->acquire_hit(gpu, kMiB, 7), nullptr);
+  auto b = c->acquire(gpu, kMiB, 7, 12);
+  ASSERT_TRUE(b);
+  Cache::gpu_checked(*b, 2);
+  c->release(*b);
+  // The host look above found the stale 4 KiB entry in the slot and gave
+  // its hold up, so b parked there on its release.
+  Cache::Entry* q = c->acquire_hit(gpu, kMiB, 7, 12);
+  ASSERT_EQ(q, *b);
+  c->release(q);
+  parked_before = c->stats().parked_hits;
+  for (int i = 0; i < 10; ++i) {
+    Cache::Entry* h = c->acquire_hit(gpu, kMiB, 7);
+    ASSERT_EQ(h, *b) << "round " << i << ": the checked 1 MiB entry was not taken by the host look";
+    c->release(h);
+  }
+  EXPECT_EQ(c->stats().parked_hits - parked_before, 10u) << "the new range did not get the slot";
+}
+
 TEST(RegCache, LockFreeHitFindsHostAndGpuEntriesByTheirOwnKey) {
   Fake f;
   auto c = make(f);
