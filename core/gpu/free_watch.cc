@@ -97,9 +97,14 @@ Result<const std::atomic<uint64_t>*> start() {
                            (r == 39 ? ": another CUPTI client (a profiler?) holds the one subscriber of this process" : ""));
   }
   for (uint32_t cbid : kWatched) {
-    // An id this CUPTI does not know (an older toolkit) is skipped: such a
-    // call does not exist in the driver it pairs with either.
-    (void)enable(1, sub, kDriverApiDomain, cbid);
+    // All or nothing: a call left out could free memory unseen.
+    if (CuptiResult r = enable(1, sub, kDriverApiDomain, cbid); r != 0) {
+      if (auto unsubscribe = reinterpret_cast<CuptiResult (*)(Subscriber)>(dlsym(lib, "cuptiUnsubscribe"))) {
+        unsubscribe(sub);
+      }
+      return fail(ENOTSUP, "cuptiEnableCallback for driver call id " + std::to_string(cbid) + ": " + words(r) +
+                               " (a CUPTI older than CUDA 12?)");
+    }
   }
   // Kept for the process: the library, the subscriber, the counter.
   return &g_events;
@@ -112,11 +117,6 @@ Result<const std::atomic<uint64_t>*> watch_frees() {
   static Watch* w = new Watch;
   std::call_once(once, [] { w->result = start(); });
   return w->result;
-}
-
-const uint32_t* watched_calls(size_t* n) {
-  *n = std::size(kWatched);
-  return kWatched;
 }
 
 }  // namespace ufab::gpu

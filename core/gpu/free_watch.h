@@ -24,7 +24,4 @@ namespace ufab::gpu {
 // why, where CUPTI is missing or another subscriber holds it.
 Result<const std::atomic<uint64_t>*> watch_frees();
 
-// The call ids counted (CUPTI driver-API callback ids), for docs and tests.
-const uint32_t* watched_calls(size_t* n);
-
 }  // namespace ufab::gpu
