@@ -75,7 +75,7 @@ class UnmapMonitor {
   // (sequence << 1) | busy; written by the reader only, on its own cache
   // line (hits of every cache read it).
   alignas(64) std::atomic<uint64_t> events_{0};
-  char pad_[64 - sizeof(std::atomic<uint64_t>)] = {};
+  [[maybe_unused]] char pad_[64 - sizeof(std::atomic<uint64_t>)] = {};  // the line to itself
 };
 
 }  // namespace ufab::regcache
